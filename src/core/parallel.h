@@ -1,0 +1,46 @@
+// Thread control and a static parallel-for over OpenMP, the runtime oneDNN also uses, so the
+// two never fight over cores. Static partitioning makes results depend only on the thread count.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+
+namespace tessera {
+
+// Sets the threads used by every kernel and by oneDNN. 0 means one per available core.
+void set_num_threads(int n);
+int num_threads();
+
+// Calls fn(begin, end) on contiguous ranges covering [0, n), one range per thread.
+template <typename Fn>
+void parallel_for(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || n == 1 || omp_in_parallel()) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// Calls fn(i, thread) for each i in [0, n), distributed round-robin-free in static chunks of 1
+// (good for a few heavy, equal-sized items such as attention heads).
+template <typename Fn>
+void parallel_for_each(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || n == 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) fn(i, omp_get_thread_num());
+}
+
+}  // namespace tessera

@@ -1,0 +1,10 @@
+// Monotonic wall-clock seconds.
+#pragma once
+
+#include <chrono>
+
+namespace tessera {
+inline double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace tessera
