@@ -12,9 +12,9 @@ namespace tessera::detail {
 }
 }  // namespace tessera::detail
 
-#define TESSERA_CHECK_MSG(cond, msg) \
+#define CHECK_MSG(cond, msg) \
   ((cond) ? (void)0 : ::tessera::detail::check_failed(#cond, __FILE__, __LINE__, msg))
-#define CHECK(cond) TESSERA_CHECK_MSG(cond, "")
+#define CHECK(cond) CHECK_MSG(cond, "")
 
 #ifdef NDEBUG
 #define DCHECK(cond) ((void)0)

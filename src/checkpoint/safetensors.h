@@ -1,0 +1,25 @@
+// Hugging Face safetensors files (8-byte little-endian header length, JSON header, raw data):
+// an atomic writer and a bounds-checked reader that never trusts a size it has not checked
+// against the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::checkpoint {
+
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // F32, row-major
+};
+
+// Writes F32 tensors to `path` through a temporary file that is fsynced and renamed, so a crash
+// leaves either the old file or the new one. Throws IoError naming the file.
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors);
+// Reads every tensor (F32 only). Throws DataError naming the file and tensor on any
+// inconsistency, IoError when the file cannot be read.
+std::vector<NamedTensor> read_safetensors(const std::string& path);
+
+}  // namespace tessera::checkpoint

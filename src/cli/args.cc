@@ -1,0 +1,63 @@
+// Small command-line parser.
+#include "cli/args.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/error.h"
+
+namespace tessera::cli {
+
+std::string ParsedArgs::get(const std::string& flag, const std::string& fallback) const {
+  auto it = flags.find(flag);
+  return it == flags.end() ? fallback : it->second;
+}
+
+long long ParsedArgs::get_int(const std::string& flag, long long fallback) const {
+  auto it = flags.find(flag);
+  if (it == flags.end()) return fallback;
+  long long v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    throw ConfigError(fmt::format("{} expects an integer, got \"{}\"", flag, s));
+  }
+  return v;
+}
+
+ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags) {
+  ParsedArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out.help = true;
+      continue;
+    }
+    if (!a.starts_with("--")) {
+      out.positional.push_back(a);
+      continue;
+    }
+    std::string name = a, value;
+    bool has_value = false;
+    if (const size_t eq = a.find('='); eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    const bool is_set = name == "--set";
+    if (!is_set && std::find(value_flags.begin(), value_flags.end(), name) == value_flags.end()) {
+      throw ConfigError(fmt::format("unknown option {}", name));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) throw ConfigError(fmt::format("option {} needs a value", name));
+      value = args[++i];
+    }
+    if (is_set) out.overrides.push_back(config::parse_override(value));
+    else out.flags[name] = value;
+  }
+  return out;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,223 @@
+// The `tessera` subcommands.
+#include "cli/commands.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/args.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "kernels/cpu/matmul.h"
+#include "model/model_config.h"
+#include "tessera/build_config.h"
+#include "train/run.h"
+#include "train/trainer.h"
+#if TESSERA_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace tessera::cli {
+namespace {
+
+constexpr const char* kUsage = R"(tessera: train Llama-family language models
+
+usage: tessera <command> [options]
+
+commands:
+  train [CONFIG] [--set key=value]... [--run-dir DIR]
+                 train the model that CONFIG (TOML) describes; without CONFIG, the default
+  bench --preset NAME --steps N [--set key=value]...
+                 time N training steps on synthetic tokens; prints one JSON object
+  config [CONFIG] [--set key=value]...
+                 print the resolved configuration (every key) after validation
+  info           version, build options, CPU features, GEMM library, threads, CUDA devices
+
+exit codes: 0 done, 2 bad command line or config, 3 bad data, 10 I/O error,
+            11 non-finite loss, 12 lost peer or collective timeout
+)";
+
+std::string cpu_model_and_flags(std::string* flags_out) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(in, line) && (model.empty() || flags.empty())) {
+    auto value = [&] { return line.substr(line.find(':') + 2); };
+    if (model.empty() && line.starts_with("model name")) model = value();
+    if (flags.empty() && line.starts_with("flags")) flags = value();
+  }
+  std::istringstream words(flags);
+  std::string w, picked;
+  static const char* kInteresting[] = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                                       "avx512_vnni", "amx_tile", "amx_bf16"};
+  while (words >> w) {
+    if (std::find(std::begin(kInteresting), std::end(kInteresting), w) != std::end(kInteresting)) {
+      picked += (picked.empty() ? "" : " ") + w;
+    }
+  }
+  *flags_out = picked.empty() ? "(none of avx2/avx512/amx)" : picked;
+  return model.empty() ? "unknown" : model;
+}
+
+config::Config load_config(const ParsedArgs& a) {
+  if (a.positional.size() > 1) throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
+  config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
+  log::Level level;
+  log::parse_level(c.metrics.log_level, &level);
+  log::set_level(level);
+  return c;
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+int cmd_info(const Args& args) {
+  const ParsedArgs a = parse_args(args, {});
+  if (a.help || !a.positional.empty()) {
+    std::fputs("usage: tessera info\n", a.help ? stdout : stderr);
+    return a.help ? kExitOk : kExitConfig;
+  }
+  std::string flags;
+  const std::string cpu = cpu_model_and_flags(&flags);
+  set_num_threads(0);
+  fmt::print("tessera {}\n", TESSERA_VERSION);
+  fmt::print("build:        {} {}, CUDA {}{}\n", TESSERA_BUILD_TYPE, TESSERA_CXX_COMPILER, TESSERA_CUDA ? "on" : "off",
+             std::string(TESSERA_SANITIZE).empty() ? "" : fmt::format(", sanitizers {}", TESSERA_SANITIZE));
+  fmt::print("cpu:          {}\n", cpu);
+  fmt::print("cpu features: {}\n", flags);
+  fmt::print("gemm:         {}\n", kernels::cpu::gemm_library());
+  fmt::print("threads:      {} (default: one per available core; set train.threads)\n", num_threads());
+#if TESSERA_CUDA
+  std::string error;
+  const auto devices = kernels::cuda::devices(&error);
+  fmt::print("cuda:         runtime {}, driver {}\n", kernels::cuda::runtime_version(), kernels::cuda::driver_version());
+  if (devices.empty()) fmt::print("cuda devices: none ({})\n", error.empty() ? "no device" : error);
+  for (const auto& d : devices) {
+    fmt::print("cuda device {}: {}, compute {}.{}, {} SMs, {:.1f} GiB\n", d.index, d.name, d.major, d.minor,
+               d.multiprocessors, static_cast<double>(d.total_memory) / (1 << 30));
+  }
+#else
+  fmt::print("cuda:         not built (configure with -DTESSERA_CUDA=ON where nvcc exists)\n");
+#endif
+  return kExitOk;
+}
+
+int cmd_config(const Args& args) {
+  const ParsedArgs a = parse_args(args, {});
+  if (a.help) {
+    std::fputs("usage: tessera config [CONFIG] [--set key=value]...\n", stdout);
+    return kExitOk;
+  }
+  fmt::print("{}", config::to_toml(load_config(a)));
+  return kExitOk;
+}
+
+int cmd_train(const Args& args) {
+  const ParsedArgs a = parse_args(args, {"--run-dir"});
+  if (a.help) {
+    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR]\n", stdout);
+    return kExitOk;
+  }
+  const config::Config c = load_config(a);
+  train::run_training(c, a.get("--run-dir", "runs/latest"));
+  return kExitOk;
+}
+
+int cmd_bench(const Args& args) {
+  const ParsedArgs a = parse_args(args, {"--preset", "--steps"});
+  if (a.help) {
+    std::fputs("usage: tessera bench --preset NAME --steps N [--set key=value]...\n", stdout);
+    return kExitOk;
+  }
+  const long long steps = a.get_int("--steps", 12);
+  if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
+  // BENCHMARKS.md: micro-batch 4 per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
+  config::Overrides o = {{"model.preset", a.get("--preset", "bench")},
+                         {"train.batch_size", "4"},
+                         {"train.max_steps", std::to_string(steps)},
+                         {"train.lr", "3e-4"},
+                         {"train.warmup_steps", "0"},
+                         {"checkpoint.save_final", "false"}};
+  o.insert(o.end(), a.overrides.begin(), a.overrides.end());
+  ParsedArgs with_defaults = a;
+  with_defaults.overrides = o;
+  const config::Config c = load_config(with_defaults);
+
+  train::Trainer trainer(c);
+  std::vector<double> times;
+  nlohmann::json losses = nlohmann::json::array();
+  for (long long i = 0; i < steps; ++i) {
+    const train::StepStats s = trainer.step();
+    times.push_back(s.seconds);
+    losses.push_back(s.loss);
+    log::debug("bench step {}: {:.3f}s loss {}", s.step, s.seconds, s.loss);
+  }
+  // Median of steps 3..N (1-based): the first two warm caches and the allocator-free paths.
+  std::vector<double> tail(times.begin() + 2, times.end());
+  std::sort(tail.begin(), tail.end());
+  const size_t n = tail.size();
+  const double median = n % 2 ? tail[n / 2] : 0.5 * (tail[n / 2 - 1] + tail[n / 2]);
+  const double tokens_per_s = static_cast<double>(c.tokens_per_step()) / median;
+  nlohmann::ordered_json out = {
+      {"impl", "tessera"},
+      {"preset", c.model.preset},
+      {"params", model::parameter_count(c.model)},
+      {"tokens_per_step", c.tokens_per_step()},
+      {"steps", steps},
+      {"median_step_s", median},
+      {"tokens_per_s", tokens_per_s},
+      {"model_flops_per_s", tokens_per_s * model::flops_per_token(c.model)},
+      {"threads", num_threads()},
+      {"peak_rss_bytes", peak_rss_bytes()},
+      {"state_bytes", trainer.state_bytes()},
+      {"activation_bytes", trainer.activation_bytes()},
+      {"gemm", kernels::cpu::gemm_library()},
+      {"step_s", times},
+      {"losses", losses},
+  };
+  fmt::print("{}\n", out.dump());
+  return kExitOk;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return kExitConfig;
+  }
+  const std::string command = argv[1];
+  const Args args(argv + 2, argv + argc);
+  try {
+    if (command == "info") return cmd_info(args);
+    if (command == "train") return cmd_train(args);
+    if (command == "bench") return cmd_bench(args);
+    if (command == "config") return cmd_config(args);
+    if (command == "--version" || command == "version") {
+      fmt::print("tessera {}\n", TESSERA_VERSION);
+      return kExitOk;
+    }
+    if (command == "-h" || command == "--help" || command == "help") {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    }
+    fmt::print(stderr, "tessera: unknown command '{}'\n\n{}", command, kUsage);
+    return kExitConfig;
+  } catch (const Error& e) {
+    log::error("{}", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    log::error("out of memory; the planned sizes are printed at start-up (try a smaller train.micro_batch_size)");
+    return kExitFailure;
+  }
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,280 @@
+// Run configuration: schema, TOML and command-line parsing, validation.
+#include "config/config.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace tessera::config {
+namespace {
+
+// A value as written: from TOML it has a type; from the command line it is text to be parsed by
+// the type the key expects.
+using Value = std::variant<bool, int64_t, double, std::string>;
+struct Assignment {
+  std::string key;
+  Value value;
+  bool from_text;      // came from --set, so value holds unparsed text
+  std::string origin;  // file name or "--set"
+};
+
+std::string show(const Value& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", x);
+        else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else return fmt::format("{}", x);
+      },
+      v);
+}
+
+[[noreturn]] void fail(const Assignment& a, const std::string& why) {
+  throw ConfigError(fmt::format("config key {} = {} ({}): {}", a.key, show(a.value), a.origin, why));
+}
+
+template <typename T>
+T convert(const Assignment& a) {
+  if (a.from_text) {
+    const std::string& s = std::get<std::string>(a.value);
+    if constexpr (std::is_same_v<T, std::string>) {
+      return s;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (s == "true") return true;
+      if (s == "false") return false;
+      fail(a, "expected true or false");
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      int64_t x = 0;
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+      if (ec != std::errc() || end != s.data() + s.size()) fail(a, "expected an integer");
+      return x;
+    } else {
+      double x = 0;
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+      if (ec != std::errc() || end != s.data() + s.size()) fail(a, "expected a number");
+      return x;
+    }
+  }
+  if (const T* x = std::get_if<T>(&a.value)) return *x;
+  if constexpr (std::is_same_v<T, double>) {
+    if (const int64_t* i = std::get_if<int64_t>(&a.value)) return static_cast<double>(*i);
+  }
+  static const char* kNames[] = {"a boolean", "an integer", "a number", "a string"};
+  constexpr size_t kIndex = std::is_same_v<T, bool> ? 0 : std::is_same_v<T, int64_t> ? 1 : std::is_same_v<T, double> ? 2 : 3;
+  fail(a, fmt::format("expected {}", kNames[kIndex]));
+}
+
+struct Key {
+  std::string name;
+  std::function<void(Config&, const Assignment&)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+template <typename T>
+Key make_key(std::string name, T& (*field)(Config&)) {
+  Key k;
+  k.name = std::move(name);
+  k.set = [field](Config& c, const Assignment& a) { field(c) = convert<T>(a); };
+  k.get = [field](const Config& c) {
+    const T& v = field(const_cast<Config&>(c));
+    if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", v);
+    else if constexpr (std::is_same_v<T, bool>) return std::string(v ? "true" : "false");
+    else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", v) + (std::isfinite(v) && v == std::floor(v) ? ".0" : "");
+    else return fmt::format("{}", v);
+  };
+  return k;
+}
+
+#define KEY(section, field) \
+  make_key(#section "." #field, +[](Config& c) -> decltype(c.section.field)& { return c.section.field; })
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = {
+      KEY(model, preset), KEY(model, vocab_size), KEY(model, dim), KEY(model, n_layers), KEY(model, n_heads),
+      KEY(model, n_kv_heads), KEY(model, ffn_hidden), KEY(model, seq_len), KEY(model, rope_theta),
+      KEY(model, norm_eps), KEY(model, tied_embeddings), KEY(model, init_std),
+      KEY(train, batch_size), KEY(train, micro_batch_size), KEY(train, max_steps), KEY(train, max_tokens),
+      KEY(train, lr), KEY(train, min_lr), KEY(train, warmup_steps), KEY(train, weight_decay), KEY(train, beta1),
+      KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
+      KEY(data, synthetic),
+      KEY(parallel, nproc),
+      KEY(checkpoint, save_final),
+      KEY(metrics, log_level), KEY(metrics, log_interval),
+  };
+  return keys;
+}
+#undef KEY
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const Key& find_key(const Assignment& a) {
+  const Key* best = nullptr;
+  size_t best_distance = 4;  // suggest only near misses
+  for (const Key& k : schema()) {
+    if (k.name == a.key) return k;
+    const size_t d = edit_distance(k.name, a.key);
+    if (d < best_distance) best_distance = d, best = &k;
+  }
+  throw ConfigError(fmt::format("unknown config key {} ({}){}", a.key, a.origin,
+                                best ? fmt::format("; did you mean {}?", best->name) : std::string()));
+}
+
+void collect_toml(const std::string& path, std::vector<Assignment>* out) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw ConfigError(fmt::format("cannot parse config {} at line {}, column {}: {}", path, where.line, where.column,
+                                  e.description()));
+  }
+  for (const auto& [section, node] : root) {
+    const toml::table* table = node.as_table();
+    if (table == nullptr) {
+      throw ConfigError(fmt::format("config {}: top-level key {} must be a section such as [train]", path,
+                                    std::string(section.str())));
+    }
+    for (const auto& [name, item] : *table) {
+      Assignment a{fmt::format("{}.{}", section.str(), name.str()), std::string(), false, path};
+      if (auto b = item.value<bool>(); b && item.is_boolean()) a.value = *b;
+      else if (item.is_integer()) a.value = *item.value<int64_t>();
+      else if (item.is_floating_point()) a.value = *item.value<double>();
+      else if (item.is_string()) a.value = *item.value<std::string>();
+      else throw ConfigError(fmt::format("config key {} ({}): unsupported value type", a.key, path));
+      out->push_back(std::move(a));
+    }
+  }
+}
+
+void require(bool ok, const std::string& key, const std::string& value, const std::string& why) {
+  if (!ok) throw ConfigError(fmt::format("config key {} = {}: {}", key, value, why));
+}
+
+}  // namespace
+
+std::pair<std::string, std::string> parse_override(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(fmt::format("--set expects key=value, got \"{}\"", text));
+  }
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+Config load(const std::string& path, const Overrides& overrides) {
+  std::vector<Assignment> assignments;
+  if (!path.empty()) collect_toml(path, &assignments);
+  for (const auto& [key, value] : overrides) assignments.push_back({key, value, true, "--set"});
+
+  Config c;
+  model::model_preset("default", &c.model);
+  // The last model.preset wins and is applied first, so explicit model keys refine it.
+  for (auto it = assignments.rbegin(); it != assignments.rend(); ++it) {
+    if (it->key != "model.preset") continue;
+    const std::string name = convert<std::string>(*it);
+    if (!model::model_preset(name, &c.model)) {
+      fail(*it, fmt::format("unknown preset; choose one of {}", fmt::join(model::model_preset_names(), ", ")));
+    }
+    break;
+  }
+  for (const Assignment& a : assignments) {
+    const Key& key = find_key(a);
+    if (a.key != "model.preset") key.set(c, a);
+  }
+  validate(c);
+  return c;
+}
+
+void validate(const Config& c) {
+  const model::ModelConfig& m = c.model;
+  auto positive = [](const std::string& key, int64_t v) { require(v > 0, key, fmt::format("{}", v), "must be > 0"); };
+  positive("model.vocab_size", m.vocab_size);
+  require(m.vocab_size <= (int64_t{1} << 31) - 1, "model.vocab_size", fmt::format("{}", m.vocab_size),
+          "must fit in int32 token ids");
+  positive("model.dim", m.dim);
+  positive("model.n_layers", m.n_layers);
+  positive("model.n_heads", m.n_heads);
+  positive("model.n_kv_heads", m.n_kv_heads);
+  positive("model.ffn_hidden", m.ffn_hidden);
+  positive("model.seq_len", m.seq_len);
+  require(m.dim % m.n_heads == 0, "model.dim", fmt::format("{}", m.dim),
+          fmt::format("must be divisible by model.n_heads = {}", m.n_heads));
+  require(m.n_heads % m.n_kv_heads == 0, "model.n_heads", fmt::format("{}", m.n_heads),
+          fmt::format("must be divisible by model.n_kv_heads = {}", m.n_kv_heads));
+  require(m.head_dim() % 2 == 0, "model.dim", fmt::format("{}", m.dim),
+          fmt::format("head dim dim/n_heads = {} must be even for rotary embeddings", m.head_dim()));
+  require(m.rope_theta > 0, "model.rope_theta", fmt::format("{}", m.rope_theta), "must be > 0");
+  require(m.norm_eps > 0 && m.norm_eps < 1, "model.norm_eps", fmt::format("{}", m.norm_eps), "must be in (0, 1)");
+  require(m.init_std > 0 && m.init_std < 1, "model.init_std", fmt::format("{}", m.init_std), "must be in (0, 1)");
+
+  const TrainConfig& t = c.train;
+  positive("train.batch_size", t.batch_size);
+  positive("parallel.nproc", c.parallel.nproc);
+  require(c.parallel.nproc == 1, "parallel.nproc", fmt::format("{}", c.parallel.nproc),
+          "this build trains in one process; multi-process training arrives with the sharded engine");
+  require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
+          "must be >= 0 (0 derives it from train.batch_size)");
+  require(t.batch_size % c.parallel.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("must be divisible by parallel.nproc = {}", c.parallel.nproc));
+  require(t.batch_size % (c.parallel.nproc * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("must be divisible by parallel.nproc x train.micro_batch_size = {} x {}", c.parallel.nproc,
+                      c.micro_batch()));
+  positive("train.max_steps", t.max_steps);
+  require(t.max_tokens >= 0, "train.max_tokens", fmt::format("{}", t.max_tokens), "must be >= 0 (0: no limit)");
+  require(t.lr > 0 && std::isfinite(t.lr), "train.lr", fmt::format("{}", t.lr), "must be a finite number > 0");
+  require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
+          fmt::format("must be in [0, train.lr = {}]", t.lr));
+  require(t.warmup_steps >= 0, "train.warmup_steps", fmt::format("{}", t.warmup_steps), "must be >= 0");
+  require(t.weight_decay >= 0, "train.weight_decay", fmt::format("{}", t.weight_decay), "must be >= 0");
+  require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", fmt::format("{}", t.beta1), "must be in [0, 1)");
+  require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", fmt::format("{}", t.beta2), "must be in [0, 1)");
+  require(t.eps > 0, "train.eps", fmt::format("{}", t.eps), "must be > 0");
+  require(t.grad_clip >= 0, "train.grad_clip", fmt::format("{}", t.grad_clip), "must be >= 0 (0: no clipping)");
+  require(t.seed >= 0, "train.seed", fmt::format("{}", t.seed), "must be >= 0");
+  require(t.threads >= 0 && t.threads <= 1024, "train.threads", fmt::format("{}", t.threads),
+          "must be in [0, 1024] (0: one per core)");
+
+  require(c.data.synthetic, "data.synthetic", "false",
+          "this build trains on synthetic tokens only; text datasets arrive with the data pipeline");
+  log::Level level;
+  require(log::parse_level(c.metrics.log_level, &level), "metrics.log_level", c.metrics.log_level,
+          "must be one of debug, info, warn, error");
+  positive("metrics.log_interval", c.metrics.log_interval);
+}
+
+std::string to_toml(const Config& c) {
+  std::ostringstream out;
+  std::string section;
+  for (const Key& k : schema()) {
+    const size_t dot = k.name.find('.');
+    const std::string s = k.name.substr(0, dot);
+    if (s != section) {
+      out << (section.empty() ? "" : "\n") << "[" << s << "]\n";
+      section = s;
+    }
+    out << k.name.substr(dot + 1) << " = " << k.get(c) << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace tessera::config

@@ -1,0 +1,78 @@
+// Run configuration: TOML sections [model] [train] [data] [parallel] [checkpoint] [metrics],
+// overridable per key from the command line (`--set train.lr=1e-3`), validated strictly before
+// any work starts. Every error is a ConfigError naming the key and value (exit code 2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace tessera::config {
+
+struct TrainConfig {
+  int64_t batch_size = 16;       // global sequences per optimizer step
+  int64_t micro_batch_size = 0;  // sequences per forward on one rank; 0: batch_size / nproc
+  int64_t max_steps = 200;
+  int64_t max_tokens = 0;        // 0: no token limit
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;        // global grad-norm clip; 0 disables
+  int64_t seed = 1234;
+  int64_t threads = 0;           // per process; 0: one per available core
+};
+
+struct DataConfig {
+  bool synthetic = true;         // seeded random tokens of the model's vocabulary
+};
+
+struct ParallelConfig {
+  int64_t nproc = 1;             // local worker processes
+};
+
+struct CheckpointConfig {
+  bool save_final = true;        // write RUN/model.safetensors at the end of training
+};
+
+struct MetricsConfig {
+  std::string log_level = "info";
+  int64_t log_interval = 1;      // steps between progress lines
+};
+
+struct Config {
+  model::ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+
+  // Derived from the above by validate().
+  int64_t accumulation_steps() const { return train.batch_size / (parallel.nproc * micro_batch()); }
+  int64_t micro_batch() const {
+    return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / parallel.nproc;
+  }
+  int64_t tokens_per_step() const { return train.batch_size * model.seq_len; }
+};
+
+// "key=value" pairs in the order given, e.g. from repeated --set flags.
+using Overrides = std::vector<std::pair<std::string, std::string>>;
+
+// Defaults, then the TOML file (when path is not empty), then overrides; model.preset is applied
+// before any other model key wherever it appears. Throws ConfigError; the result is validated.
+Config load(const std::string& path, const Overrides& overrides);
+// Parses "key=value"; throws ConfigError when there is no '='.
+std::pair<std::string, std::string> parse_override(const std::string& text);
+// Checks ranges and consistency; throws ConfigError naming the key.
+void validate(const Config& config);
+// The resolved configuration as TOML, every key present.
+std::string to_toml(const Config& config);
+
+}  // namespace tessera::config

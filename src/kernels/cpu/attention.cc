@@ -1,0 +1,141 @@
+// CPU causal grouped-query attention. Each thread takes one (batch, head) at a time and keeps
+// that head's scores in a T x T workspace block; causal structure is exploited by row tiles
+// (tile i needs keys [0, end of tile i)), which halves the GEMM work for long sequences. The
+// backward recomputes probabilities from the saved log-sum-exp instead of storing B*H*T*T.
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/parallel.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace tessera::kernels::cpu {
+namespace {
+
+constexpr int64_t kTile = 64;  // query rows per GEMM tile
+
+struct Head {
+  const float* q;  // (T, D), row stride `stride`
+  const float* k;
+  const float* v;
+  int64_t stride;
+};
+
+Head head_of(const float* qkv, int64_t b, int64_t h, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t stride = (H + 2 * Hkv) * D;
+  const int64_t g = h / (H / Hkv);
+  const float* base = qkv + b * T * stride;
+  return {base + h * D, base + (H + g) * D, base + (H + Hkv + g) * D, stride};
+}
+
+// P (T,T) rows [0,T): probabilities of the causal softmax from scaled scores, using lse when it is
+// given (backward) or computing it (forward). Entries right of the diagonal inside each tile are
+// zeroed, since the tile GEMMs that follow read the whole tile width.
+void scores(float* P, const Head& hd, int64_t T, int64_t D, float scale) {
+  for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+    const int64_t r1 = std::min(T, r0 + kTile);
+    gemm(false, true, r1 - r0, r1, D, scale, hd.q + r0 * hd.stride, hd.stride, hd.k, hd.stride, 0.0f, P + r0 * T, T);
+  }
+}
+
+int64_t tile_end(int64_t i, int64_t T) { return std::min(T, (i / kTile + 1) * kTile); }
+
+}  // namespace
+
+int64_t attention_workspace_floats(int64_t T, int64_t /*D*/, int threads) { return 2 * T * T * threads; }
+
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                       int64_t D, float* workspace) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t out_stride = H * D;
+  parallel_for_each(B * H, [&](int64_t bh, int thread) {
+    const int64_t b = bh / H, h = bh % H;
+    const Head hd = head_of(qkv, b, h, T, H, Hkv, D);
+    float* P = workspace + thread * 2 * T * T;
+    scores(P, hd, T, D, scale);
+    float* lse_bh = lse + (b * H + h) * T;
+    for (int64_t i = 0; i < T; ++i) {
+      float* p = P + i * T;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, p[j]);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = exp_fast(p[j] - mx);
+        sum += p[j];
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
+      for (int64_t j = i + 1, e = tile_end(i, T); j < e; ++j) p[j] = 0.0f;
+      lse_bh[i] = mx + std::log(sum);
+    }
+    float* o = out + b * T * out_stride + h * D;
+    for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+      const int64_t r1 = std::min(T, r0 + kTile);
+      gemm(false, false, r1 - r0, D, r1, 1.0f, P + r0 * T, T, hd.v, hd.stride, 0.0f, o + r0 * out_stride, out_stride);
+    }
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = H / Hkv, stride = (H + 2 * Hkv) * D, out_stride = H * D;
+  // Threads own whole kv groups, so dk and dv (shared by the group's query heads) have one writer.
+  parallel_for_each(B * Hkv, [&](int64_t bg, int thread) {
+    const int64_t b = bg / Hkv, g = bg % Hkv;
+    float* P = workspace + thread * 2 * T * T;
+    float* dS = P + T * T;
+    float* dq_base = dqkv + b * T * stride;
+    float* dk = dq_base + (H + g) * D;
+    float* dv = dq_base + (H + Hkv + g) * D;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const Head hd = head_of(qkv, b, h, T, H, Hkv, D);
+      const float* lse_bh = lse + (b * H + h) * T;
+      const float* o = out + b * T * out_stride + h * D;
+      const float* dO = dout + b * T * out_stride + h * D;
+      scores(P, hd, T, D, scale);
+      // dP = dO V^T (row tiles, causal), then dS = P * (dP - rowsum(dO * O)).
+      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+        const int64_t r1 = std::min(T, r0 + kTile);
+        gemm(false, true, r1 - r0, r1, D, 1.0f, dO + r0 * out_stride, out_stride, hd.v, hd.stride, 0.0f, dS + r0 * T,
+             T);
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        float* p = P + i * T;
+        float* ds = dS + i * T;
+        const float l = lse_bh[i];
+        float di = 0.0f;
+#pragma omp simd reduction(+ : di)
+        for (int64_t d = 0; d < D; ++d) di += dO[i * out_stride + d] * o[i * out_stride + d];
+#pragma omp simd
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = exp_fast(p[j] - l);
+          ds[j] = p[j] * (ds[j] - di);
+        }
+        for (int64_t j = i + 1, e = tile_end(i, T); j < e; ++j) p[j] = ds[j] = 0.0f;
+      }
+      // dq = scale dS K, by query-row tiles.
+      float* dq = dq_base + h * D;
+      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+        const int64_t r1 = std::min(T, r0 + kTile);
+        gemm(false, false, r1 - r0, D, r1, scale, dS + r0 * T, T, hd.k, hd.stride, 0.0f, dq + r0 * stride, stride);
+      }
+      // dk += scale dS^T Q and dv += P^T dO, by key-row tiles: key j gets queries i >= j only.
+      // Above-diagonal entries inside a query tile are zero, so starting at the key tile is exact.
+      const float beta = h == g * group ? 0.0f : 1.0f;
+      for (int64_t c0 = 0; c0 < T; c0 += kTile) {
+        const int64_t c1 = std::min(T, c0 + kTile);
+        gemm(true, false, c1 - c0, D, T - c0, scale, dS + c0 * T + c0, T, hd.q + c0 * stride, stride, beta,
+             dk + c0 * stride, stride);
+        gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,
+             dv + c0 * stride, stride);
+      }
+    }
+  });
+}
+
+}  // namespace tessera::kernels::cpu

@@ -1,0 +1,56 @@
+// CPU RMSNorm. Rows go to threads; dweight is reduced over rows by channel ranges, so no thread
+// ever adds into another's output and results depend only on the thread count.
+#include "kernels/cpu/rms_norm.h"
+
+#include <cmath>
+
+#include "core/parallel.h"
+
+namespace tessera::kernels::cpu {
+
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
+                      float eps) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xi = x + i * C;
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < C; ++c) ss += xi[c] * xi[c];
+      const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+      rstd[i] = r;
+      float* oi = out + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) oi[c] = xi[c] * r * weight[c];
+    }
+  });
+}
+
+void rms_norm_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,
+                       const float* rstd, int64_t n, int64_t C) {
+  // y = x * r * w with r = (mean(x^2)+eps)^-1/2:  dx = r * (g*w) - x * r^3 * mean(g*w*x).
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xi = x + i * C;
+      const float* gi = dout + i * C;
+      const float r = rstd[i];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; ++c) dot += gi[c] * weight[c] * xi[c];
+      const float k = r * r * r * dot / static_cast<float>(C);
+      float* dxi = dx + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dxi[c] += r * gi[c] * weight[c] - k * xi[c];
+    }
+  });
+  parallel_for(C, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x + i * C;
+      const float* gi = dout + i * C;
+      const float r = rstd[i];
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) dweight[c] += gi[c] * xi[c] * r;
+    }
+  });
+}
+
+}  // namespace tessera::kernels::cpu

@@ -1,0 +1,46 @@
+// CPU elementwise helpers.
+#include "kernels/cpu/vector.h"
+
+#include <algorithm>
+
+#include "core/parallel.h"
+
+namespace tessera::kernels::cpu {
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) y[i] += x[i];
+  });
+}
+
+void scale_inplace(float* x, int64_t n, float s) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) x[i] *= s;
+  });
+}
+
+double sum_squares(const float* x, int64_t n) {
+  // Fixed-size blocks summed in index order: the result does not depend on the thread count.
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  double total = 0.0;
+  for (int64_t b0 = 0; b0 < blocks; b0 += 256) {
+    double partial[256];
+    const int64_t nb = std::min<int64_t>(256, blocks - b0);
+    parallel_for(nb, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t i0 = (b0 + b) * kBlock, i1 = std::min(n, i0 + kBlock);
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+        partial[b] = s;
+      }
+    });
+    for (int64_t b = 0; b < nb; ++b) total += partial[b];
+  }
+  return total;
+}
+
+}  // namespace tessera::kernels::cpu

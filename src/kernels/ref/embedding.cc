@@ -1,0 +1,40 @@
+// Reference token embedding: a gather forward, a scatter-add backward.
+#include "kernels/ref/embedding.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "core/check.h"
+
+namespace tessera::kernels::ref {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C) {
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(tokens[i] >= 0);
+    const float* row = table + static_cast<int64_t>(tokens[i]) * C;
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] = row[c];
+  }
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t C) {
+  // A repeated token sums its gradients. Adding row by row would round after every repeat, so
+  // positions are grouped by token and each group's sum is formed in double before one rounding.
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  std::vector<double> sum(static_cast<size_t>(C));
+  for (int64_t begin = 0, end = 0; begin < n; begin = end) {
+    const int32_t token = tokens[order[begin]];
+    CHECK(token >= 0);
+    float* row = dtable + static_cast<int64_t>(token) * C;
+    for (int64_t c = 0; c < C; ++c) sum[c] = row[c];
+    for (end = begin; end < n && tokens[order[end]] == token; ++end) {
+      const float* g = dout + order[end] * C;
+      for (int64_t c = 0; c < C; ++c) sum[c] += g[c];
+    }
+    for (int64_t c = 0; c < C; ++c) row[c] = static_cast<float>(sum[c]);
+  }
+}
+
+}  // namespace tessera::kernels::ref

@@ -1,0 +1,30 @@
+// Parameter initialization as a pure function of (seed, unit, element).
+#include "model/init.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+
+#include "core/rng.h"
+
+namespace tessera::model {
+
+void init_unit_slice(const ModelLayout& layout, int unit, uint64_t seed, int64_t begin, int64_t end, float* out) {
+  const UnitLayout& u = layout.units()[unit];
+  const ModelConfig& c = layout.config();
+  std::fill(out, out + (end - begin), 0.0f);
+  for (const TensorSpec& t : u.tensors) {
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel());
+    if (lo >= hi) continue;
+    const std::string_view name = t.name;
+    if (!t.decay) {  // norm gains
+      std::fill(out + (lo - begin), out + (hi - begin), 1.0f);
+      continue;
+    }
+    double std = c.init_std;
+    if (name.ends_with("wo.weight") || name.ends_with("w2.weight")) std /= std::sqrt(2.0 * c.n_layers);
+    for (int64_t i = lo; i < hi; ++i) out[i - begin] = static_cast<float>(std * rng::normal(seed, unit, i));
+  }
+}
+
+}  // namespace tessera::model

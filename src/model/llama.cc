@@ -1,0 +1,210 @@
+// Llama 2 forward and backward on the CPU, op by op.
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace tessera::model {
+
+namespace k = tessera::kernels::cpu;
+
+namespace {
+void copy(float* dst, const float* src, int64_t n) {
+  parallel_for(n, [&](int64_t begin, int64_t end) { std::memcpy(dst + begin, src + begin, (end - begin) * 4); });
+}
+}  // namespace
+
+int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
+  // Logits for a chunk of rows at a time (~32 MB): never the whole (N, V) tensor.
+  return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
+}
+
+void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads) {
+  const ModelConfig& c = layout.config();
+  const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
+  const int64_t Q = c.qkv_dim();
+  auto take = [&](int64_t n) { return arena.take<float>(static_cast<size_t>(n)); };
+  b.blocks.resize(c.n_layers);
+  for (BlockActs& a : b.blocks) {
+    a.x = take(N * C);
+    a.xn1 = take(N * C);
+    a.rstd1 = take(N);
+    a.qkv = take(N * Q);
+    a.att = take(N * H * D);
+    a.lse = take(B * H * T);
+    a.xmid = take(N * C);
+    a.xn2 = take(N * C);
+    a.rstd2 = take(N);
+    a.h13 = take(N * 2 * F);
+    a.g = take(N * F);
+  }
+  b.x_final = take(N * C);
+  b.xn_final = take(N * C);
+  b.rstd_final = take(N);
+  b.rope = take(T * D);
+  b.attn_ws = take(k::attention_workspace_floats(T, D, threads));
+  const int64_t chunk = loss_chunk_rows(c, N);
+  b.logits = take(chunk * c.vocab_size);
+  b.losses = take(chunk);
+  b.dx = take(N * C);
+  b.dxn = take(N * C);
+  b.dqkv = take(N * Q);
+  b.datt = take(N * H * D);
+  b.dh13 = take(N * 2 * F);
+  b.dg = take(N * F);
+}
+
+size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads) {
+  Arena measure;
+  Buffers b;
+  plan(measure, b, layout, micro_batch, threads);
+  return measure.used();
+}
+
+Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads)
+    : layout_(layout),
+      B_(micro_batch),
+      T_(layout.config().seq_len),
+      N_(micro_batch * layout.config().seq_len),
+      threads_(threads),
+      arena_(planned_activation_bytes(layout, micro_batch, threads)) {
+  CHECK(micro_batch > 0 && threads > 0);
+  plan(arena_, b_, layout_, B_, threads_);
+  const ModelConfig& c = layout_.config();
+  k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
+}
+
+void Llama::block_forward(const float* w, const BlockActs& a, float* out) {
+  const ModelConfig& c = layout_.config();
+  const BlockOffsets& o = layout_.block();
+  const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
+  const float eps = static_cast<float>(c.norm_eps);
+  k::rms_norm_forward(a.xn1, a.rstd1, a.x, w + o.attention_norm, N_, C, eps);
+  k::linear_forward(a.qkv, a.xn1, w + o.wqkv, N_, Q, C);
+  k::rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
+  k::rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
+  k::attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
+  // Residual adds ride on the GEMMs (beta = 1) instead of a separate pass.
+  copy(a.xmid, a.x, N_ * C);
+  k::gemm(false, true, N_, C, H * D, 1.0f, a.att, H * D, w + o.wo, H * D, 1.0f, a.xmid, C);
+  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, w + o.ffn_norm, N_, C, eps);
+  k::linear_forward(a.h13, a.xn2, w + o.w13, N_, 2 * F, C);
+  k::swiglu_forward(a.g, a.h13, N_, F);
+  copy(out, a.xmid, N_ * C);
+  k::gemm(false, true, N_, C, F, 1.0f, a.g, F, w + o.w2, F, 1.0f, out, C);
+}
+
+void Llama::block_backward(const float* w, float* dw, const BlockActs& a) {
+  const ModelConfig& c = layout_.config();
+  const BlockOffsets& o = layout_.block();
+  const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
+  float* dx = b_.dx;
+  // MLP branch; dx enters as d(out) = d(xmid) through the residual, and the norm adds its part.
+  k::linear_backward(b_.dg, dw + o.w2, dx, a.g, w + o.w2, N_, C, F, false);
+  k::swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
+  k::linear_backward(b_.dxn, dw + o.w13, b_.dh13, a.xn2, w + o.w13, N_, 2 * F, C, false);
+  k::rms_norm_backward(dx, dw + o.ffn_norm, b_.dxn, a.xmid, w + o.ffn_norm, a.rstd2, N_, C);
+  // Attention branch.
+  k::linear_backward(b_.datt, dw + o.wo, dx, a.att, w + o.wo, N_, C, H * D, false);
+  k::attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
+  k::rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
+  k::rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
+  k::linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, a.xn1, w + o.wqkv, N_, Q, C, false);
+  k::rms_norm_backward(dx, dw + o.attention_norm, b_.dxn, a.x, w + o.attention_norm, a.rstd1, N_, C);
+}
+
+void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
+  CHECK(num_threads() <= threads_);
+  const ModelConfig& c = layout_.config();
+  const int emb = layout_.embedding_unit();
+  k::embedding_forward(b_.blocks[0].x, inputs, params.acquire(emb), N_, c.dim);
+  params.release(emb);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int unit = layout_.block_unit(l);
+    float* out = l + 1 < c.n_layers ? b_.blocks[l + 1].x : b_.x_final;
+    block_forward(params.acquire(unit), b_.blocks[l], out);
+    params.release(unit);
+  }
+}
+
+double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
+  const ModelConfig& c = layout_.config();
+  const int64_t C = c.dim, V = c.vocab_size;
+  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
+  const float* w = params.acquire(head);
+  const float* norm_w = w + layout_.head_norm_offset();
+  const float* w_out = c.tied_embeddings ? params.acquire(emb) : w + layout_.head_weight_offset();
+  float* dw_out = nullptr;
+  if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
+
+  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, N_, C, static_cast<float>(c.norm_eps));
+  const int64_t valid = std::count_if(targets, targets + N_, [](int32_t t) { return t >= 0; });
+  const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
+  // Logits, loss and (with grads) the head's backward, one chunk of rows at a time.
+  const int64_t chunk = loss_chunk_rows(c, N_);
+  double loss_sum = 0.0;
+  for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N_ - r0);
+    const float* xn = b_.xn_final + r0 * C;
+    k::linear_forward(b_.logits, xn, w_out, rows, V, C);
+    k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, dscale);
+    for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
+    if (with_grads) k::linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, rows, V, C, false);
+  }
+  if (with_grads) {
+    std::memset(b_.dx, 0, sizeof(float) * N_ * C);
+    float* dnorm = params.grads(head) + layout_.head_norm_offset();
+    k::rms_norm_backward(b_.dx, dnorm, b_.dxn, b_.x_final, norm_w, b_.rstd_final, N_, C);
+    params.grads_ready(head);
+  }
+  if (c.tied_embeddings) params.release(emb);
+  params.release(head);
+  return valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
+}
+
+double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets,
+                               float grad_scale) {
+  forward_blocks(params, inputs);
+  const double loss = head_loss(params, targets, true, grad_scale);
+  const ModelConfig& c = layout_.config();
+  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+    const int unit = layout_.block_unit(l);
+    block_backward(params.acquire(unit), params.grads(unit), b_.blocks[l]);
+    params.grads_ready(unit);
+    params.release(unit);
+  }
+  const int emb = layout_.embedding_unit();
+  k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim);
+  params.grads_ready(emb);
+  return loss;
+}
+
+double Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
+  forward_blocks(params, inputs);
+  return head_loss(params, targets, false, 0.0f);
+}
+
+void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* logits) {
+  forward_blocks(params, inputs);
+  const ModelConfig& c = layout_.config();
+  const int head = layout_.head_unit(), emb = layout_.embedding_unit();
+  const float* w = params.acquire(head);
+  const float* w_out = c.tied_embeddings ? params.acquire(emb) : w + layout_.head_weight_offset();
+  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, w + layout_.head_norm_offset(), N_, c.dim,
+                      static_cast<float>(c.norm_eps));
+  k::linear_forward(logits, b_.xn_final, w_out, N_, c.vocab_size, c.dim);
+  if (c.tied_embeddings) params.release(emb);
+  params.release(head);
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,83 @@
+// Llama 2 forward and backward on the CPU, written op by op (no autograd), over parameters that a
+// ParamSource provides unit by unit. Every activation buffer is planned from the config and
+// allocated once, in the constructor; forward and backward never call the allocator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/layout.h"
+#include "model/param_source.h"
+
+namespace tessera::model {
+
+class Llama {
+ public:
+  // micro_batch: sequences per forward (B); sequences are config.seq_len tokens (T).
+  Llama(const ModelLayout& layout, int64_t micro_batch, int threads);
+
+  const ModelLayout& layout() const { return layout_; }
+  int64_t micro_batch() const { return B_; }
+  size_t activation_bytes() const { return arena_.capacity(); }
+  // Activation bytes the constructor would allocate, without allocating them.
+  static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads);
+
+  // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
+  // grad_scale x (mean loss over valid targets) to the source's gradient buffers and returns the
+  // mean loss.
+  double forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // Mean loss without gradients.
+  double forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets);
+  // logits (B, T, V) for every position.
+  void forward_logits(ParamSource& params, const int32_t* inputs, float* logits);
+
+ private:
+  struct BlockActs {
+    float* x;      // (N, C) block input: all a recompute needs
+    float* xn1;    // (N, C) attention-norm output
+    float* rstd1;  // (N)
+    float* qkv;    // (N, qkv_dim) after RoPE on q and k
+    float* att;    // (N, H*D) attention output before wo
+    float* lse;    // (B, H, T)
+    float* xmid;   // (N, C) residual after attention
+    float* xn2;    // (N, C)
+    float* rstd2;  // (N)
+    float* h13;    // (N, 2F) gate | up
+    float* g;      // (N, F) SwiGLU output
+  };
+  struct Buffers {
+    std::vector<BlockActs> blocks;
+    float* x_final;   // (N, C) output of the last block
+    float* xn_final;  // (N, C)
+    float* rstd_final;
+    float* rope;      // (T, D/2, 2)
+    float* attn_ws;
+    float* logits;    // (chunk, V)
+    float* losses;    // (chunk)
+    float* dx;        // (N, C) gradient of the residual stream
+    float* dxn;       // (N, C) gradient of a norm's output
+    float* dqkv;      // (N, qkv_dim)
+    float* datt;      // (N, H*D)
+    float* dh13;      // (N, 2F)
+    float* dg;        // (N, F)
+  };
+  static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads);
+  static int64_t loss_chunk_rows(const ModelConfig& c, int64_t N);
+
+  void forward_blocks(ParamSource& params, const int32_t* inputs);
+  // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
+  void block_forward(const float* w, const BlockActs& acts, float* out);
+  // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
+  void block_backward(const float* w, float* dw, const BlockActs& acts);
+  // Final norm, head and loss over all rows; with grads, also their backward into b_.dx.
+  double head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
+
+  ModelLayout layout_;
+  int64_t B_, T_, N_;
+  int threads_;
+  Arena arena_;
+  Buffers b_{};
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,64 @@
+// Llama model shape and its named presets.
+#include "model/model_config.h"
+
+namespace tessera::model {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t vocab, dim, layers, heads, kv_heads, ffn, seq;
+};
+
+constexpr Preset kPresets[] = {
+    // ~5M parameters: learns the bundled corpus in minutes on two cores.
+    {"default", 4096, 256, 4, 8, 4, 688, 256},
+    {"tiny", 512, 64, 2, 4, 2, 192, 64},
+    {"bench", 32000, 512, 8, 8, 8, 1408, 512},
+    {"llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096},
+    {"llama2-13b", 32000, 5120, 40, 40, 40, 13824, 4096},
+    {"llama2-70b", 32000, 8192, 80, 64, 8, 28672, 4096},
+};
+
+}  // namespace
+
+bool model_preset(std::string_view name, ModelConfig* out) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      ModelConfig c;
+      c.preset = p.name;
+      c.vocab_size = p.vocab;
+      c.dim = p.dim;
+      c.n_layers = p.layers;
+      c.n_heads = p.heads;
+      c.n_kv_heads = p.kv_heads;
+      c.ffn_hidden = p.ffn;
+      c.seq_len = p.seq;
+      *out = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+int64_t matmul_parameter_count(const ModelConfig& c) {
+  const int64_t block = c.dim * c.qkv_dim() + c.n_heads * c.head_dim() * c.dim + 3 * c.dim * c.ffn_hidden + 2 * c.dim;
+  return c.n_layers * block + c.dim + c.vocab_size * c.dim;  // blocks, final norm, LM head
+}
+
+int64_t parameter_count(const ModelConfig& c) {
+  // The embedding table counts separately unless the head shares it.
+  return matmul_parameter_count(c) + (c.tied_embeddings ? 0 : c.vocab_size * c.dim);
+}
+
+double flops_per_token(const ModelConfig& c) {
+  return 6.0 * static_cast<double>(matmul_parameter_count(c)) +
+         12.0 * static_cast<double>(c.n_layers * c.seq_len * c.dim);
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,41 @@
+// Llama model shape and its named presets (BENCHMARKS.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::model {
+
+// Shape letters used across the model: B batch, T sequence, C dim, H query heads, Hkv key/value
+// heads, D head dim (C/H), F SwiGLU hidden, V vocabulary, L layers, N = B*T rows.
+struct ModelConfig {
+  std::string preset = "default";
+  int64_t vocab_size = 0;
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t ffn_hidden = 0;
+  int64_t seq_len = 0;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tied_embeddings = false;
+  double init_std = 0.02;
+
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }
+};
+
+// The model shape of a preset; false when the name is unknown.
+bool model_preset(std::string_view name, ModelConfig* out);
+std::vector<std::string> model_preset_names();
+
+// Parameters, and those BENCHMARKS.md counts for model FLOPs: everything but the embedding table.
+int64_t parameter_count(const ModelConfig& c);
+int64_t matmul_parameter_count(const ModelConfig& c);
+// Model FLOPs per trained token: 6 x matmul params + 12 x L x T x C (attention scores and values).
+double flops_per_token(const ModelConfig& c);
+
+}  // namespace tessera::model

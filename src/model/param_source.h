@@ -1,0 +1,22 @@
+// The seam between the model and whatever holds its parameters (ARCHITECTURE.md): the model runs
+// unit by unit and asks for each unit's full parameters before using them, and hands back that
+// unit's gradients when its backward is done. A single process and every sharding strategy are
+// implementations of this one interface.
+#pragma once
+
+namespace tessera::model {
+
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  // Full parameters of `unit` (the unit's padded flat buffer); may block on a prefetched gather.
+  virtual const float* acquire(int unit) = 0;
+  // The model no longer reads `unit`'s parameters until the next acquire.
+  virtual void release(int unit) = 0;
+  // Full-size gradient buffer of `unit`; the model adds into it (it is zeroed by the source).
+  virtual float* grads(int unit) = 0;
+  // The model has finished adding `unit`'s gradients for this micro-batch.
+  virtual void grads_ready(int unit) = 0;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,106 @@
+// The whole model against an independent PyTorch implementation (tests/torch_ref): logits, loss,
+// every parameter gradient and 10 AdamW steps, with weights handed over through .npy files.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "model/llama.h"
+#include "npy.h"
+#include "optim/adamw.h"
+#include "train/local_params.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Variant {
+  const char* name;
+  int64_t n_heads, n_kv_heads;
+  bool tied;
+};
+
+class ModelParity : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(ModelParity, MatchesPyTorch) {
+  const Variant& variant = GetParam();
+  model::ModelConfig c;
+  ASSERT_TRUE(model::model_preset("tiny", &c));
+  c.n_heads = variant.n_heads;
+  c.n_kv_heads = variant.n_kv_heads;
+  c.tied_embeddings = variant.tied;
+  const int64_t B = 4, T = c.seq_len, steps = 10;
+  set_num_threads(2);
+
+  const model::ModelLayout layout(c);
+  train::LocalParams params(layout, 42);
+  model::Llama llama(layout, B, num_threads());
+
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("parity_{}_{}", variant.name, ::getpid());
+  fs::create_directories(dir / "params");
+  fs::create_directories(dir / "grads");
+  optim::AdamWConfig adam{1e-3, 0.9, 0.95, 1e-8, 0.1};
+  nlohmann::json cfg = {{"vocab_size", c.vocab_size}, {"dim", c.dim}, {"n_layers", c.n_layers},
+                        {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"ffn_hidden", c.ffn_hidden},
+                        {"seq_len", c.seq_len}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
+                        {"tied_embeddings", c.tied_embeddings}, {"batch", B}, {"steps", steps},
+                        {"lr", adam.lr}, {"beta1", adam.beta1}, {"beta2", adam.beta2}, {"eps", adam.eps},
+                        {"weight_decay", adam.weight_decay}, {"grad_clip", 0}};
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  for (const auto& t : params.named_tensors()) testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
+
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    inputs[i] = static_cast<int32_t>(rng::bits(7, 1, i) % c.vocab_size);
+    targets[i] = static_cast<int32_t>(rng::bits(7, 2, i) % c.vocab_size);
+  }
+  testing::write_npy(dir / "inputs.npy", inputs, {B, T});
+  testing::write_npy(dir / "targets.npy", targets, {B, T});
+
+  std::vector<float> logits(B * T * c.vocab_size);
+  llama.forward_logits(params, inputs.data(), logits.data());
+  testing::write_npy(dir / "logits.npy", logits, {B, T, c.vocab_size});
+
+  std::vector<float> losses;
+  for (int64_t step = 1; step <= steps; ++step) {
+    params.zero_grads();
+    losses.push_back(static_cast<float>(llama.forward_backward(params, inputs.data(), targets.data(), 1.0f)));
+    if (step == 1) {
+      const float loss = losses[0];
+      testing::write_npy(dir / "loss.npy", "<f4", &loss, sizeof(float), {});
+      for (int u = 0; u < layout.num_units(); ++u) {
+        for (const auto& t : layout.units()[u].tensors) {
+          const float* g = params.grads(u) + t.offset;
+          testing::write_npy(dir / "grads" / (t.name + ".npy"), std::vector<float>(g, g + t.numel()), t.shape);
+        }
+      }
+    }
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const auto& unit = layout.units()[u];
+      optim::adamw_update(unit, 0, unit.padded, params.params(u), params.grads(u), params.m(u), params.v(u), adam,
+                          adam.lr, step);
+    }
+  }
+  testing::write_npy(dir / "losses.npy", losses, {steps});
+
+  const std::string cmd = fmt::format("{} {}/tests/torch_ref/check_parity.py {}", TESSERA_TORCH_PYTHON,
+                                      TESSERA_SOURCE_DIR, dir.string());
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << "PyTorch parity failed for " << variant.name << " (data kept in " << dir << "): " << cmd;
+  if (rc == 0) fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, ModelParity,
+                         ::testing::Values(Variant{"tiny", 4, 2, false}, Variant{"mha", 4, 4, false},
+                                           Variant{"gqa8x2", 8, 2, false}, Variant{"tied", 4, 2, true}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+}  // namespace
+}  // namespace tessera
