@@ -1,0 +1,127 @@
+// Configuration: presets, overrides, types, ranges, consistency, and the shipped configs.
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace tessera::config {
+namespace {
+
+std::string temp_toml(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The message of the ConfigError that load() throws, or "" when it does not throw.
+std::string load_error(const std::string& path, const Overrides& overrides) {
+  try {
+    load(path, overrides);
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.exit_code(), kExitConfig);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAreValidAndMatchTheDefaultPreset) {
+  const Config c = load("", {});
+  EXPECT_EQ(c.model.preset, "default");
+  EXPECT_EQ(c.model.dim, 256);
+  EXPECT_EQ(c.micro_batch(), c.train.batch_size);
+  EXPECT_EQ(c.accumulation_steps(), 1);
+}
+
+TEST(Config, PresetAppliesBeforeOtherModelKeysWhereverItAppears) {
+  const std::string path = temp_toml("preset.toml", "[model]\nn_layers = 3\npreset = \"bench\"\n");
+  const Config c = load(path, {{"train.lr", "1e-3"}});
+  EXPECT_EQ(c.model.vocab_size, 32000);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  const Config d = load(path, {{"model.preset", "tiny"}});
+  EXPECT_EQ(d.model.dim, 64);
+  EXPECT_EQ(d.model.n_layers, 3);
+}
+
+TEST(Config, LaterOverridesWin) {
+  const Config c = load("", {{"train.max_steps", "5"}, {"train.max_steps", "7"}});
+  EXPECT_EQ(c.train.max_steps, 7);
+}
+
+TEST(Config, AccumulationDerivesFromGlobalBatch) {
+  const Config c = load("", {{"train.batch_size", "12"}, {"train.micro_batch_size", "4"}});
+  EXPECT_EQ(c.micro_batch(), 4);
+  EXPECT_EQ(c.accumulation_steps(), 3);
+  EXPECT_EQ(c.tokens_per_step(), 12 * c.model.seq_len);
+}
+
+TEST(Config, UnknownKeysAreNamedWithASuggestion) {
+  EXPECT_NE(load_error("", {{"train.lrr", "1"}}).find("unknown config key train.lrr (--set); did you mean train.lr?"),
+            std::string::npos);
+  const std::string path = temp_toml("unknown.toml", "[optimizer]\nlr = 1.0\n");
+  EXPECT_NE(load_error(path, {}).find("optimizer.lr"), std::string::npos);
+  const std::string top = temp_toml("top.toml", "lr = 1.0\n");
+  EXPECT_NE(load_error(top, {}).find("top-level key lr"), std::string::npos);
+}
+
+TEST(Config, WrongTypesAreNamed) {
+  EXPECT_NE(load_error("", {{"train.batch_size", "eight"}}).find("train.batch_size"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.batch_size", "8.5"}}).find("expected an integer"), std::string::npos);
+  EXPECT_NE(load_error("", {{"model.tied_embeddings", "yes"}}).find("expected true or false"), std::string::npos);
+  const std::string path = temp_toml("types.toml", "[train]\nlr = \"fast\"\n");
+  EXPECT_NE(load_error(path, {}).find("train.lr = \"fast\""), std::string::npos);
+  // An integer is a fine number.
+  const std::string ok = temp_toml("int_as_float.toml", "[train]\nlr = 1\n");
+  EXPECT_DOUBLE_EQ(load(ok, {}).train.lr, 1.0);
+}
+
+TEST(Config, RangesAndConsistencyAreChecked) {
+  EXPECT_NE(load_error("", {{"train.lr", "-1"}}).find("train.lr = -1"), std::string::npos);
+  EXPECT_NE(load_error("", {{"model.dim", "100"}}).find("must be divisible by model.n_heads = 8"), std::string::npos);
+  EXPECT_NE(load_error("", {{"model.n_kv_heads", "3"}}).find("model.n_heads = 8"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.batch_size", "10"}, {"train.micro_batch_size", "4"}}).find("train.batch_size = 10"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"model.preset", "gpt5"}}).find("unknown preset"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.beta2", "1"}}).find("train.beta2"), std::string::npos);
+  EXPECT_NE(load_error("", {{"metrics.log_level", "loud"}}).find("metrics.log_level"), std::string::npos);
+  EXPECT_NE(load_error("", {{"model.dim", "0"}}).find("model.dim = 0: must be > 0"), std::string::npos);
+}
+
+TEST(Config, MalformedTomlNamesFileAndLine) {
+  const std::string path = temp_toml("broken.toml", "[train]\nlr = = 3\n");
+  const std::string e = load_error(path, {});
+  EXPECT_NE(e.find("broken.toml"), std::string::npos);
+  EXPECT_NE(e.find("line 2"), std::string::npos);
+}
+
+TEST(Config, OverrideSyntax) {
+  EXPECT_EQ(parse_override("train.lr=1e-3"), std::make_pair(std::string("train.lr"), std::string("1e-3")));
+  EXPECT_EQ(parse_override("a.b=x=y").second, "x=y");
+  EXPECT_THROW(parse_override("train.lr"), ConfigError);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  const Config c = load("", {{"model.preset", "tiny"}, {"train.lr", "0.00123"}, {"model.tied_embeddings", "true"}});
+  const std::string path = temp_toml("roundtrip.toml", to_toml(c));
+  EXPECT_EQ(to_toml(load(path, {})), to_toml(c));
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  const std::filesystem::path dir = std::filesystem::path(TESSERA_SOURCE_DIR) / "configs";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load(entry.path().string(), {}));
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+  EXPECT_EQ(to_toml(load((dir / "default.toml").string(), {})), to_toml(load("", {})));
+}
+
+}  // namespace
+}  // namespace tessera::config
