@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake config requires the OpenCL headers
   libtomlplusplus-dev
   nlohmann-json3-dev
   libfmt-dev

@@ -284,16 +284,17 @@ TEST(RefGradcheck, Rope) {
   for (float theta : {10000.0f, 7.0f}) {
     SCOPED_TRACE(theta);
     const std::vector<float> x0 = randn(B * T * stride, 30), R = randn(B * T * stride, 31);
+    const std::string tag = "_theta" + std::to_string(static_cast<int>(theta));
     std::vector<float> x = x0;
     rope_forward(x.data(), B, T, n_heads, D, stride, theta);
-    expect_close("out", to_double(x), rope_double(to_double(x0), B, T, n_heads, D, stride, theta), x);
+    expect_close("out" + tag, to_double(x), rope_double(to_double(x0), B, T, n_heads, D, stride, theta), x);
 
     std::vector<float> dx = R;
     rope_backward(dx.data(), B, T, n_heads, D, stride, theta);
     const NumericGrad want = numeric_grad(to_double(x0), [&](const Vec& v) {
       return dot(rope_double(v, B, T, n_heads, D, stride, theta), to_double(R));
     });
-    expect_close("dx", to_double(dx), want, dx);
+    expect_close("dx" + tag, to_double(dx), want, dx);
   }
 }
 
@@ -386,7 +387,8 @@ TEST(RefGradcheck, Swiglu) {
 
   std::vector<float> dh13(n * 2 * F, 1e30f);
   swiglu_backward(dh13.data(), R.data(), h13.data(), n, F);
-  const NumericGrad want = numeric_grad(to_double(h13), [&](const Vec& v) { return dot(swiglu_double(v, n, F), to_double(R)); });
+  const NumericGrad want =
+      numeric_grad(to_double(h13), [&](const Vec& v) { return dot(swiglu_double(v, n, F), to_double(R)); });
   expect_close("dh13", to_double(dh13), want, dh13);
 }
 
