@@ -27,6 +27,8 @@ struct Variant {
   bool tied;
 };
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
 class ModelParity : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(ModelParity, MatchesPyTorch) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "core/parallel.h"
 #include "core/rng.h"
 
 namespace tessera::model {
@@ -23,7 +24,9 @@ void init_unit_slice(const ModelLayout& layout, int unit, uint64_t seed, int64_t
     }
     double std = c.init_std;
     if (name.ends_with("wo.weight") || name.ends_with("w2.weight")) std /= std::sqrt(2.0 * c.n_layers);
-    for (int64_t i = lo; i < hi; ++i) out[i - begin] = static_cast<float>(std * rng::normal(seed, unit, i));
+    parallel_for(hi - lo, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = lo + i0; i < lo + i1; ++i) out[i - begin] = static_cast<float>(std * rng::normal(seed, unit, i));
+    });
   }
 }
 

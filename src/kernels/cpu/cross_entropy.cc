@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace tessera::kernels::cpu {
 
@@ -24,16 +25,16 @@ void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, c
       }
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < V; ++j) mx = std::fmax(mx, z[j]);
+      for (int64_t j = 0; j < V; ++j) mx = z[j] > mx ? z[j] : mx;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+      for (int64_t j = 0; j < V; ++j) sum += exp_fast(z[j] - mx);
       const float log_sum = std::log(sum);
       losses[i] = log_sum + mx - z[target];
       if (dz != nullptr) {
         const float k = dscale / sum;
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) dz[j] = std::exp(z[j] - mx) * k;
+        for (int64_t j = 0; j < V; ++j) dz[j] = exp_fast(z[j] - mx) * k;
         dz[target] -= dscale;
       }
     }

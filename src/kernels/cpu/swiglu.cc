@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace tessera::kernels::cpu {
 
@@ -14,7 +15,7 @@ void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) {
       const float* b = a + F;
       float* o = out + i * F;
 #pragma omp simd
-      for (int64_t j = 0; j < F; ++j) o[j] = a[j] / (1.0f + std::exp(-a[j])) * b[j];
+      for (int64_t j = 0; j < F; ++j) o[j] = a[j] * sigmoid_fast(a[j]) * b[j];
     }
   });
 }
@@ -30,7 +31,7 @@ void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t n
       float* db = da + F;
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
-        const float s = 1.0f / (1.0f + std::exp(-a[j]));
+        const float s = sigmoid_fast(a[j]);
         db[j] = g[j] * a[j] * s;
         da[j] = g[j] * b[j] * s * (1.0f + a[j] * (1.0f - s));
       }
