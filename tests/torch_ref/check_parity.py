@@ -145,7 +145,6 @@ def load_case(d):
 
 def reference(cfg, params, inputs, targets, dtype):
     """Returns {'logits', 'loss', 'grads/NAME'..., 'losses'} as float64 numpy arrays."""
-    torch.manual_seed(0)  # nothing here is random; this only pins any future dropout-like use
     model = llama.Llama(cfg, dtype)
     model.load_state_dict({n: torch.from_numpy(np.asarray(a)).to(dtype)
                            for n, a in params.items()}, strict=True)

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""PyTorch peer for Tessera's training benchmark: same model, same step, one JSON line out.
+
+    /usr/bin/python3 bench/peers/torch_llama_bench.py [--preset bench|tiny] [--steps 12]
+                                                      [--threads 2]
+
+Method (BENCHMARKS.md): fp32, random tokens from a fixed seed, AdamW lr 3e-4, betas 0.9/0.95,
+weight decay 0.1 (2-D tensors), grad-norm clip 1.0; one step = forward, backward, clip, update;
+the figure is the median step time of steps 3..N (1-based), so that the first steps' allocator
+warm-up and lazy initialisation are left out. The model is tests/torch_ref/llama.py, the same
+code that checks Tessera's numerics, so the peer cannot quietly compute something cheaper.
+
+The environment is deliberately left alone: bench/run_bench.sh runs this script twice, once as
+given and once tuned (tcmalloc, OpenBLAS core type auto-detected), and the difference is the
+point. The JSON reports which BLAS and core type actually ran, so a figure can be read right.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "torch_ref"))
+import llama  # noqa: E402  (path set just above)
+
+MICRO_BATCH = {"bench": 4, "tiny": 4}
+DATA_SEED = 1234
+INIT_SEED = 42
+
+
+def blas_info():
+    """The BLAS library torch loaded and, for OpenBLAS, the kernel core type it chose.
+
+    Debian's torch calls whatever libblas.so.3 the alternatives system points at (OpenBLAS,
+    BLIS or the netlib reference), and OpenBLAS's speed here depends on the core type, so the
+    library's name alone does not explain a figure.
+    """
+    path = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "blas" in os.path.basename(fields[-1]).lower():
+                path = fields[-1]
+                break
+    if path is None:
+        return {"blas": "none found"}
+    info = {"blas": os.path.realpath(path)}
+    try:
+        lib = ctypes.CDLL(path)
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        info["blas_corename"] = lib.openblas_get_corename().decode()
+        info["blas_config"] = lib.openblas_get_config().decode().strip()
+    except (OSError, AttributeError):
+        pass  # not OpenBLAS: the path says what it is (e.g. the netlib reference BLAS)
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(MICRO_BATCH), default="bench")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+
+    torch.set_num_threads(args.threads)
+    cfg = llama.PRESETS[args.preset]
+    B, T = MICRO_BATCH[args.preset], cfg["seq_len"]
+
+    model = llama.Llama(cfg, torch.float32)
+    llama.init_weights(model, INIT_SEED)
+    opt = llama.make_optimizer(model, lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8,
+                               weight_decay=0.1)
+    gen = torch.Generator().manual_seed(DATA_SEED)
+    tokens = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=gen)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    times, losses = [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = llama.loss_fn(model(inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())  # .item() also waits for the step; CPU ops are synchronous
+        times.append(time.perf_counter() - t0)
+
+    timed = times[2:] if len(times) > 2 else times
+    median = statistics.median(timed)
+    tokens_per_step = B * T
+    flops_per_token = llama.model_flops_per_token(cfg)
+    tokens_per_s = tokens_per_step / median
+    result = {
+        "impl": "pytorch",
+        "preset": args.preset,
+        "params": llama.count_params(model),
+        "matmul_params": llama.matmul_params(cfg),
+        "tokens_per_step": tokens_per_step,
+        "steps": args.steps,
+        "timed_steps": f"{len(times) - len(timed) + 1}..{len(times)}",
+        "median_step_s": median,
+        "tokens_per_s": tokens_per_s,
+        "model_flops_per_token": flops_per_token,
+        "model_flops_per_s": flops_per_token * tokens_per_s,
+        "threads": args.threads,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "torch_version": torch.__version__,
+        "step_times_s": [round(t, 4) for t in times],
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
+    }
+    result.update(blas_info())
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# The one benchmark command: Tessera and its PyTorch peer on the same model, alternating, side by side.
+#
+#   bench/run_bench.sh [--preset bench|tiny] [--steps 12] [--threads 2] [--rounds 1]
+#                      [--tessera build/release/bin/tessera]
+#
+# Each round runs, in this order: (a) Tessera, in the environment as given; (b) the PyTorch peer
+# tuned; (c) the PyTorch peer as given. Alternating within a round keeps a slow drift of the
+# machine (thermal, a neighbour's build) from landing on one implementation only. With several
+# rounds each implementation's figures come from its median round by tokens/s.
+#
+# Tuned (BENCHMARKS.md): OpenBLAS picks its own core type (this machine's OPENBLAS_CORETYPE
+# forces the slower Haswell kernel) and tcmalloc keeps PyTorch's activation buffers instead of
+# handing them back to the OS every step. The tuning is set for the peer's command alone:
+# Tessera does not use OpenBLAS and must not be credited or blamed for its settings.
+#
+# Peak RSS comes from the program's JSON when it reports peak_rss_bytes, else from
+# getrusage(RUSAGE_CHILDREN) in a small Python wrapper (GNU time is not on every machine).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+preset=bench
+steps=12
+threads=2
+rounds=1
+tessera=$root/build/release/bin/tessera
+python=${PYTHON:-/usr/bin/python3}  # Debian's interpreter: the one with python3-torch
+tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+peer=$root/bench/peers/torch_llama_bench.py
+
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "run_bench: $*" >&2; exit 2; }
+
+while (($#)); do
+  case $1 in
+    --preset) preset=${2:?--preset needs a value}; shift 2 ;;
+    --steps) steps=${2:?--steps needs a value}; shift 2 ;;
+    --threads) threads=${2:?--threads needs a value}; shift 2 ;;
+    --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
+    --tessera) tessera=${2:?--tessera needs a value}; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument '$1'" ;;
+  esac
+done
+[[ $steps =~ ^[0-9]+$ && $threads =~ ^[0-9]+$ && $rounds =~ ^[0-9]+$ ]] ||
+  die "--steps, --threads and --rounds take positive integers"
+((steps > 0 && threads > 0 && rounds > 0)) || die "--steps, --threads and --rounds must be > 0"
+[[ -x $tessera ]] || die "Tessera binary '$tessera' not found or not executable (build it, or pass --tessera)"
+[[ -x $python ]] || die "Python '$python' not found (set PYTHON to an interpreter with torch)"
+[[ -r $tcmalloc ]] || die "$tcmalloc missing: the tuned peer needs Debian's libtcmalloc-minimal4 (scripts/setup.sh)"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tessera_bench.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+tessera_cmd=("$tessera" bench --preset "$preset" --steps "$steps" --set "train.threads=$threads")
+peer_cmd=("$python" "$peer" --preset "$preset" --steps "$steps" --threads "$threads")
+tuned_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "LD_PRELOAD=$tcmalloc"
+  "OPENBLAS_NUM_THREADS=$threads")
+
+# run NAME CMD...: stdout/stderr/peak RSS of one run into $work/NAME.{out,err,rss}.
+run() {
+  local name=$1
+  shift
+  echo "run_bench: $name: $*" >&2
+  if ! "$python" -c '
+import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+sys.exit(rc)' "$work/$name.rss" "$@" >"$work/$name.out" 2>"$work/$name.err"; then
+    echo "run_bench: $name failed; last lines of its stderr and stdout:" >&2
+    tail -n 20 "$work/$name.err" "$work/$name.out" >&2
+    exit 1
+  fi
+}
+
+for ((r = 1; r <= rounds; r++)); do
+  run "tessera.$r" "${tessera_cmd[@]}"
+  run "tuned.$r" "${tuned_env[@]}" "${peer_cmd[@]}"
+  run "given.$r" "${peer_cmd[@]}"
+done
+
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+  commit+=" (with uncommitted changes)"
+fi
+cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+
+WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads COMMIT=$commit \
+  CPU="${cpu:-unknown} ($(nproc) CPUs available)" \
+  TESSERA_CMD="${tessera_cmd[*]}" TUNED_CMD="${tuned_env[*]} ${peer_cmd[*]}" \
+  GIVEN_CMD="${peer_cmd[*]}" "$python" - <<'EOF'
+"""Reads the runs' JSON lines and prints the side-by-side table."""
+import datetime
+import json
+import os
+import statistics
+import sys
+
+env = os.environ
+work, rounds = env["WORK"], int(env["ROUNDS"])
+
+
+def last_json(path):
+    """The last stdout line that is a JSON object: programs may log before their result."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    # The work folder is deleted on exit, so show what the program printed instead of a path.
+    tail = "".join(f"\n  | {line}" for line in lines[-10:]) or " (nothing)"
+    sys.exit(f"run_bench: no JSON result line from {os.path.basename(path)[:-4]}; its stdout "
+             f"ended:{tail}")
+
+
+def result(name):
+    runs = []
+    for r in range(1, rounds + 1):
+        j = last_json(f"{work}/{name}.{r}.out")
+        for key in ("tokens_per_s", "model_flops_per_s", "median_step_s", "params",
+                    "tokens_per_step"):
+            if key not in j:
+                sys.exit(f"run_bench: {name} result lacks '{key}': {j}")
+        if "peak_rss_bytes" not in j:
+            with open(f"{work}/{name}.{r}.rss") as f:
+                j["peak_rss_bytes"] = int(f.read())
+        runs.append(j)
+    runs.sort(key=lambda j: j["tokens_per_s"])
+    chosen = runs[(len(runs) - 1) // 2]  # the median round (the lower one of an even count)
+    chosen["all_tokens_per_s"] = [j["tokens_per_s"] for j in runs]
+    return chosen
+
+
+tessera, tuned, given = result("tessera"), result("tuned"), result("given")
+rows = [("Tessera", tessera), ("PyTorch tuned", tuned), ("PyTorch as given", given)]
+
+print()
+print(f"Tessera vs PyTorch: preset {env['PRESET']}, {env['STEPS']} steps per run (median step "
+      f"time of steps 3..{env['STEPS']}), {rounds} round(s), alternating")
+print(f"date     {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+print(f"machine  {env['CPU']}")
+print(f"commit   {env['COMMIT']}")
+print(f"threads  Tessera train.threads={env['THREADS']}; PyTorch torch.set_num_threads("
+      f"{env['THREADS']}), OPENBLAS_NUM_THREADS={env['THREADS']} when tuned")
+if "gemm" in tessera:
+    print(f"Tessera GEMM  {tessera['gemm']}")
+for label, j in (("tuned", tuned), ("as given", given)):
+    blas = j.get("blas", "?")
+    core = j.get("blas_corename")
+    print(f"PyTorch {label:<8} torch {j.get('torch_version', '?')}, BLAS {blas}"
+          + (f", OpenBLAS core {core}" if core else ""))
+
+print()
+head = (f"{'implementation':<18} {'tokens/s':>10} {'model GFLOP/s':>14} {'median step s':>14} "
+        f"{'peak RSS MB':>12} {'Tessera/this':>13}")
+print(head)
+print("-" * len(head))
+for name, j in rows:
+    ratio = tessera["tokens_per_s"] / j["tokens_per_s"]
+    print(f"{name:<18} {j['tokens_per_s']:>10.1f} {j['model_flops_per_s'] / 1e9:>14.1f} "
+          f"{j['median_step_s']:>14.4f} {j['peak_rss_bytes'] / 1e6:>12.0f} {ratio:>12.2f}x")
+if rounds > 1:
+    print()
+    for name, j in rows:
+        spread = ", ".join(f"{t:.1f}" for t in j["all_tokens_per_s"])
+        print(f"{name} tokens/s per round: {spread}")
+
+warnings = []
+for key in ("params", "tokens_per_step"):
+    if tessera[key] != tuned[key]:
+        warnings.append(f"{key} differs: Tessera {tessera[key]}, PyTorch {tuned[key]} "
+                        f"(not the same model or batch: the ratio means little)")
+if "blas_corename" not in tuned:
+    warnings.append(f"the tuned peer did not run on OpenBLAS ({tuned.get('blas', '?')}); "
+                    f"BENCHMARKS.md's tuned figures assume OpenBLAS (Debian libopenblas0), so "
+                    f"this peer is slower than the one to beat")
+for w in warnings:
+    print(f"warning: {w}")
+
+print()
+print("commands")
+print(f"  Tessera          {env['TESSERA_CMD']}")
+print(f"  PyTorch tuned    {env['TUNED_CMD']}")
+print(f"  PyTorch as given {env['GIVEN_CMD']}")
+EOF
