@@ -9,6 +9,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake config requires the OpenCL headers
   libtomlplusplus-dev
   nlohmann-json3-dev
+  libsentencepiece-dev libxxhash-dev libzstd-dev
   libfmt-dev
   python3 python3-torch python3-numpy
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)

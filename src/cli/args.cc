@@ -27,7 +27,25 @@ long long ParsedArgs::get_int(const std::string& flag, long long fallback) const
   return v;
 }
 
-ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags) {
+double ParsedArgs::get_double(const std::string& flag, double fallback) const {
+  auto it = flags.find(flag);
+  if (it == flags.end()) return fallback;
+  double v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    throw ConfigError(fmt::format("{} expects a number, got \"{}\"", flag, s));
+  }
+  return v;
+}
+
+std::vector<std::string> ParsedArgs::get_list(const std::string& flag) const {
+  auto it = lists.find(flag);
+  return it == lists.end() ? std::vector<std::string>{} : it->second;
+}
+
+ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
+                      const std::vector<std::string>& list_flags) {
   ParsedArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -45,6 +63,14 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
       name = a.substr(0, eq);
       value = a.substr(eq + 1);
       has_value = true;
+    }
+    if (std::find(list_flags.begin(), list_flags.end(), name) != list_flags.end()) {
+      std::vector<std::string>& values = out.lists[name];
+      const size_t before = values.size();
+      if (has_value) values.push_back(value);
+      while (i + 1 < args.size() && !args[i + 1].starts_with("--")) values.push_back(args[++i]);
+      if (values.size() == before) throw ConfigError(fmt::format("option {} needs at least one value", name));
+      continue;
     }
     const bool is_set = name == "--set";
     if (!is_set && std::find(value_flags.begin(), value_flags.end(), name) == value_flags.end()) {

@@ -1,0 +1,108 @@
+// The data subcommands: `tessera tokenizer train` and `tessera prepare`.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <limits>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+
+namespace tessera::cli {
+namespace {
+
+constexpr const char* kTokenizerUsage =
+    "usage: tessera tokenizer train --input FILE... --vocab-size N --out MODEL.model [--threads T]\n"
+    "  trains a byte-fallback BPE SentencePiece model on the inputs' lines (plain or .zst);\n"
+    "  writes MODEL.model and MODEL.vocab; T defaults to one per core, and the model depends on T,\n"
+    "  so give --threads to reproduce a model on another machine\n";
+
+constexpr const char* kPrepareUsage =
+    "usage: tessera prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K]\n"
+    "                       [--val-fraction F] [--shard-tokens N] [--seed S]\n"
+    "  tokenizes blank-line-separated documents into token shards in DIR with K worker\n"
+    "  processes; DIR/manifest.json is written last\n";
+
+int int_flag(const ParsedArgs& a, const std::string& flag, int fallback, int lo) {
+  const long long v = a.get_int(flag, fallback);
+  if (v < lo || v > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format("{} {}: must be >= {}", flag, v, lo));
+  return static_cast<int>(v);
+}
+
+std::string required(const ParsedArgs& a, const std::string& flag) {
+  const std::string v = a.get(flag, "");
+  if (v.empty()) throw ConfigError(fmt::format("missing {}", flag));
+  return v;
+}
+
+}  // namespace
+
+int cmd_tokenizer(const Args& args) {
+  const ParsedArgs a = parse_args(args, {"--vocab-size", "--out", "--threads"}, {"--input"});
+  if (a.help) {
+    std::fputs(kTokenizerUsage, stdout);
+    return kExitOk;
+  }
+  if (a.positional.size() != 1 || a.positional[0] != "train") {
+    std::fputs(kTokenizerUsage, stderr);
+    return kExitConfig;
+  }
+  data::TokenizerTrainOptions o;
+  o.inputs = a.get_list("--input");
+  if (o.inputs.empty()) throw ConfigError("missing --input FILE...");
+  o.vocab_size = a.get_int("--vocab-size", o.vocab_size);
+  o.out = required(a, "--out");
+  o.threads = int_flag(a, "--threads", 0, 0);
+  const double t0 = now_seconds();
+  data::train_tokenizer(o);
+  const data::Tokenizer tok(o.out);
+  fmt::print("tokenizer {}: vocab {}, hash {:016x}, trained in {:.1f} s\n", o.out, tok.vocab_size(), tok.hash(),
+             now_seconds() - t0);
+  return kExitOk;
+}
+
+int cmd_prepare(const Args& args) {
+  const ParsedArgs a = parse_args(
+      args, {"--tokenizer", "--out", "--workers", "--val-fraction", "--shard-tokens", "--seed"}, {"--input"});
+  if (a.help) {
+    std::fputs(kPrepareUsage, stdout);
+    return kExitOk;
+  }
+  if (!a.positional.empty()) {
+    throw ConfigError(fmt::format("unexpected argument \"{}\" (inputs follow --input)", a.positional[0]));
+  }
+  data::PrepareOptions o;
+  o.inputs = a.get_list("--input");
+  if (o.inputs.empty()) throw ConfigError("missing --input FILE/GLOB...");
+  o.tokenizer = required(a, "--tokenizer");
+  o.out = required(a, "--out");
+  o.workers = int_flag(a, "--workers", 1, 1);
+  o.val_fraction = a.get_double("--val-fraction", 0.0);
+  const long long shard_tokens = a.get_int("--shard-tokens", static_cast<long long>(o.shard_tokens));
+  if (shard_tokens < 1) throw ConfigError(fmt::format("--shard-tokens {}: must be >= 1", shard_tokens));
+  o.shard_tokens = static_cast<uint64_t>(shard_tokens);
+  const long long seed = a.get_int("--seed", 0);
+  if (seed < 0) throw ConfigError(fmt::format("--seed {}: must be >= 0", seed));
+  o.seed = static_cast<uint64_t>(seed);
+
+  const data::PrepareStats s = data::prepare(o);
+  const double secs = s.seconds > 0 ? s.seconds : 1e-9;
+  const uint64_t tokens = s.train_tokens + s.val_tokens;
+  fmt::print(
+      "prepared {}: {} documents, {:.1f} MB of text in {:.2f} s with {} worker(s): {:.2f} MB/s, {:.0f} tokens/s\n",
+      o.out, s.documents, static_cast<double>(s.bytes) / 1e6, s.seconds, o.workers,
+      static_cast<double>(s.bytes) / 1e6 / secs, static_cast<double>(tokens) / secs);
+  const data::DatasetManifest m = data::read_manifest(o.out);
+  fmt::print(
+      "  train: {} tokens, {} documents\n  val:   {} tokens, {} documents\n  {} shard(s), unigram entropy {:.3f} "
+      "nats\n",
+      m.train.tokens, m.train.documents, m.val.tokens, m.val.documents, s.shards, m.unigram_entropy);
+  return kExitOk;
+}
+
+}  // namespace tessera::cli

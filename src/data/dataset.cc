@@ -1,0 +1,256 @@
+// Dataset manifest (JSON, written atomically) and a split's token stream across its shards.
+#include "data/dataset.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/error.h"
+
+namespace tessera::data {
+namespace {
+
+constexpr const char* kFormat = "tessera-dataset";
+constexpr int kVersion = 1;
+
+std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
+
+std::string manifest_path(const std::string& dir) { return dir + "/manifest.json"; }
+
+// Typed access to manifest keys; every failure names the file and the key path.
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+
+  const nlohmann::json& at(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) throw fail(where + key, "missing");
+    return obj.at(key);
+  }
+  uint64_t u64(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    const auto& v = at(obj, key, where);
+    if (!v.is_number_unsigned()) throw fail(where + key, "must be a non-negative integer");
+    return v.get<uint64_t>();
+  }
+  int64_t i64(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    const auto& v = at(obj, key, where);
+    if (!v.is_number_integer()) throw fail(where + key, "must be an integer");
+    return v.get<int64_t>();
+  }
+  std::string str(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    const auto& v = at(obj, key, where);
+    if (!v.is_string()) throw fail(where + key, "must be a string");
+    return v.get<std::string>();
+  }
+  uint64_t hex(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
+    const std::string s = str(obj, key, where);
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+    if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) {
+      throw fail(where + key, fmt::format("\"{}\" is not 16 hex digits", s));
+    }
+    return v;
+  }
+  DataError fail(const std::string& key, const std::string& what) const {
+    return DataError(fmt::format("{}: {}: {}", file_, key, what));
+  }
+
+ private:
+  std::string file_;
+};
+
+// Shard files live in the dataset directory itself; a manifest cannot point elsewhere.
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+}
+
+SplitManifest read_split(const Reader& r, const nlohmann::json& splits, const std::string& name) {
+  const std::string where = "splits." + name + ".";
+  const nlohmann::json& j = r.at(splits, name, "splits.");
+  SplitManifest s;
+  s.tokens = r.u64(j, "tokens", where);
+  s.documents = r.u64(j, "documents", where);
+  const nlohmann::json& shards = r.at(j, "shards", where);
+  if (!shards.is_array()) throw r.fail(where + "shards", "must be an array");
+  uint64_t tokens = 0, documents = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string w = fmt::format("{}shards[{}].", where, i);
+    ShardEntry e;
+    e.file = r.str(shards[i], "file", w);
+    if (!plain_file_name(e.file))
+      throw r.fail(w + "file", fmt::format("\"{}\" is not a file name in the dataset directory", e.file));
+    e.tokens = r.u64(shards[i], "tokens", w);
+    e.documents = r.u64(shards[i], "documents", w);
+    e.checksum = r.hex(shards[i], "checksum", w);
+    tokens += e.tokens;
+    documents += e.documents;
+    s.shards.push_back(std::move(e));
+  }
+  if (tokens != s.tokens || documents != s.documents) {
+    throw r.fail(where + "tokens", fmt::format("{} tokens, {} documents, but its shards sum to {} and {}", s.tokens,
+                                               s.documents, tokens, documents));
+  }
+  return s;
+}
+
+nlohmann::ordered_json split_json(const SplitManifest& s) {
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (const ShardEntry& e : s.shards) {
+    shards.push_back(
+        {{"file", e.file}, {"tokens", e.tokens}, {"documents", e.documents}, {"checksum", hex16(e.checksum)}});
+  }
+  return {{"tokens", s.tokens}, {"documents", s.documents}, {"shards", shards}};
+}
+
+}  // namespace
+
+namespace detail {
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+  try {
+    const char* p = bytes.data();
+    size_t n = bytes.size();
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw IoError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    if (::fsync(fd) != 0) throw IoError(fmt::format("cannot fsync {}: {}", tmp, std::strerror(errno)));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("cannot close {}: {}", tmp, std::strerror(err)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
+  }
+  // The rename is durable only once the directory entry is.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace detail
+
+DatasetManifest read_manifest(const std::string& dir) {
+  const std::string file = manifest_path(dir);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("cannot open {}: {} (not a prepared dataset?)", file, std::strerror(errno)));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));
+  const Reader r(file);
+  if (r.str(j, "format", "") != kFormat) throw r.fail("format", fmt::format("want \"{}\"", kFormat));
+  if (const int64_t v = r.i64(j, "version", ""); v != kVersion) {
+    throw r.fail("version", fmt::format("{}, this build reads version {}", v, kVersion));
+  }
+  DatasetManifest m;
+  const nlohmann::json& tok = r.at(j, "tokenizer", "");
+  m.tokenizer_file = r.str(tok, "file", "tokenizer.");
+  if (!plain_file_name(m.tokenizer_file)) throw r.fail("tokenizer.file", "not a file name in the dataset directory");
+  m.tokenizer_hash = r.hex(tok, "hash", "tokenizer.");
+  m.vocab_size = r.i64(tok, "vocab_size", "tokenizer.");
+  if (m.vocab_size <= 0 || m.vocab_size > (int64_t{1} << 31)) throw r.fail("tokenizer.vocab_size", "out of range");
+  const int64_t eos = r.i64(tok, "eos_id", "tokenizer.");
+  if (eos < 0 || eos >= m.vocab_size) throw r.fail("tokenizer.eos_id", fmt::format("{} outside the vocabulary", eos));
+  m.eos_id = static_cast<int32_t>(eos);
+  const nlohmann::json& splits = r.at(j, "splits", "");
+  m.train = read_split(r, splits, "train");
+  m.val = read_split(r, splits, "val");
+  const nlohmann::json& inputs = r.at(j, "inputs", "");
+  if (!inputs.is_array()) throw r.fail("inputs", "must be an array");
+  for (const auto& i : inputs) {
+    if (!i.is_string()) throw r.fail("inputs", "must hold strings");
+    m.inputs.push_back(i.get<std::string>());
+  }
+  const auto& h = r.at(j, "unigram_entropy_nats", "");
+  if (!h.is_number()) throw r.fail("unigram_entropy_nats", "must be a number");
+  m.unigram_entropy = h.get<double>();
+  return m;
+}
+
+void write_manifest(const std::string& dir, const DatasetManifest& m) {
+  const nlohmann::ordered_json j = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"tokenizer",
+       {{"file", m.tokenizer_file},
+        {"hash", hex16(m.tokenizer_hash)},
+        {"vocab_size", m.vocab_size},
+        {"eos_id", m.eos_id}}},
+      {"splits", {{"train", split_json(m.train)}, {"val", split_json(m.val)}}},
+      {"inputs", m.inputs},
+      {"unigram_entropy_nats", m.unigram_entropy},
+  };
+  detail::write_file_atomic(manifest_path(dir), j.dump(2) + "\n");
+}
+
+TokenStream::TokenStream(const std::string& dir, const std::string& split) : manifest_(read_manifest(dir)) {
+  if (split != "train" && split != "val") throw ConfigError(fmt::format("unknown split \"{}\" (train or val)", split));
+  const SplitManifest& s = split == "train" ? manifest_.train : manifest_.val;
+  for (const ShardEntry& e : s.shards) {
+    Shard shard = Shard::open(dir + "/" + e.file);
+    const ShardInfo& info = shard.info();
+    auto disagree = [&](const char* what, const std::string& got, const std::string& want) {
+      return DataError(
+          fmt::format("shard {}: {} {} disagrees with {} ({})", shard.path(), what, got, manifest_path(dir), want));
+    };
+    if (info.payload_checksum != e.checksum)
+      throw disagree("checksum", hex16(info.payload_checksum), hex16(e.checksum));
+    if (info.tokens != e.tokens) throw disagree("token count", std::to_string(info.tokens), std::to_string(e.tokens));
+    if (info.documents != e.documents) {
+      throw disagree("document count", std::to_string(info.documents), std::to_string(e.documents));
+    }
+    if (info.tokenizer_hash != manifest_.tokenizer_hash) {
+      throw disagree("tokenizer hash", hex16(info.tokenizer_hash), hex16(manifest_.tokenizer_hash));
+    }
+    if (static_cast<int64_t>(info.vocab_size) != manifest_.vocab_size) {
+      throw disagree("vocab size", std::to_string(info.vocab_size), std::to_string(manifest_.vocab_size));
+    }
+    starts_.push_back(total_);
+    total_ += info.tokens;
+    shards_.push_back(std::move(shard));
+  }
+}
+
+void TokenStream::read(uint64_t begin, uint64_t n, int32_t* out) const {
+  CHECK_MSG(begin <= total_ && n <= total_ - begin, "TokenStream::read past the end");
+  // The last shard starting at or before `begin`; empty shards are skipped by the loop.
+  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin());
+  i = i == 0 ? 0 : i - 1;
+  while (n > 0) {
+    const uint64_t offset = begin - starts_[i];
+    const uint64_t take = std::min(n, shards_[i].info().tokens - offset);
+    shards_[i].read(offset, take, out);
+    out += take;
+    begin += take;
+    n -= take;
+    ++i;
+  }
+}
+
+}  // namespace tessera::data

@@ -1,0 +1,75 @@
+// A prepared dataset: the directory `tessera prepare` writes, with manifest.json listing the
+// shards of each split, and the token stream of one split read through its shards.
+//
+// manifest.json: {"format": "tessera-dataset", "version": 1,
+//   "tokenizer": {"file": "tokenizer.model", "hash": "<16 hex digits>", "vocab_size": V,
+//                 "eos_id": E},
+//   "splits": {"train": {"tokens": N, "documents": D, "shards": [{"file": "train-00000.bin",
+//              "tokens": n, "documents": d, "checksum": "<16 hex digits>"}, ...]},
+//              "val": {...}},
+//   "inputs": [...], "unigram_entropy_nats": H}   (H over the train split's tokens)
+// The tokenizer model is copied into the directory, so a dataset is self-contained.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/shard.h"
+
+namespace tessera::data {
+
+struct ShardEntry {
+  std::string file;  // relative to the dataset directory
+  uint64_t tokens = 0;
+  uint64_t documents = 0;
+  uint64_t checksum = 0;
+};
+
+struct SplitManifest {
+  uint64_t tokens = 0;
+  uint64_t documents = 0;
+  std::vector<ShardEntry> shards;
+};
+
+struct DatasetManifest {
+  std::string tokenizer_file;
+  uint64_t tokenizer_hash = 0;
+  int64_t vocab_size = 0;
+  int32_t eos_id = 0;
+  SplitManifest train, val;
+  std::vector<std::string> inputs;
+  double unigram_entropy = 0.0;  // nats per token, train split
+};
+
+// Reads DIR/manifest.json. Throws DataError naming the file (and key) when it is missing or
+// malformed.
+DatasetManifest read_manifest(const std::string& dir);
+// Writes DIR/manifest.json atomically (temporary file, fsync, rename). Throws IoError.
+void write_manifest(const std::string& dir, const DatasetManifest& manifest);
+
+namespace detail {
+// Writes `bytes` to `path` through "<path>.tmp": write, fsync, rename, fsync the directory.
+// Throws IoError naming the file; leaves no temporary file behind on failure.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+}  // namespace detail
+
+// One split of a dataset as a single token stream (its shards in manifest order). Opening
+// validates every shard (header, checksums, and agreement with the manifest).
+class TokenStream {
+ public:
+  TokenStream(const std::string& dir, const std::string& split);  // split: "train" or "val"
+  const DatasetManifest& manifest() const { return manifest_; }
+  uint64_t size() const { return total_; }
+  // Tokens [begin, begin + n) of the stream, across shard boundaries; begin + n <= size().
+  void read(uint64_t begin, uint64_t n, int32_t* out) const;
+
+ private:
+  DatasetManifest manifest_;
+  std::vector<Shard> shards_;
+  std::vector<uint64_t> starts_;  // first stream index of each shard
+  uint64_t total_ = 0;
+};
+
+}  // namespace tessera::data
