@@ -34,7 +34,7 @@ expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml
 expect_exit 2 "train.batch_size = 6" -- config --set train.batch_size=6 --set train.micro_batch_size=4
 
 # A short run writes its outputs; loss values round-trip exactly (17 significant digits).
-run() { "$tessera" train --set model.preset=tiny --set train.batch_size=8 --set train.micro_batch_size=4 \
+run() { "$tessera" train --set model.preset=tiny --set data.synthetic=true --set train.batch_size=8 --set train.micro_batch_size=4 \
   --set train.max_steps=3 --set train.threads=2 --run-dir "$1" "${@:2}" >"$1.log" 2>&1; }
 if run "$dir/a" && run "$dir/b"; then
   lines=$(wc -l <"$dir/a/metrics.jsonl")
@@ -53,7 +53,7 @@ else
 fi
 
 # A diverging run stops with the non-finite exit code and names the step.
-expect_exit 11 "step [0-9]+: loss" -- train --set model.preset=tiny --set train.batch_size=4 --set train.lr=1e30 \
+expect_exit 11 "step [0-9]+: loss" -- train --set model.preset=tiny --set data.synthetic=true --set train.batch_size=4 --set train.lr=1e30 \
   --set train.warmup_steps=0 --set train.grad_clip=0 --set train.max_steps=20 --run-dir "$dir/nan"
 
 echo "$failures failure(s)"

@@ -28,8 +28,10 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const NamedTensor& t : tensors) {
     const size_t bytes = t.data.size() * sizeof(float);
@@ -60,7 +62,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   }
 }
 
-std::vector<NamedTensor> read_safetensors(const std::string& path) {
+std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   in.seekg(0, std::ios::end);
@@ -86,7 +88,14 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
 
   std::vector<NamedTensor> out;
   for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (!info.is_object()) throw DataError(fmt::format("{}: __metadata__ is not an object", path));
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string()) throw DataError(fmt::format("{}: __metadata__ entry {} is not a string", path, key));
+        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+      }
+      continue;
+    }
     auto bad = [&](const std::string& why) { return DataError(fmt::format("{}: tensor {}: {}", path, name, why)); };
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets")) {
       throw bad("missing dtype, shape or data_offsets");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,12 @@ struct NamedTensor {
 
 // Writes F32 tensors to `path` through a temporary file that is fsynced and renamed, so a crash
 // leaves either the old file or the new one. Throws IoError naming the file.
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors);
-// Reads every tensor (F32 only). Throws DataError naming the file and tensor on any
-// inconsistency, IoError when the file cannot be read.
-std::vector<NamedTensor> read_safetensors(const std::string& path);
+// `metadata` goes into the header's "__metadata__" (string to string, as the format requires).
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Reads every tensor (F32 only) and, when `metadata` is not null, the "__metadata__" entries.
+// Throws DataError naming the file and tensor on any inconsistency, IoError when the file cannot
+// be read.
+std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace tessera::checkpoint

@@ -33,10 +33,19 @@ usage: tessera <command> [options]
 commands:
   train [CONFIG] [--set key=value]... [--run-dir DIR]
                  train the model that CONFIG (TOML) describes; without CONFIG, the default
+                 model on the bundled corpus (tokenized on first use)
   bench --preset NAME --steps N [--set key=value]...
                  time N training steps on synthetic tokens; prints one JSON object
   config [CONFIG] [--set key=value]...
                  print the resolved configuration (every key) after validation
+  tokenizer train --input FILE... --vocab-size N --out MODEL
+                 train a SentencePiece BPE tokenizer on text files (plain or .zst)
+  prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
+                 tokenize text into a dataset of token shards, K worker processes
+  generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+                 continue a prompt with a trained model (PATH: a run directory or weights file)
+  eval --checkpoint PATH [--data DIR]
+                 validation loss and perplexity of a trained model
   info           version, build options, CPU features, GEMM library, threads, CUDA devices
 
 exit codes: 0 done, 2 bad command line or config, 3 bad data, 10 I/O error,
@@ -147,13 +156,15 @@ int cmd_bench(const Args& args) {
                          {"train.max_steps", std::to_string(steps)},
                          {"train.lr", "3e-4"},
                          {"train.warmup_steps", "0"},
-                         {"checkpoint.save_final", "false"}};
+                         {"checkpoint.save_final", "false"},
+                         {"data.synthetic", "true"},
+                         {"train.eval_interval", "0"}};
   o.insert(o.end(), a.overrides.begin(), a.overrides.end());
   ParsedArgs with_defaults = a;
   with_defaults.overrides = o;
   const config::Config c = load_config(with_defaults);
 
-  train::Trainer trainer(c);
+  train::Trainer trainer(c, "");
   std::vector<double> times;
   nlohmann::json losses = nlohmann::json::array();
   for (long long i = 0; i < steps; ++i) {
@@ -201,6 +212,10 @@ int run(int argc, char** argv) {
     if (command == "train") return cmd_train(args);
     if (command == "bench") return cmd_bench(args);
     if (command == "config") return cmd_config(args);
+    if (command == "tokenizer") return cmd_tokenizer(args);
+    if (command == "prepare") return cmd_prepare(args);
+    if (command == "generate") return cmd_generate(args);
+    if (command == "eval") return cmd_eval(args);
     if (command == "--version" || command == "version") {
       fmt::print("tessera {}\n", TESSERA_VERSION);
       return kExitOk;

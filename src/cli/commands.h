@@ -12,6 +12,12 @@ int cmd_info(const Args& args);
 int cmd_train(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_config(const Args& args);
+// Data commands (cli/data_commands.cc).
+int cmd_tokenizer(const Args& args);  // tessera tokenizer train ...
+int cmd_prepare(const Args& args);
+// Commands over a trained model (cli/model_commands.cc).
+int cmd_generate(const Args& args);
+int cmd_eval(const Args& args);
 
 // Dispatches argv[1]; prints usage on no or unknown command.
 int run(int argc, char** argv);

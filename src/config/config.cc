@@ -104,7 +104,8 @@ const std::vector<Key>& schema() {
       KEY(train, batch_size), KEY(train, micro_batch_size), KEY(train, max_steps), KEY(train, max_tokens),
       KEY(train, lr), KEY(train, min_lr), KEY(train, warmup_steps), KEY(train, weight_decay), KEY(train, beta1),
       KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
-      KEY(data, synthetic),
+      KEY(train, eval_interval), KEY(train, eval_batches),
+      KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
       KEY(parallel, nproc),
       KEY(checkpoint, save_final),
       KEY(metrics, log_level), KEY(metrics, log_interval),
@@ -140,10 +141,10 @@ const Key& find_key(const Assignment& a) {
                                 best ? fmt::format("; did you mean {}?", best->name) : std::string()));
 }
 
-void collect_toml(const std::string& path, std::vector<Assignment>* out) {
+void collect_toml(const std::string& path, const std::string* text, std::vector<Assignment>* out) {
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = text != nullptr ? toml::parse(*text, path) : toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& where = e.source().begin;
     throw ConfigError(fmt::format("cannot parse config {} at line {}, column {}: {}", path, where.line, where.column,
@@ -181,9 +182,8 @@ std::pair<std::string, std::string> parse_override(const std::string& text) {
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-Config load(const std::string& path, const Overrides& overrides) {
-  std::vector<Assignment> assignments;
-  if (!path.empty()) collect_toml(path, &assignments);
+namespace {
+Config apply(std::vector<Assignment> assignments, const Overrides& overrides) {
   for (const auto& [key, value] : overrides) assignments.push_back({key, value, true, "--set"});
 
   Config c;
@@ -203,6 +203,19 @@ Config load(const std::string& path, const Overrides& overrides) {
   }
   validate(c);
   return c;
+}
+}  // namespace
+
+Config load(const std::string& path, const Overrides& overrides) {
+  std::vector<Assignment> assignments;
+  if (!path.empty()) collect_toml(path, nullptr, &assignments);
+  return apply(std::move(assignments), overrides);
+}
+
+Config load_text(const std::string& toml_text, const std::string& origin, const Overrides& overrides) {
+  std::vector<Assignment> assignments;
+  collect_toml(origin, &toml_text, &assignments);
+  return apply(std::move(assignments), overrides);
 }
 
 void validate(const Config& c) {
@@ -254,8 +267,10 @@ void validate(const Config& c) {
   require(t.threads >= 0 && t.threads <= 1024, "train.threads", fmt::format("{}", t.threads),
           "must be in [0, 1024] (0: one per core)");
 
-  require(c.data.synthetic, "data.synthetic", "false",
-          "this build trains on synthetic tokens only; text datasets arrive with the data pipeline");
+  require(t.eval_interval >= 0, "train.eval_interval", fmt::format("{}", t.eval_interval), "must be >= 0 (0: never)");
+  positive("train.eval_batches", t.eval_batches);
+  require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",
+          "name a prepared dataset directory, \"bundled\", or set data.synthetic = true");
   log::Level level;
   require(log::parse_level(c.metrics.log_level, &level), "metrics.log_level", c.metrics.log_level,
           "must be one of debug, info, warn, error");

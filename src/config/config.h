@@ -15,11 +15,11 @@ namespace tessera::config {
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
   int64_t micro_batch_size = 0;  // sequences per forward on one rank; 0: batch_size / nproc
-  int64_t max_steps = 200;
+  int64_t max_steps = 1000;
   int64_t max_tokens = 0;        // 0: no token limit
-  double lr = 3e-4;
-  double min_lr = 3e-5;
-  int64_t warmup_steps = 10;
+  double lr = 2e-3;
+  double min_lr = 2e-4;
+  int64_t warmup_steps = 50;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -27,10 +27,16 @@ struct TrainConfig {
   double grad_clip = 1.0;        // global grad-norm clip; 0 disables
   int64_t seed = 1234;
   int64_t threads = 0;           // per process; 0: one per available core
+  int64_t eval_interval = 100;   // steps between validation losses (and at the end); 0: never
+  int64_t eval_batches = 8;      // micro-batches of the validation split per evaluation
 };
 
 struct DataConfig {
-  bool synthetic = true;         // seeded random tokens of the model's vocabulary
+  // A directory written by `tessera prepare`; "bundled" is the corpus that ships in data/,
+  // tokenized on first use into cache_dir.
+  std::string dataset = "bundled";
+  std::string cache_dir = "runs/cache";
+  bool synthetic = false;        // seeded random tokens of the model's vocabulary instead
 };
 
 struct ParallelConfig {
@@ -68,6 +74,8 @@ using Overrides = std::vector<std::pair<std::string, std::string>>;
 // Defaults, then the TOML file (when path is not empty), then overrides; model.preset is applied
 // before any other model key wherever it appears. Throws ConfigError; the result is validated.
 Config load(const std::string& path, const Overrides& overrides);
+// The same from TOML text; `origin` names it in messages (e.g. the checkpoint it came from).
+Config load_text(const std::string& toml_text, const std::string& origin, const Overrides& overrides);
 // Parses "key=value"; throws ConfigError when there is no '='.
 std::pair<std::string, std::string> parse_override(const std::string& text);
 // Checks ranges and consistency; throws ConfigError naming the key.

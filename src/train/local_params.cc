@@ -1,8 +1,14 @@
 // The single-process ParamSource.
 #include "train/local_params.h"
 
-#include <cstring>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
 #include "kernels/cpu/vector.h"
 #include "model/init.h"
 
@@ -48,6 +54,22 @@ std::vector<checkpoint::NamedTensor> LocalParams::named_tensors() const {
     }
   }
   return out;
+}
+
+void LocalParams::load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin) {
+  std::map<std::string, const checkpoint::NamedTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    for (const model::TensorSpec& spec : layout_.units()[u].tensors) {
+      auto it = by_name.find(spec.name);
+      if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, spec.name));
+      if (it->second->shape != spec.shape) {
+        throw DataError(fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", origin, spec.name,
+                                    fmt::join(it->second->shape, ", "), fmt::join(spec.shape, ", ")));
+      }
+      std::copy(it->second->data.begin(), it->second->data.end(), params_[u] + spec.offset);
+    }
+  }
 }
 
 void LocalParams::scale_grads(float s) {

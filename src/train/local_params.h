@@ -32,6 +32,9 @@ class LocalParams final : public model::ParamSource {
   size_t bytes() const { return arena_.capacity(); }
   // Every parameter tensor by its Llama name, copied out of the unit buffers.
   std::vector<checkpoint::NamedTensor> named_tensors() const;
+  // Sets every parameter from `tensors` by name. Throws DataError naming `origin` and the tensor
+  // when one is missing or has another shape.
+  void load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin);
 
   const model::ModelLayout& layout() const { return layout_; }
 

@@ -2,23 +2,26 @@
 #include "train/run.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "train/bundled.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::ofstream open_for_write(const std::string& path) {
   std::ofstream out(path, std::ios::trunc);
@@ -35,13 +38,53 @@ std::string format_count(double n) {
 
 }  // namespace
 
+std::string resolve_dataset(const config::Config& config) {
+  if (config.data.synthetic) return "";
+  if (config.data.dataset == "bundled") return ensure_bundled_dataset(config.data.cache_dir, config.model.vocab_size);
+  if (!fs::exists(fs::path(config.data.dataset) / "manifest.json")) {
+    throw DataError(fmt::format("data.dataset = {}: no manifest.json there (prepare one with `tessera prepare`)",
+                                config.data.dataset));
+  }
+  return config.data.dataset;
+}
+
+TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer) {
+  TrainedModel out;
+  const fs::path path(checkpoint);
+  const bool is_run = fs::is_directory(path);
+  out.weights_path = is_run ? (path / "model.safetensors").string() : checkpoint;
+  if (!fs::exists(out.weights_path)) throw DataError(fmt::format("checkpoint {} not found", out.weights_path));
+  std::map<std::string, std::string> metadata;
+  out.tensors = checkpoint::read_safetensors(out.weights_path, &metadata);
+  auto it = metadata.find("tessera_config");
+  if (it == metadata.end()) {
+    throw DataError(fmt::format("{}: no tessera_config in its metadata (not written by tessera train)", out.weights_path));
+  }
+  try {
+    out.config = config::load_text(it->second, out.weights_path, {});
+  } catch (const ConfigError& e) {
+    throw DataError(fmt::format("{}: its stored config is invalid: {}", out.weights_path, e.what()));
+  }
+  const fs::path dir = is_run ? path : path.parent_path();
+  const fs::path beside = dir / "tokenizer.model";
+  out.tokenizer_path = !tokenizer.empty() ? tokenizer : fs::exists(beside) ? beside.string() : "";
+  if (std::ifstream in(dir / "run.json"); in) {
+    const nlohmann::json info = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (info.is_object() && info.contains("dataset") && info["dataset"].is_string()) out.dataset = info["dataset"];
+  }
+  return out;
+}
+
 void run_training(const config::Config& config, const std::string& run_dir) {
   std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
+  fs::create_directories(run_dir, ec);
   if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
-  open_for_write(run_dir + "/config.toml") << config::to_toml(config);
+  const std::string config_toml = config::to_toml(config);
+  open_for_write(run_dir + "/config.toml") << config_toml;
 
-  Trainer trainer(config);
+  const std::string dataset = resolve_dataset(config);
+  configure_threads(config);
+  Trainer trainer(config, dataset);
   const model::ModelConfig& m = config.model;
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
@@ -49,18 +92,38 @@ void run_training(const config::Config& config, const std::string& run_dir) {
   log::info("batch {} sequences = {} tokens/step ({} micro-batches of {}), {} threads; memory: state {} MB, "
             "activations {} MB",
             config.train.batch_size, config.tokens_per_step(), config.accumulation_steps(), config.micro_batch(),
-            tessera::num_threads(),
-            trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
-  log::info("data: synthetic tokens (seed {}); run directory {}", config.train.seed, run_dir);
+            num_threads(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+
+  nlohmann::ordered_json run_info = {{"config", "config.toml"}};
+  const data::DatasetManifest* manifest = trainer.dataset();
+  if (manifest != nullptr) {
+    const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
+    fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+    if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
+    run_info["dataset"] = fs::absolute(dataset).string();
+    run_info["tokenizer"] = "tokenizer.model";
+    log::info("data: {} ({} train / {} validation tokens); unigram entropy {:.4f} nats/token", dataset,
+              format_count(static_cast<double>(manifest->train.tokens)),
+              format_count(static_cast<double>(manifest->val.tokens)), manifest->unigram_entropy);
+  } else {
+    log::info("data: synthetic tokens (seed {})", config.train.seed);
+  }
+  if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
+  open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
 
   std::ofstream metrics = open_for_write(run_dir + "/metrics.jsonl");
   const double flops_per_token = model::flops_per_token(m);
   int64_t tokens = 0;
+  double val_loss = NAN;
   const double start = now_seconds();
   while (trainer.steps_done() < config.train.max_steps &&
          (config.train.max_tokens == 0 || tokens < config.train.max_tokens)) {
     const StepStats s = trainer.step();
     tokens += s.tokens;
+    const bool last = trainer.steps_done() == config.train.max_steps ||
+                      (config.train.max_tokens > 0 && tokens >= config.train.max_tokens);
+    const bool eval = config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last);
+    if (eval) val_loss = trainer.evaluate();
     const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
     nlohmann::ordered_json record = {{"step", s.step},
                                      {"loss", s.loss},
@@ -70,24 +133,31 @@ void run_training(const config::Config& config, const std::string& run_dir) {
                                      {"step_s", s.seconds},
                                      {"tokens_per_s", tokens_per_s},
                                      {"model_flops_per_s", tokens_per_s * flops_per_token}};
+    if (eval) record["val_loss"] = val_loss;
     metrics << record.dump() << '\n';
     metrics.flush();
-    if (s.step % config.metrics.log_interval == 0 || s.step == config.train.max_steps) {
+    if (s.step % config.metrics.log_interval == 0 || eval || last) {
       const double elapsed = now_seconds() - start;
       const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(config.train.max_steps - s.step);
-      log::info("step {:>5}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {} tok/s {:.1f} GFLOP/s eta {:.0f}s", s.step,
-                config.train.max_steps, s.loss, s.lr, s.grad_norm, format_count(tokens_per_s),
-                tokens_per_s * flops_per_token / 1e9, eta);
+      log::info("step {:>5}/{} loss {:.4f}{} lr {:.2e} grad_norm {:.3f} {} tok/s {:.1f} GFLOP/s eta {:.0f}s", s.step,
+                config.train.max_steps, s.loss, eval ? fmt::format(" val_loss {:.4f}", val_loss) : "", s.lr,
+                s.grad_norm, format_count(tokens_per_s), tokens_per_s * flops_per_token / 1e9, eta);
     }
   }
   if (!metrics) throw IoError(fmt::format("cannot write {}/metrics.jsonl", run_dir));
   if (config.checkpoint.save_final) {
     const std::string path = run_dir + "/model.safetensors";
-    checkpoint::write_safetensors(path, trainer.params().named_tensors());
+    checkpoint::write_safetensors(path, trainer.params().named_tensors(), {{"tessera_config", config_toml}});
     log::info("wrote {}", path);
   }
   log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(), format_count(static_cast<double>(tokens)),
             now_seconds() - start);
+  if (manifest != nullptr && !std::isnan(val_loss)) {
+    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) vs unigram entropy {:.4f} ({})", val_loss,
+              std::exp(val_loss), manifest->unigram_entropy,
+              val_loss < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - val_loss)
+                                                   : std::string("not below"));
+  }
 }
 
 }  // namespace tessera::train

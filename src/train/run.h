@@ -1,15 +1,36 @@
-// `tessera train`: the step loop with progress lines, RUN/metrics.jsonl and final weights.
+// `tessera train`: the step loop with progress lines, validation, RUN/metrics.jsonl and final
+// weights; and loading a finished run back for `generate` and `eval`.
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "config/config.h"
 
 namespace tessera::train {
 
-// Trains to train.max_steps (or train.max_tokens), writing RUN_DIR/config.toml,
-// RUN_DIR/metrics.jsonl and, when checkpoint.save_final, RUN_DIR/model.safetensors. Throws
-// tessera::Error subclasses for faults.
+// Trains to train.max_steps (or train.max_tokens), writing into RUN_DIR: config.toml,
+// metrics.jsonl, run.json (what the run used: dataset directory, tokenizer), tokenizer.model
+// (a copy, when training on a dataset) and, when checkpoint.save_final, model.safetensors with
+// the resolved config in its metadata. Throws tessera::Error subclasses for faults.
 void run_training(const config::Config& config, const std::string& run_dir);
+
+// The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
+// for "bundled" (preparing it on first use), else data.dataset itself.
+std::string resolve_dataset(const config::Config& config);
+
+// A trained model loaded back: from a run directory (its model.safetensors, tokenizer.model and
+// run.json) or from a weights file (the config comes from its metadata; the tokenizer from
+// `tokenizer`, else tokenizer.model beside it).
+struct TrainedModel {
+  config::Config config;
+  std::vector<checkpoint::NamedTensor> tensors;
+  std::string weights_path;
+  std::string tokenizer_path;  // "" when none was found
+  std::string dataset;         // the dataset the run trained on, "" when unknown
+};
+// Throws DataError naming the file that is missing or malformed.
+TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer = "");
 
 }  // namespace tessera::train

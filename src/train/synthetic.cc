@@ -5,17 +5,10 @@
 
 namespace tessera::train {
 
-void SyntheticData::fill(int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const {
+void SyntheticTokens::read(uint64_t begin, uint64_t n, int32_t* out) const {
   // Stream ids above 2^62 never collide with the per-unit streams of parameter initialization.
   constexpr uint64_t kStream = uint64_t{1} << 62;
-  for (int64_t s = 0; s < count; ++s) {
-    const uint64_t sample = static_cast<uint64_t>(first + s);
-    for (int64_t t = 0; t <= T_; ++t) {
-      const auto token = static_cast<int32_t>(rng::bits(seed_, kStream + sample, t) % static_cast<uint64_t>(vocab_));
-      if (t < T_) inputs[s * T_ + t] = token;
-      if (t > 0) targets[s * T_ + t - 1] = token;
-    }
-  }
+  for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(rng::bits(seed_, kStream, begin + i) % vocab_);
 }
 
 }  // namespace tessera::train

@@ -1,21 +1,23 @@
-// Synthetic training data: seeded random tokens of the model's vocabulary, addressed by global
-// sample index so that any rank can produce any sample without the others.
+// Synthetic training data: a seeded stream of random tokens of the model's vocabulary, read like
+// a prepared dataset's token stream, so the sampler and loader treat both alike.
 #pragma once
 
 #include <cstdint>
 
 namespace tessera::train {
 
-class SyntheticData {
+class SyntheticTokens {
  public:
-  SyntheticData(uint64_t seed, int64_t vocab_size, int64_t seq_len) : seed_(seed), vocab_(vocab_size), T_(seq_len) {}
+  // A stream long enough never to wrap in practice (2^40 tokens).
+  static constexpr uint64_t kLength = uint64_t{1} << 40;
 
-  // Samples [first, first + count): inputs and targets (count, T), targets shifted by one token.
-  void fill(int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const;
+  SyntheticTokens(uint64_t seed, int64_t vocab_size) : seed_(seed), vocab_(static_cast<uint64_t>(vocab_size)) {}
+
+  // Tokens [begin, begin + n): token i is a pure function of (seed, i).
+  void read(uint64_t begin, uint64_t n, int32_t* out) const;
 
  private:
-  uint64_t seed_;
-  int64_t vocab_, T_;
+  uint64_t seed_, vocab_;
 };
 
 }  // namespace tessera::train

@@ -1,8 +1,9 @@
-// One training process: the optimizer step.
+// One training process: the optimizer step and evaluation.
 #include "train/trainer.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -11,20 +12,52 @@
 #include "optim/adamw.h"
 
 namespace tessera::train {
+namespace {
+
+std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char* split) {
+  if (dir.empty()) return nullptr;
+  return std::make_unique<data::TokenStream>(dir, split);
+}
+
+data::LoaderOptions loader_options(const config::Config& c) {
+  return {c.model.seq_len, c.micro_batch(), c.train.batch_size, /*rank=*/0, static_cast<int>(c.parallel.nproc)};
+}
+
+}  // namespace
 
 int configure_threads(const config::Config& config) {
   set_num_threads(static_cast<int>(config.train.threads));
   return num_threads();
 }
 
-Trainer::Trainer(const config::Config& config)
+Trainer::Trainer(const config::Config& config, const std::string& dataset_dir)
     : config_(config),
       layout_(config.model),
       params_(layout_, static_cast<uint64_t>(config.train.seed)),
       model_(layout_, config.micro_batch(), configure_threads(config)),
-      data_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size, config.model.seq_len),
-      inputs_(config.micro_batch() * config.model.seq_len),
-      targets_(config.micro_batch() * config.model.seq_len) {
+      train_stream_(open_split(dataset_dir, "train")),
+      val_stream_(open_split(dataset_dir, "val")),
+      synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
+      synthetic_val_(static_cast<uint64_t>(config.train.seed) + 1, config.model.vocab_size),
+      loader_(train_stream_ ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })
+                            : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); }),
+              train_stream_ ? train_stream_->size() : SyntheticTokens::kLength, static_cast<uint64_t>(config.train.seed),
+              loader_options(config), data::SamplerState{}),
+      eval_inputs_(config.micro_batch() * config.model.seq_len),
+      eval_targets_(config.micro_batch() * config.model.seq_len) {
+  if (train_stream_) {
+    const data::DatasetManifest& m = train_stream_->manifest();
+    if (m.vocab_size != config.model.vocab_size) {
+      throw ConfigError(fmt::format("config key model.vocab_size = {} does not match the dataset {} (tokenizer {} has "
+                                    "{} tokens); set model.vocab_size = {}",
+                                    config.model.vocab_size, dataset_dir, m.tokenizer_file, m.vocab_size, m.vocab_size));
+    }
+    val_reader_ = [s = val_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); };
+    val_tokens_ = val_stream_->size();
+  } else {
+    val_reader_ = [s = &synthetic_val_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); };
+    val_tokens_ = SyntheticTokens::kLength;
+  }
   schedule_.lr = config.train.lr;
   schedule_.min_lr = config.train.min_lr;
   schedule_.warmup_steps = config.train.warmup_steps;
@@ -33,12 +66,12 @@ Trainer::Trainer(const config::Config& config)
 
 StepStats Trainer::step() {
   const double t0 = now_seconds();
-  const int64_t accum = config_.accumulation_steps(), mb = config_.micro_batch();
+  const int64_t accum = config_.accumulation_steps();
   params_.zero_grads();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
-    data_.fill(step_ * config_.train.batch_size + a * mb, mb, inputs_.data(), targets_.data());
-    loss += model_.forward_backward(params_, inputs_.data(), targets_.data(), 1.0f / static_cast<float>(accum));
+    const data::Loader::Batch batch = loader_.next();
+    loss += model_.forward_backward(params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum));
   }
   loss /= static_cast<double>(accum);
   const double grad_norm = std::sqrt(params_.grad_sum_squares());
@@ -63,6 +96,36 @@ StepStats Trainer::step() {
                         lr, step_);
   }
   return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step()};
+}
+
+double Trainer::evaluate() {
+  // Consecutive samples of T+1 tokens from the start of the validation split; rows past its end
+  // are padded with ignored targets, so a small split is used whole.
+  const int64_t T = config_.model.seq_len, mb = config_.micro_batch();
+  const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
+  if (samples == 0) throw DataError(fmt::format("validation split has {} tokens: fewer than seq_len + 1", val_tokens_));
+  const uint64_t batches = std::min<uint64_t>(config_.train.eval_batches, (samples + mb - 1) / mb);
+  double loss_sum = 0.0;
+  int64_t counted = 0;
+  for (uint64_t b = 0; b < batches; ++b) {
+    int64_t valid = 0;
+    for (int64_t r = 0; r < mb; ++r) {
+      const uint64_t s = b * mb + r;
+      int32_t* in = eval_inputs_.data() + r * T;
+      int32_t* tg = eval_targets_.data() + r * T;
+      if (s < samples) {
+        val_reader_(s * T, T, in);
+        val_reader_(s * T + 1, T, tg);
+        valid += T;
+      } else {
+        std::fill(in, in + T, 0);
+        std::fill(tg, tg + T, -1);
+      }
+    }
+    loss_sum += model_.forward_loss(params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
+    counted += valid;
+  }
+  return loss_sum / static_cast<double>(counted);
 }
 
 }  // namespace tessera::train

@@ -1,11 +1,17 @@
 // One training process: model, parameters and optimizer state, data, and the optimizer step
-// (gradient accumulation, global grad-norm clipping, AdamW, learning-rate schedule).
+// (gradient accumulation, global grad-norm clipping, AdamW, learning-rate schedule), plus
+// evaluation on the validation split.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
 #include "train/local_params.h"
@@ -24,29 +30,41 @@ struct StepStats {
 
 class Trainer {
  public:
-  explicit Trainer(const config::Config& config);
+  // dataset_dir: a prepared dataset (its train and val splits), or empty for synthetic tokens.
+  // Throws ConfigError when the model's vocabulary does not match the dataset's tokenizer.
+  Trainer(const config::Config& config, const std::string& dataset_dir);
 
   // One optimizer step over the next global batch. Throws NonFiniteError on a non-finite loss or
   // gradient norm (parameters are left as they were before the step).
   StepStats step();
+  // Mean loss per token over up to train.eval_batches micro-batches of the validation split.
+  double evaluate();
 
   const config::Config& config() const { return config_; }
   const model::ModelLayout& layout() const { return layout_; }
   model::Llama& model() { return model_; }
   LocalParams& params() { return params_; }
   int64_t steps_done() const { return step_; }
+  // The dataset's manifest; null for synthetic data.
+  const data::DatasetManifest* dataset() const { return train_stream_ ? &train_stream_->manifest() : nullptr; }
   // Bytes of parameters, gradients and optimizer state, and of activations.
   size_t state_bytes() const { return params_.bytes(); }
   size_t activation_bytes() const { return model_.activation_bytes(); }
 
  private:
+  using Reader = std::function<void(uint64_t, uint64_t, int32_t*)>;
+
   config::Config config_;
   model::ModelLayout layout_;
   LocalParams params_;
   model::Llama model_;
-  SyntheticData data_;
+  std::unique_ptr<data::TokenStream> train_stream_, val_stream_;
+  SyntheticTokens synthetic_train_, synthetic_val_;
+  Reader val_reader_;
+  uint64_t val_tokens_ = 0;
+  data::Loader loader_;
   optim::Schedule schedule_;
-  std::vector<int32_t> inputs_, targets_;  // one micro-batch
+  std::vector<int32_t> eval_inputs_, eval_targets_;  // one micro-batch
   int64_t step_ = 0;
 };
 

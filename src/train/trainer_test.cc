@@ -34,7 +34,7 @@ namespace {
 
 config::Config tiny(const config::Overrides& extra = {}) {
   config::Overrides o = {{"model.preset", "tiny"}, {"train.batch_size", "8"}, {"train.threads", "2"},
-                         {"train.max_steps", "10"}};
+                         {"train.max_steps", "10"}, {"data.synthetic", "true"}};
   o.insert(o.end(), extra.begin(), extra.end());
   return config::load("", o);
 }
@@ -46,7 +46,7 @@ int64_t minor_page_faults() {
 }
 
 TEST(Trainer, StepDoesNotAllocateAfterStartup) {
-  Trainer t(tiny({{"train.micro_batch_size", "4"}}));
+  Trainer t(tiny({{"train.micro_batch_size", "4"}}), "");
   t.step();
   const int64_t allocations = g_allocations.load(), faults = minor_page_faults();
   for (int i = 0; i < 3; ++i) t.step();
@@ -57,7 +57,7 @@ TEST(Trainer, StepDoesNotAllocateAfterStartup) {
 }
 
 TEST(Trainer, RunsAreBitwiseIdenticalForTheSameThreads) {
-  Trainer a(tiny()), b(tiny());
+  Trainer a(tiny(), ""), b(tiny(), "");
   for (int i = 0; i < 3; ++i) {
     const StepStats sa = a.step(), sb = b.step();
     EXPECT_EQ(sa.loss, sb.loss);
@@ -70,7 +70,7 @@ TEST(Trainer, RunsAreBitwiseIdenticalForTheSameThreads) {
 
 TEST(Trainer, AccumulationMatchesOneLargeMicroBatch) {
   // Same global batch of 8 as one micro-batch or as 4 x 2: equal up to float summation order.
-  Trainer whole(tiny({{"train.micro_batch_size", "8"}})), split(tiny({{"train.micro_batch_size", "2"}}));
+  Trainer whole(tiny({{"train.micro_batch_size", "8"}}), ""), split(tiny({{"train.micro_batch_size", "2"}}), "");
   for (int i = 0; i < 3; ++i) {
     const StepStats a = whole.step(), b = split.step();
     EXPECT_NEAR(a.loss, b.loss, 1e-5 * a.loss);
@@ -90,7 +90,7 @@ TEST(Trainer, AccumulationMatchesOneLargeMicroBatch) {
 TEST(Trainer, ClippingBoundsTheUpdate) {
   // With a tiny clip threshold the first AdamW step is unchanged in direction but the moments
   // see clipped gradients: m = (1 - beta1) * g * clip.
-  Trainer t(tiny({{"train.grad_clip", "0.01"}, {"train.weight_decay", "0"}}));
+  Trainer t(tiny({{"train.grad_clip", "0.01"}, {"train.weight_decay", "0"}}), "");
   const StepStats s = t.step();
   ASSERT_GT(s.grad_norm, 0.01);
   double m2 = 0;
