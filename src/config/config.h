@@ -41,6 +41,9 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t nproc = 1;             // local worker processes
+  // 0: keep every block's activations; k: keep only the inputs of blocks 0, k, 2k, ... and
+  // recompute their other activations in backward (1 = every block).
+  int64_t activation_checkpointing = 0;
 };
 
 struct CheckpointConfig {
@@ -49,7 +52,7 @@ struct CheckpointConfig {
 
 struct MetricsConfig {
   std::string log_level = "info";
-  int64_t log_interval = 1;      // steps between progress lines
+  int64_t log_interval = 10;     // steps between progress lines
 };
 
 struct Config {
