@@ -106,7 +106,7 @@ const std::vector<Key>& schema() {
       KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
       KEY(train, eval_interval), KEY(train, eval_batches),
       KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
-      KEY(parallel, nproc),
+      KEY(parallel, nproc), KEY(parallel, activation_checkpointing),
       KEY(checkpoint, save_final),
       KEY(metrics, log_level), KEY(metrics, log_interval),
   };
@@ -245,6 +245,8 @@ void validate(const Config& c) {
   positive("parallel.nproc", c.parallel.nproc);
   require(c.parallel.nproc == 1, "parallel.nproc", fmt::format("{}", c.parallel.nproc),
           "this build trains in one process; multi-process training arrives with the sharded engine");
+  require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
+          fmt::format("{}", c.parallel.activation_checkpointing), "must be >= 0 (0: off, k: every k-th block)");
   require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
           "must be >= 0 (0 derives it from train.batch_size)");
   require(t.batch_size % c.parallel.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),

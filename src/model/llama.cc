@@ -29,14 +29,13 @@ int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
   return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
 }
 
-void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads) {
+void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
+                 int64_t checkpoint_every) {
   const ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
   const int64_t Q = c.qkv_dim();
   auto take = [&](int64_t n) { return arena.take<float>(static_cast<size_t>(n)); };
-  b.blocks.resize(c.n_layers);
-  for (BlockActs& a : b.blocks) {
-    a.x = take(N * C);
+  auto take_saved = [&](BlockActs& a) {
     a.xn1 = take(N * C);
     a.rstd1 = take(N);
     a.qkv = take(N * Q);
@@ -47,6 +46,25 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     a.rstd2 = take(N);
     a.h13 = take(N * 2 * F);
     a.g = take(N * F);
+  };
+  b.blocks.resize(c.n_layers);
+  BlockActs shared{};  // what recomputed blocks fill in turn
+  shared.recompute = true;
+  bool any_recompute = false;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    BlockActs& a = b.blocks[l];
+    a.recompute = checkpoint_every > 0 && l % checkpoint_every == 0;
+    if (a.recompute && !any_recompute) {
+      take_saved(shared);
+      b.recompute_out = take(N * C);
+      any_recompute = true;
+    }
+    if (a.recompute) {
+      a = shared;
+    } else {
+      take_saved(a);
+    }
+    a.x = take(N * C);
   }
   b.x_final = take(N * C);
   b.xn_final = take(N * C);
@@ -64,22 +82,24 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   b.dg = take(N * F);
 }
 
-size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads) {
+size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
+                                       int64_t checkpoint_every) {
   Arena measure;
   Buffers b;
-  plan(measure, b, layout, micro_batch, threads);
+  plan(measure, b, layout, micro_batch, threads, checkpoint_every);
   return measure.used();
 }
 
-Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads)
+Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every)
     : layout_(layout),
       B_(micro_batch),
       T_(layout.config().seq_len),
       N_(micro_batch * layout.config().seq_len),
       threads_(threads),
-      arena_(planned_activation_bytes(layout, micro_batch, threads)) {
-  CHECK(micro_batch > 0 && threads > 0);
-  plan(arena_, b_, layout_, B_, threads_);
+      checkpoint_every_(checkpoint_every),
+      arena_(planned_activation_bytes(layout, micro_batch, threads, checkpoint_every)) {
+  CHECK(micro_batch > 0 && threads > 0 && checkpoint_every >= 0);
+  plan(arena_, b_, layout_, B_, threads_, checkpoint_every_);
   const ModelConfig& c = layout_.config();
   k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
 }
@@ -179,7 +199,11 @@ double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const
   const ModelConfig& c = layout_.config();
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
-    block_backward(params.acquire(unit), params.grads(unit), b_.blocks[l]);
+    const float* w = params.acquire(unit);
+    // A checkpointed block recomputes its activations from its saved input; the same kernels on
+    // the same inputs give the same bits, so gradients do not change.
+    if (b_.blocks[l].recompute) block_forward(w, b_.blocks[l], b_.recompute_out);
+    block_backward(w, params.grads(unit), b_.blocks[l]);
     params.grads_ready(unit);
     params.release(unit);
   }

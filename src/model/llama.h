@@ -15,13 +15,17 @@ namespace tessera::model {
 class Llama {
  public:
   // micro_batch: sequences per forward (B); sequences are config.seq_len tokens (T).
-  Llama(const ModelLayout& layout, int64_t micro_batch, int threads);
+  // checkpoint_every: 0 keeps every block's activations; k > 0 keeps only the input of blocks
+  // 0, k, 2k, ... and recomputes the rest of their activations in backward (activation
+  // checkpointing). Results are bitwise identical either way.
+  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every = 0);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   size_t activation_bytes() const { return arena_.capacity(); }
   // Activation bytes the constructor would allocate, without allocating them.
-  static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads);
+  static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
+                                         int64_t checkpoint_every = 0);
 
   // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
   // grad_scale x (mean loss over valid targets) to the source's gradient buffers and returns the
@@ -34,6 +38,7 @@ class Llama {
 
  private:
   struct BlockActs {
+    bool recompute;  // the fields below x point into the shared recompute set
     float* x;      // (N, C) block input: all a recompute needs
     float* xn1;    // (N, C) attention-norm output
     float* rstd1;  // (N)
@@ -61,8 +66,10 @@ class Llama {
     float* datt;      // (N, H*D)
     float* dh13;      // (N, 2F)
     float* dg;        // (N, F)
+    float* recompute_out;  // (N, C) where a recomputed block writes its (already known) output
   };
-  static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads);
+  static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
+                   int64_t checkpoint_every);
   static int64_t loss_chunk_rows(const ModelConfig& c, int64_t N);
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
@@ -76,6 +83,7 @@ class Llama {
   ModelLayout layout_;
   int64_t B_, T_, N_;
   int threads_;
+  int64_t checkpoint_every_;
   Arena arena_;
   Buffers b_{};
 };

@@ -34,7 +34,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir)
     : config_(config),
       layout_(config.model),
       params_(layout_, static_cast<uint64_t>(config.train.seed)),
-      model_(layout_, config.micro_batch(), configure_threads(config)),
+      model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing),
       train_stream_(open_split(dataset_dir, "train")),
       val_stream_(open_split(dataset_dir, "val")),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
