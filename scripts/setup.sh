@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev
   libsentencepiece-dev libxxhash-dev libzstd-dev
   libfmt-dev
+  libgloo-dev  # CPU collectives (dist/gloo)
   python3 python3-torch python3-numpy
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)
   libtcmalloc-minimal4

@@ -14,7 +14,7 @@
 #include "model/llama.h"
 #include "npy.h"
 #include "optim/adamw.h"
-#include "train/local_params.h"
+#include "fsdp/sharded_params.h"
 
 namespace tessera {
 namespace {
@@ -42,7 +42,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
   set_num_threads(2);
 
   const model::ModelLayout layout(c);
-  train::LocalParams params(layout, 42);
+  fsdp::ShardedParams params(layout, 42, fsdp::Strategy::kNoShard, {}, nullptr, nullptr, 1, dist::Millis(0));
   model::Llama llama(layout, B, num_threads());
 
   // Norm gains start at exactly 1; jitter them so that gradients that depend on the gain are
@@ -50,7 +50,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const auto& t : layout.units()[u].tensors) {
       if (t.decay) continue;
-      for (int64_t i = 0; i < t.numel(); ++i) params.params(u)[t.offset + i] = 1.0f + 0.5f * (rng::uniform(9, u, i) - 0.5f);
+      for (int64_t i = 0; i < t.numel(); ++i) params.master_shard(u)[t.offset + i] = 1.0f + 0.5f * (rng::uniform(9, u, i) - 0.5f);
     }
   }
 
@@ -65,7 +65,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
                         {"lr", adam.lr}, {"beta1", adam.beta1}, {"beta2", adam.beta2}, {"eps", adam.eps},
                         {"weight_decay", adam.weight_decay}, {"grad_clip", 0}};
   std::ofstream(dir / "config.json") << cfg.dump(2);
-  for (const auto& t : params.named_tensors()) testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
+  for (const auto& t : params.gather_named_tensors()) testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
 
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int64_t i = 0; i < B * T; ++i) {
@@ -81,7 +81,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
 
   std::vector<float> losses;
   for (int64_t step = 1; step <= steps; ++step) {
-    params.zero_grads();
+    params.begin_step();
     losses.push_back(static_cast<float>(llama.forward_backward(params, inputs.data(), targets.data(), 1.0f)));
     if (step == 1) {
       const float loss = losses[0];
@@ -93,11 +93,8 @@ TEST_P(ModelParity, MatchesPyTorch) {
         }
       }
     }
-    for (int u = 0; u < layout.num_units(); ++u) {
-      const auto& unit = layout.units()[u];
-      optim::adamw_update(unit, 0, unit.padded, params.params(u), params.grads(u), params.m(u), params.v(u), adam,
-                          adam.lr, step);
-    }
+    params.finish_step();
+    params.apply_update(adam, adam.lr, step, /*clip=*/1.0);
   }
   testing::write_npy(dir / "losses.npy", losses, {steps});
 

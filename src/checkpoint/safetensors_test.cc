@@ -40,7 +40,9 @@ TEST(Safetensors, RoundTripIsExact) {
     EXPECT_EQ(out[i].name, in[i].name);
     EXPECT_EQ(out[i].shape, in[i].shape);
     ASSERT_EQ(out[i].data.size(), in[i].data.size());
-    EXPECT_EQ(std::memcmp(out[i].data.data(), in[i].data.data(), in[i].data.size() * 4), 0);
+    if (!in[i].data.empty()) {  // bitwise, so -0.0 and denormals count
+      EXPECT_EQ(std::memcmp(out[i].data.data(), in[i].data.data(), in[i].data.size() * 4), 0);
+    }
   }
 }
 

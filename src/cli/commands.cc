@@ -31,9 +31,11 @@ constexpr const char* kUsage = R"(tessera: train Llama-family language models
 usage: tessera <command> [options]
 
 commands:
-  train [CONFIG] [--set key=value]... [--run-dir DIR]
+  train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N]
                  train the model that CONFIG (TOML) describes; without CONFIG, the default
-                 model on the bundled corpus (tokenized on first use)
+                 model on the bundled corpus (tokenized on first use); --nproc N: N local
+                 data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
+                 hybrid_shard, no_shard)
   bench --preset NAME --steps N [--set key=value]...
                  time N training steps on synthetic tokens; prints one JSON object
   config [CONFIG] [--set key=value]...
@@ -132,11 +134,12 @@ int cmd_config(const Args& args) {
 }
 
 int cmd_train(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--run-dir"});
+  ParsedArgs a = parse_args(args, {"--run-dir", "--nproc"});
   if (a.help) {
-    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR]\n", stdout);
+    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N]\n", stdout);
     return kExitOk;
   }
+  if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
   const config::Config c = load_config(a);
   train::run_training(c, a.get("--run-dir", "runs/latest"));
   return kExitOk;

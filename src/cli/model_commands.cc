@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "data/tokenizer.h"
+#include "fsdp/sharded_params.h"
 #include "train/generate.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -48,7 +49,7 @@ int cmd_generate(const Args& args) {
   }
   train::configure_threads(trained.config);
   const model::ModelLayout layout(trained.config.model);
-  train::LocalParams params(layout, 0);
+  fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, {}, nullptr, nullptr, 1, dist::Millis(0));
   params.load_tensors(trained.tensors, trained.weights_path);
   model::Llama model(layout, 1, num_threads());
 

@@ -106,7 +106,8 @@ const std::vector<Key>& schema() {
       KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
       KEY(train, eval_interval), KEY(train, eval_batches),
       KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
-      KEY(parallel, nproc), KEY(parallel, activation_checkpointing),
+      KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
+      KEY(parallel, activation_checkpointing),
       KEY(checkpoint, save_final),
       KEY(metrics, log_level), KEY(metrics, log_interval),
   };
@@ -243,8 +244,15 @@ void validate(const Config& c) {
   const TrainConfig& t = c.train;
   positive("train.batch_size", t.batch_size);
   positive("parallel.nproc", c.parallel.nproc);
-  require(c.parallel.nproc == 1, "parallel.nproc", fmt::format("{}", c.parallel.nproc),
-          "this build trains in one process; multi-process training arrives with the sharded engine");
+  require(c.parallel.nproc <= 1024, "parallel.nproc", fmt::format("{}", c.parallel.nproc), "must be <= 1024");
+  const ParallelConfig& p = c.parallel;
+  require(p.strategy == "full_shard" || p.strategy == "shard_grad_op" || p.strategy == "hybrid_shard" ||
+              p.strategy == "no_shard",
+          "parallel.strategy", p.strategy, "must be one of full_shard, shard_grad_op, hybrid_shard, no_shard");
+  require(p.shard_group_size >= 0 && (p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0),
+          "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
+          fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
+  positive("parallel.timeout_ms", p.timeout_ms);
   require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
           fmt::format("{}", c.parallel.activation_checkpointing), "must be >= 0 (0: off, k: every k-th block)");
   require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),

@@ -41,6 +41,11 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t nproc = 1;             // local worker processes
+  // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
+  // replicate across groups) or no_shard.
+  std::string strategy = "full_shard";
+  int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
+  int64_t timeout_ms = 300000;   // every collective
   // 0: keep every block's activations; k: keep only the inputs of blocks 0, k, 2k, ... and
   // recompute their other activations in backward (1 = every block).
   int64_t activation_checkpointing = 0;

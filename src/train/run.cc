@@ -2,7 +2,9 @@
 #include "train/run.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "train/bundled.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -75,28 +78,30 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
   return out;
 }
 
-void run_training(const config::Config& config, const std::string& run_dir) {
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
-  const std::string config_toml = config::to_toml(config);
-  open_for_write(run_dir + "/config.toml") << config_toml;
+namespace {
 
-  const std::string dataset = resolve_dataset(config);
-  configure_threads(config);
-  Trainer trainer(config, dataset);
+// One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
+void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
+                  const Distributed& dist) {
+  std::error_code ec;
+  const bool leader = dist.topology.rank == 0;
+  const std::string config_toml = config::to_toml(config);
+  Trainer trainer(config, dataset, dist);
+  if (!leader) log::set_level(std::max(log::level(), log::Level::kWarn));
   const model::ModelConfig& m = config.model;
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
             m.ffn_hidden, m.vocab_size, m.seq_len);
-  log::info("batch {} sequences = {} tokens/step ({} micro-batches of {}), {} threads; memory: state {} MB, "
-            "activations {} MB",
-            config.train.batch_size, config.tokens_per_step(), config.accumulation_steps(), config.micro_batch(),
-            num_threads(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+  log::info("batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
+            "rank); memory per rank: state {} MB, activations {} MB",
+            config.train.batch_size, config.tokens_per_step(), dist.topology.world, num_threads(),
+            dist.topology.world > 1 ? config.parallel.strategy : "single process",
+            config.train.batch_size / (dist.topology.world * config.micro_batch()), config.micro_batch(),
+            trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
   const data::DatasetManifest* manifest = trainer.dataset();
-  if (manifest != nullptr) {
+  if (manifest != nullptr && leader) {
     const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
     fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
     if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
@@ -109,9 +114,11 @@ void run_training(const config::Config& config, const std::string& run_dir) {
     log::info("data: synthetic tokens (seed {})", config.train.seed);
   }
   if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
-  open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
-
-  std::ofstream metrics = open_for_write(run_dir + "/metrics.jsonl");
+  std::ofstream metrics;
+  if (leader) {
+    open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
+    metrics = open_for_write(run_dir + "/metrics.jsonl");
+  }
   const double flops_per_token = model::flops_per_token(m);
   int64_t tokens = 0;
   double val_loss = NAN;
@@ -134,8 +141,10 @@ void run_training(const config::Config& config, const std::string& run_dir) {
                                      {"tokens_per_s", tokens_per_s},
                                      {"model_flops_per_s", tokens_per_s * flops_per_token}};
     if (eval) record["val_loss"] = val_loss;
-    metrics << record.dump() << '\n';
-    metrics.flush();
+    if (leader) {
+      metrics << record.dump() << '\n';
+      metrics.flush();
+    }
     if (s.step % config.metrics.log_interval == 0 || eval || last) {
       const double elapsed = now_seconds() - start;
       const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(config.train.max_steps - s.step);
@@ -144,11 +153,14 @@ void run_training(const config::Config& config, const std::string& run_dir) {
                 s.grad_norm, format_count(tokens_per_s), tokens_per_s * flops_per_token / 1e9, eta);
     }
   }
-  if (!metrics) throw IoError(fmt::format("cannot write {}/metrics.jsonl", run_dir));
+  if (leader && !metrics) throw IoError(fmt::format("cannot write {}/metrics.jsonl", run_dir));
   if (config.checkpoint.save_final) {
-    const std::string path = run_dir + "/model.safetensors";
-    checkpoint::write_safetensors(path, trainer.params().named_tensors(), {{"tessera_config", config_toml}});
-    log::info("wrote {}", path);
+    auto tensors = trainer.params().gather_named_tensors();  // a collective: every rank takes part
+    if (leader) {
+      const std::string path = run_dir + "/model.safetensors";
+      checkpoint::write_safetensors(path, tensors, {{"tessera_config", config_toml}});
+      log::info("wrote {}", path);
+    }
   }
   log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(), format_count(static_cast<double>(tokens)),
             now_seconds() - start);
@@ -157,6 +169,44 @@ void run_training(const config::Config& config, const std::string& run_dir) {
               std::exp(val_loss), manifest->unigram_entropy,
               val_loss < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - val_loss)
                                                    : std::string("not below"));
+  }
+}
+
+}  // namespace
+
+void run_training(const config::Config& config, const std::string& run_dir) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
+  open_for_write(run_dir + "/config.toml") << config::to_toml(config);
+  const std::string dataset = resolve_dataset(config);  // once, before any worker starts
+  const int nproc = static_cast<int>(config.parallel.nproc);
+  if (nproc == 1) {
+    configure_threads(config);
+    train_worker(config, dataset, run_dir, {});
+    return;
+  }
+  // Local workers rendezvous through a file store in the run directory under a fresh job token,
+  // the single-node case of the launcher. Each takes its share of the cores unless told.
+  config::Config worker_config = config;
+  if (worker_config.train.threads == 0) {
+    set_num_threads(0);
+    worker_config.train.threads = std::max(1, num_threads() / nproc);
+  }
+  const std::string store = run_dir + "/rendezvous";
+  const std::string token = fmt::format("job-{}-{}", getpid(), static_cast<int64_t>(now_seconds() * 1e3));
+  const int rc = run_local_workers(nproc, [&](int rank) {
+    configure_threads(worker_config);
+    ProcessGroups groups(store, token, "0", rank, nproc, shard_size_of(worker_config, nproc),
+                         dist::Millis(worker_config.parallel.timeout_ms));
+    train_worker(worker_config, dataset, run_dir, groups.view());
+    return 0;
+  });
+  fs::remove_all(store, ec);
+  if (rc != 0) {
+    throw Error(fmt::format("training with {} workers failed (exit code {}); the [rank N] lines above say why", nproc,
+                            rc),
+                static_cast<ExitCode>(rc));
   }
 }
 

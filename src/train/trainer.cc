@@ -19,8 +19,19 @@ std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char
   return std::make_unique<data::TokenStream>(dir, split);
 }
 
-data::LoaderOptions loader_options(const config::Config& c) {
-  return {c.model.seq_len, c.micro_batch(), c.train.batch_size, /*rank=*/0, static_cast<int>(c.parallel.nproc)};
+data::LoaderOptions loader_options(const config::Config& c, const fsdp::Topology& t) {
+  return {c.model.seq_len, c.micro_batch(), c.train.batch_size, t.rank, t.world};
+}
+
+// Micro-batches per step on each rank: the global batch over world size x micro-batch.
+int64_t accumulation(const config::Config& c, const fsdp::Topology& t) {
+  return c.train.batch_size / (t.world * c.micro_batch());
+}
+
+fsdp::Strategy strategy_of(const config::Config& c) {
+  fsdp::Strategy s = fsdp::Strategy::kFullShard;
+  fsdp::parse_strategy(c.parallel.strategy, &s);  // validated with the config
+  return s;
 }
 
 }  // namespace
@@ -30,10 +41,13 @@ int configure_threads(const config::Config& config) {
   return num_threads();
 }
 
-Trainer::Trainer(const config::Config& config, const std::string& dataset_dir)
+Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist)
     : config_(config),
-      layout_(config.model),
-      params_(layout_, static_cast<uint64_t>(config.train.seed)),
+      dist_(dist),
+      layout_(config.model, 16 * dist.topology.shard_size),
+      params_(std::make_unique<fsdp::ShardedParams>(
+          layout_, static_cast<uint64_t>(config.train.seed), strategy_of(config), dist.topology, dist.shard,
+          dist.replica, accumulation(config, dist.topology), dist::Millis(config.parallel.timeout_ms))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing),
       train_stream_(open_split(dataset_dir, "train")),
       val_stream_(open_split(dataset_dir, "val")),
@@ -42,7 +56,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir)
       loader_(train_stream_ ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })
                             : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); }),
               train_stream_ ? train_stream_->size() : SyntheticTokens::kLength, static_cast<uint64_t>(config.train.seed),
-              loader_options(config), data::SamplerState{}),
+              loader_options(config, dist.topology), data::SamplerState{}),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
       eval_targets_(config.micro_batch() * config.model.seq_len) {
   if (train_stream_) {
@@ -64,25 +78,37 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir)
   schedule_.total_steps = config.train.max_steps;
 }
 
+size_t Trainer::state_bytes() const {
+  const fsdp::StateBytes b = params_->state_bytes();
+  return b.params + b.grads + b.optimizer;
+}
+
 StepStats Trainer::step() {
   const double t0 = now_seconds();
-  const int64_t accum = config_.accumulation_steps();
-  params_.zero_grads();
+  const int64_t accum = loader_.micro_batches_per_step();
+  const int world = dist_.topology.world;
+  params_->begin_step();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
+    params_->begin_micro_batch(a);
     const data::Loader::Batch batch = loader_.next();
-    loss += model_.forward_backward(params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum));
+    // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
+    // gradient of the global batch's mean loss.
+    loss += model_.forward_backward(*params_, batch.inputs, batch.targets,
+                                    1.0f / static_cast<float>(accum * world));
   }
   loss /= static_cast<double>(accum);
-  const double grad_norm = std::sqrt(params_.grad_sum_squares());
+  if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss
+    float global = static_cast<float>(loss / world);
+    dist_.world->all_reduce(&global, 1, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    loss = global;
+  }
+  const double grad_norm = params_->finish_step();
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     throw NonFiniteError(fmt::format("step {}: loss {} and gradient norm {}; parameters are unchanged (try a lower "
                                      "train.lr or train.grad_clip)",
                                      step_ + 1, loss, grad_norm));
   }
-  const double clip = optim::clip_factor(grad_norm, config_.train.grad_clip);
-  if (clip < 1.0) params_.scale_grads(static_cast<float>(clip));
-
   ++step_;
   const double lr = schedule_.at(step_);
   optim::AdamWConfig adam;
@@ -90,11 +116,7 @@ StepStats Trainer::step() {
   adam.beta2 = config_.train.beta2;
   adam.eps = config_.train.eps;
   adam.weight_decay = config_.train.weight_decay;
-  for (int u = 0; u < layout_.num_units(); ++u) {
-    const model::UnitLayout& unit = layout_.units()[u];
-    optim::adamw_update(unit, 0, unit.padded, params_.params(u), params_.grads(u), params_.m(u), params_.v(u), adam,
-                        lr, step_);
-  }
+  params_->apply_update(adam, lr, step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
   return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step()};
 }
 
@@ -122,7 +144,7 @@ double Trainer::evaluate() {
         std::fill(tg, tg + T, -1);
       }
     }
-    loss_sum += model_.forward_loss(params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
+    loss_sum += model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
     counted += valid;
   }
   return loss_sum / static_cast<double>(counted);

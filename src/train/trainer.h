@@ -12,9 +12,10 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "dist/process_group.h"
+#include "fsdp/sharded_params.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
-#include "train/local_params.h"
 #include "train/synthetic.h"
 
 namespace tessera::train {
@@ -28,11 +29,20 @@ struct StepStats {
   int64_t tokens = 0;       // tokens in this step (global)
 };
 
+// The process groups of a data-parallel run (all null in a single process).
+struct Distributed {
+  fsdp::Topology topology;                // world size, rank, shard group size
+  dist::ProcessGroup* world = nullptr;    // all ranks
+  dist::ProcessGroup* shard = nullptr;    // the ranks sharing this rank's units (S > 1)
+  dist::ProcessGroup* replica = nullptr;  // the ranks holding the same shard (W/S > 1)
+};
+
 class Trainer {
  public:
   // dataset_dir: a prepared dataset (its train and val splits), or empty for synthetic tokens.
-  // Throws ConfigError when the model's vocabulary does not match the dataset's tokenizer.
-  Trainer(const config::Config& config, const std::string& dataset_dir);
+  // Throws ConfigError when the model's vocabulary does not match the dataset's tokenizer. A
+  // single process is the same code as rank 0 of 1.
+  Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist = {});
 
   // One optimizer step over the next global batch. Throws NonFiniteError on a non-finite loss or
   // gradient norm (parameters are left as they were before the step).
@@ -43,20 +53,21 @@ class Trainer {
   const config::Config& config() const { return config_; }
   const model::ModelLayout& layout() const { return layout_; }
   model::Llama& model() { return model_; }
-  LocalParams& params() { return params_; }
+  fsdp::ShardedParams& params() { return *params_; }
   int64_t steps_done() const { return step_; }
   // The dataset's manifest; null for synthetic data.
   const data::DatasetManifest* dataset() const { return train_stream_ ? &train_stream_->manifest() : nullptr; }
   // Bytes of parameters, gradients and optimizer state, and of activations.
-  size_t state_bytes() const { return params_.bytes(); }
+  size_t state_bytes() const;
   size_t activation_bytes() const { return model_.activation_bytes(); }
 
  private:
   using Reader = std::function<void(uint64_t, uint64_t, int32_t*)>;
 
   config::Config config_;
+  Distributed dist_;
   model::ModelLayout layout_;
-  LocalParams params_;
+  std::unique_ptr<fsdp::ShardedParams> params_;
   model::Llama model_;
   std::unique_ptr<data::TokenStream> train_stream_, val_stream_;
   SyntheticTokens synthetic_train_, synthetic_val_;

@@ -1,0 +1,501 @@
+// File store and Gloo process group, with real processes (fork) over loopback.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "dist/store.h"
+
+namespace tessera::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/tessera_dist_test_XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    if (p == nullptr) std::abort();
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Inside a child: report and return a nonzero status instead of asserting (gtest must never
+// run in a child).
+#define REQUIRE(cond)                                                                    \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::fprintf(stderr, "[rank %d] REQUIRE(%s) failed at line %d\n", rank, #cond, __LINE__); \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+// Runs body(rank) in `world` forked processes and returns their exit statuses (128 + signal
+// when killed). A child that outlives `limit_s` gets SIGALRM from itself and SIGKILL from here.
+std::vector<int> run_ranks(int world, const std::function<int(int)>& body, int limit_s = 15) {
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) std::abort();
+    if (pid == 0) {
+      ::alarm(static_cast<unsigned>(limit_s));
+      int rc = 99;
+      try {
+        rc = body(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] unexpected exception: %s\n", r, e.what());
+        rc = 98;
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(world, -1);
+  auto deadline = Clock::now() + std::chrono::seconds(limit_s + 2);
+  int left = world;
+  while (left > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (status[r] != -1) continue;
+      int ws = 0;
+      pid_t got = ::waitpid(pids[r], &ws, WNOHANG);
+      if (got == pids[r]) {
+        status[r] = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+        --left;
+      }
+    }
+    if (left > 0 && Clock::now() > deadline) {
+      for (int r = 0; r < world; ++r)
+        if (status[r] == -1) ::kill(pids[r], SIGKILL);
+    }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return status;
+}
+
+void expect_all_ok(const std::vector<int>& status) {
+  for (size_t r = 0; r < status.size(); ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
+}
+
+constexpr auto kTimeout = std::chrono::seconds(10);
+
+std::unique_ptr<ProcessGroup> join(const std::string& dir, int rank, int world, Millis timeout = kTimeout) {
+  auto store = make_file_store(dir, "job", "r0");
+  return make_gloo_group(*store, rank, world, "127.0.0.1", timeout);
+}
+
+uint16_t bf16(float f) {  // exact for the small integers used here
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// File store
+
+TEST(FileStore, SetGetAddWaitCheck) {
+  TempDir dir;
+  auto s = make_file_store(dir.path, "job1", "round0");
+  EXPECT_FALSE(s->check({"a"}));
+  s->set("a", Bytes{1, 2, 3});
+  EXPECT_TRUE(s->check({"a"}));
+  EXPECT_EQ(s->get("a", Millis(10)), (Bytes{1, 2, 3}));
+  s->set("a", Bytes{});  // last writer wins, empty values are values
+  EXPECT_EQ(s->get("a", Millis(10)), Bytes{});
+  s->set("gloo/1/rank 0", Bytes{7});  // keys may hold '/' and spaces
+  EXPECT_EQ(s->get("gloo/1/rank 0", Millis(10)), Bytes{7});
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -2), 3);
+  auto v = s->get("n", Millis(10));
+  EXPECT_EQ(std::string(v.begin(), v.end()), "3");
+  s->wait({"a", "n"}, Millis(10));
+
+  // A key set later by another thread is seen by a waiting get.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    s->set("late", Bytes{9});
+  });
+  EXPECT_EQ(s->get("late", Millis(2000)), Bytes{9});
+  setter.join();
+
+  // Rounds are separate namespaces.
+  auto other_round = make_file_store(dir.path, "job1", "round1");
+  EXPECT_FALSE(other_round->check({"a"}));
+}
+
+TEST(FileStore, TimeoutsNameKeys) {
+  TempDir dir;
+  auto s = make_file_store(dir.path, "job1", "round0");
+  s->set("present", Bytes{1});
+  auto t0 = Clock::now();
+  try {
+    s->get("absent_key", Millis(100));
+    FAIL() << "no timeout";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("absent_key"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("100 ms"), std::string::npos) << e.what();
+    EXPECT_EQ(e.exit_code(), kExitPeer);
+  }
+  EXPECT_GE(seconds_since(t0), 0.095);
+  EXPECT_LT(seconds_since(t0), 1.0);
+  try {
+    s->wait({"present", "missing_1", "missing_2"}, Millis(50));
+    FAIL() << "no timeout";
+  } catch (const StoreError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("missing_1"), std::string::npos) << what;
+    EXPECT_NE(what.find("missing_2"), std::string::npos) << what;
+    EXPECT_EQ(what.find("present"), std::string::npos) << what;
+  }
+}
+
+TEST(FileStore, TokenMismatchRefused) {
+  TempDir dir;
+  auto a = make_file_store(dir.path, "jobA", "r0");
+  auto a2 = make_file_store(dir.path, "jobA", "r1");  // same job, later round: fine
+  try {
+    make_file_store(dir.path, "jobB", "r0");
+    FAIL() << "another job's token was accepted";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("jobA"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("jobB"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_file_store(dir.path, "../evil", "r0"), StoreError);
+  EXPECT_THROW(make_file_store(dir.path, "jobA", ""), StoreError);
+}
+
+TEST(FileStore, ConcurrentAddFromProcesses) {
+  TempDir dir;
+  constexpr int kProcs = 4, kAdds = 100;
+  auto status = run_ranks(kProcs, [&](int rank) {
+    auto s = make_file_store(dir.path, "job", "r0");
+    for (int i = 0; i < kAdds; ++i) s->add("counter", rank + 1);
+    return 0;
+  });
+  expect_all_ok(status);
+  auto s = make_file_store(dir.path, "job", "r0");
+  EXPECT_EQ(s->add("counter", 0), kAdds * (1 + 2 + 3 + 4));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives: exact results for integer-valued inputs
+
+int check_collectives(int rank, int world, const std::string& dir) {
+  auto pg = join(dir, rank, world);
+  REQUIRE(pg->rank() == rank && pg->size() == world);
+  CollectiveOptions opt;
+  opt.timeout = kTimeout;
+  const size_t W = world;
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{(1 << 20) + 3}}) {
+    const size_t c = count;
+    // all_gather, out of place and in place.
+    std::vector<float> in(c), out(W * c + 1, -7.f);
+    for (size_t i = 0; i < c; ++i) in[i] = float(rank * 1000 + int(i % 997));
+    pg->all_gather(in.data(), out.data(), count, DType::kF32, opt)->wait();
+    for (size_t r = 0; r < W; ++r)
+      for (size_t i = 0; i < c; ++i) REQUIRE(out[r * c + i] == float(r * 1000 + i % 997));
+    REQUIRE(out[W * c] == -7.f);
+    std::vector<float> inplace(W * c, -1.f);
+    std::copy(in.begin(), in.end(), inplace.begin() + rank * c);
+    pg->all_gather(inplace.data() + rank * c, inplace.data(), count, DType::kF32, opt)->wait();
+    REQUIRE(std::equal(inplace.begin(), inplace.end(), out.begin()));
+
+    // reduce_scatter: rank r contributes (r+1)(j+1) + i%13 to chunk j.
+    std::vector<float> rs_in(W * c), rs_out(c + 1, -7.f);
+    for (size_t j = 0; j < W; ++j)
+      for (size_t i = 0; i < c; ++i) rs_in[j * c + i] = float((rank + 1) * (j + 1) + i % 13);
+    pg->reduce_scatter(rs_in.data(), rs_out.data(), count, DType::kF32, opt)->wait();
+    for (size_t i = 0; i < c; ++i) REQUIRE(rs_out[i] == float((rank + 1) * W * (W + 1) / 2 + W * (i % 13)));
+    REQUIRE(rs_out[c] == -7.f);
+
+    // all_reduce.
+    std::vector<float> ar(c);
+    for (size_t i = 0; i < c; ++i) ar[i] = float(rank + int(i % 101));
+    pg->all_reduce(ar.data(), count, DType::kF32, opt)->wait();
+    for (size_t i = 0; i < c; ++i) REQUIRE(ar[i] == float(W * (W - 1) / 2 + W * (i % 101)));
+
+    // broadcast from a root that moves with the count.
+    const int root = static_cast<int>(count % world);
+    std::vector<float> bc(c, -1.f);
+    if (rank == root)
+      for (size_t i = 0; i < c; ++i) bc[i] = float(i % 1009 + root);
+    pg->broadcast(bc.data(), count, DType::kF32, root, opt)->wait();
+    for (size_t i = 0; i < c; ++i) REQUIRE(bc[i] == float(i % 1009 + root));
+
+    pg->barrier(opt)->wait();
+
+    // bf16 with small integers (exact): reduce_scatter and all_reduce.
+    std::vector<uint16_t> b_in(W * c), b_out(c);
+    for (size_t j = 0; j < W; ++j)
+      for (size_t i = 0; i < c; ++i) b_in[j * c + i] = bf16(float(rank + 1 + (i + j) % 5));
+    pg->reduce_scatter(b_in.data(), b_out.data(), count, DType::kBF16, opt)->wait();
+    for (size_t i = 0; i < c; ++i) {
+      float want = 0;
+      for (size_t r = 0; r < W; ++r) want += float(r + 1 + (i + rank) % 5);
+      REQUIRE(from_bf16(b_out[i]) == want);
+    }
+    std::vector<uint16_t> b_ar(c);
+    for (size_t i = 0; i < c; ++i) b_ar[i] = bf16(float(rank + i % 7));
+    pg->all_reduce(b_ar.data(), count, DType::kBF16, opt)->wait();
+    for (size_t i = 0; i < c; ++i) REQUIRE(from_bf16(b_ar[i]) == float(W * (W - 1) / 2 + W * (i % 7)));
+  }
+  return 0;
+}
+
+class GlooCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectives, ExactResultsForCounts0_1_7_Large) {
+  TempDir dir;
+  const int world = GetParam();
+  expect_all_ok(run_ranks(world, [&](int rank) { return check_collectives(rank, world, dir.path); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, GlooCollectives, ::testing::Values(1, 2, 3, 4));
+
+TEST(GlooGroup, BackToBackOperationsCompleteInOrder) {
+  TempDir dir;
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = join(dir.path, rank, 3);
+    CollectiveOptions opt;
+    const int64_t n = 100003;
+    std::vector<float> a(n, float(rank)), gathered(3 * n), rs_in(3 * n, 1.f), rs_out(n), b(n, 2.f);
+    // Issued before any wait; the all_reduce reads what the all_gather wrote (FIFO).
+    auto w1 = pg->all_gather(a.data(), gathered.data(), n, DType::kF32, opt);
+    auto w2 = pg->all_reduce(gathered.data(), 3 * n, DType::kF32, opt);
+    auto w3 = pg->reduce_scatter(rs_in.data(), rs_out.data(), n, DType::kF32, opt);
+    auto w4 = pg->all_reduce(b.data(), n, DType::kF32, opt);
+    w4->wait();
+    w2->wait();
+    w3->wait();
+    w1->wait();
+    for (int64_t i = 0; i < 3 * n; ++i) REQUIRE(gathered[i] == float(3 * (i / n)));
+    for (int64_t i = 0; i < n; ++i) REQUIRE(rs_out[i] == 3.f && b[i] == 6.f);
+    // Several groups on one store get distinct prefixes.
+    auto pg2 = join(dir.path, rank, 3);
+    std::vector<float> x(5, 1.f);
+    pg2->all_reduce(x.data(), 5, DType::kF32, opt)->wait();
+    REQUIRE(x[4] == 3.f);
+    return 0;
+  }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes accounting
+
+int check_bytes(int rank, int world, const std::string& dir) {
+  auto pg = join(dir, rank, world);
+  CollectiveOptions opt;
+  const uint64_t W = world;
+  // 24 floats split into whole Gloo ring segments for W = 2, 3, 4 (2W divides 24).
+  const int64_t c = 24;
+  std::vector<float> buf(W * c, 1.f), out(W * c);
+  std::vector<uint16_t> b16(c, bf16(1.f));
+  pg->all_gather(buf.data(), out.data(), c, DType::kF32, opt)->wait();
+  pg->all_gather(buf.data(), out.data(), 0, DType::kF32, opt)->wait();
+  REQUIRE(pg->bytes_sent(OpKind::kAllGather) == (W - 1) * c * 4);
+  pg->reduce_scatter(buf.data(), out.data(), c, DType::kF32, opt)->wait();
+  pg->reduce_scatter(b16.data(), out.data(), c / int64_t(W), DType::kBF16, opt)->wait();
+  REQUIRE(pg->bytes_sent(OpKind::kReduceScatter) == (W - 1) * c * 4 + (W - 1) * (c / W) * 2);
+  pg->all_reduce(buf.data(), c, DType::kF32, opt)->wait();
+  REQUIRE(pg->bytes_sent(OpKind::kAllReduce) == 2 * (W - 1) * c * 4 / W);
+  pg->all_reduce(b16.data(), 7, DType::kBF16, opt)->wait();  // padded to W chunks of ceil(7/W)
+  REQUIRE(pg->bytes_sent(OpKind::kAllReduce) == 2 * (W - 1) * c * 4 / W + 2 * (W - 1) * ((7 + W - 1) / W) * 2);
+  pg->barrier(opt)->wait();
+  REQUIRE(pg->bytes_sent(OpKind::kBarrier) == 0);
+  // Uneven ring segments (7 floats) and broadcast: per-rank shares differ, their sum does not.
+  const uint64_t ar_before = pg->bytes_sent(OpKind::kAllReduce);
+  pg->all_reduce(buf.data(), 7, DType::kF32, opt)->wait();
+  pg->broadcast(buf.data(), c, DType::kF32, world - 1, opt)->wait();
+  std::vector<float> mine = {float(pg->bytes_sent(OpKind::kAllReduce) - ar_before),
+                             float(pg->bytes_sent(OpKind::kBroadcast))};
+  std::vector<float> all(2 * W);
+  pg->all_gather(mine.data(), all.data(), 2, DType::kF32, opt)->wait();
+  float ar_sum = 0, bc_sum = 0;
+  for (uint64_t r = 0; r < W; ++r) ar_sum += all[2 * r], bc_sum += all[2 * r + 1];
+  REQUIRE(ar_sum == float(2 * (W - 1) * 7 * 4));
+  REQUIRE(bc_sum == float((W - 1) * c * 4));  // every non-root receives once
+  if (world == 2 || world == 4) {             // root of a power-of-two tree: log2 W sends
+    const float root_bytes = all[2 * (W - 1) + 1];
+    REQUIRE(root_bytes == float((world == 2 ? 1 : 2) * c * 4));
+  }
+  return 0;
+}
+
+TEST(GlooGroup, BytesSentFollowsDocumentedFormulas) {
+  for (int world : {1, 2, 3, 4}) {
+    TempDir dir;
+    SCOPED_TRACE("world " + std::to_string(world));
+    expect_all_ok(run_ranks(world, [&](int rank) { return check_bytes(rank, world, dir.path); }));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures: timeouts, missing peers, dead peers, abort
+
+TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {
+  TempDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = join(dir.path, rank, 2);
+    CollectiveOptions opt;
+    pg->barrier(opt)->wait();  // #0
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never calls #1
+      return 0;
+    }
+    opt.timeout = std::chrono::milliseconds(1000);
+    std::vector<float> x(1000, 1.f);
+    auto t0 = Clock::now();
+    try {
+      pg->all_reduce(x.data(), 1000, DType::kF32, opt)->wait();
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      const double s = seconds_since(t0);
+      const std::string what = e.what();
+      std::fprintf(stderr, "[rank 0] after %.3f s: %s\n", s, what.c_str());
+      REQUIRE(what.find("all_reduce #1 on rank 0 of 2") != std::string::npos);
+      REQUIRE(s >= 0.9 && s < 2.0);
+      REQUIRE(e.exit_code() == kExitPeer);
+    }
+    // The group is unusable now, and says so at once.
+    auto t1 = Clock::now();
+    try {
+      pg->barrier(opt)->wait();
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      REQUIRE(std::string(e.what()).find("barrier #2") != std::string::npos);
+      REQUIRE(std::string(e.what()).find("earlier failure") != std::string::npos);
+      REQUIRE(seconds_since(t1) < 0.1);
+    }
+    return 0;
+  }));
+}
+
+TEST(GlooGroup, RendezvousWithMissingPeerTimesOut) {
+  TempDir dir;
+  expect_all_ok(run_ranks(1, [&](int rank) {
+    auto t0 = Clock::now();
+    try {
+      join(dir.path, 0, 2, std::chrono::milliseconds(1000));
+      REQUIRE(false);
+    } catch (const Error& e) {  // StoreError (key never appeared) or CollectiveError
+      const double s = seconds_since(t0);
+      std::fprintf(stderr, "[rank 0] after %.3f s: %s\n", s, e.what());
+      REQUIRE(std::string(e.what()).find("rank_1") != std::string::npos ||
+              std::string(e.what()).find("'gloo/1/1'") != std::string::npos);
+      REQUIRE(s >= 0.9 && s < 2.0);
+    }
+    return 0;
+  }));
+}
+
+TEST(GlooGroup, DeadPeerMakesSurvivorsFailFast) {
+  TempDir dir;
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = join(dir.path, rank, 3);
+    CollectiveOptions opt;
+    opt.timeout = std::chrono::seconds(8);
+    pg->barrier(opt)->wait();
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ::_exit(0);  // dies without a word, mid-sequence
+    }
+    std::vector<float> x(1 << 16, 1.f);
+    auto t0 = Clock::now();
+    try {
+      pg->all_reduce(x.data(), 1 << 16, DType::kF32, opt)->wait();
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      const double s = seconds_since(t0);
+      std::fprintf(stderr, "[rank %d] after %.3f s: %s\n", rank, s, e.what());
+      REQUIRE(std::string(e.what()).find("all_reduce #1") != std::string::npos);
+      REQUIRE(s < 1.5);  // far below the 8 s timeout
+    }
+    return 0;
+  }));
+}
+
+TEST(GlooGroup, AbortMakesPeerFailFast) {
+  TempDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = join(dir.path, rank, 2);
+    CollectiveOptions opt;
+    opt.timeout = std::chrono::seconds(8);
+    pg->barrier(opt)->wait();
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      pg->abort();
+      try {
+        pg->barrier(opt)->wait();
+        REQUIRE(false);
+      } catch (const CollectiveError& e) {
+        REQUIRE(std::string(e.what()).find("aborted") != std::string::npos);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // alive: only abort() speaks
+      return 0;
+    }
+    std::vector<float> x(1 << 16, 1.f);
+    auto t0 = Clock::now();
+    try {
+      pg->all_gather(x.data(), std::vector<float>(2 << 16).data(), 1 << 16, DType::kF32, opt)->wait();
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      const double s = seconds_since(t0);
+      std::fprintf(stderr, "[rank 0] after %.3f s: %s\n", s, e.what());
+      REQUIRE(std::string(e.what()).find("all_gather #1 on rank 0") != std::string::npos);
+      REQUIRE(s < 1.5);
+    }
+    return 0;
+  }));
+}
+
+// Loopback bandwidth at 2 ranks, 64 MiB per rank (run with --gtest_also_run_disabled_tests).
+TEST(GlooGroup, DISABLED_Bandwidth64MiB) {
+  TempDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = join(dir.path, rank, 2);
+    CollectiveOptions opt;
+    const int64_t n = (64 << 20) / 4;
+    std::vector<float> in(2 * n, 1.f), out(2 * n);
+    auto time = [&](const char* name, auto&& op) {
+      op();  // warm (connections, scratch)
+      const int iters = 5;
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) op();
+      const double s = seconds_since(t0) / iters;
+      if (rank == 0) std::printf("%-16s 64 MiB  %7.1f ms  %5.2f GB/s (payload/time)\n", name, s * 1e3, (64 << 20) / s / 1e9);
+    };
+    time("all_gather", [&] { pg->all_gather(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
+    time("reduce_scatter", [&] { pg->reduce_scatter(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
+    time("all_reduce", [&] { pg->all_reduce(in.data(), n, DType::kF32, opt)->wait(); });
+    return 0;
+  }, 60));
+}
+
+}  // namespace
+}  // namespace tessera::dist

@@ -1,0 +1,77 @@
+// Collective communication between the ranks of a job (ARCHITECTURE.md, dist). Every operation
+// is asynchronous (a Work handle), has a timeout, is numbered per group, and counts the bytes it
+// sends; a failure raises CollectiveError naming the operation, its sequence number and the rank.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "dist/store.h"
+
+namespace tessera::dist {
+
+enum class DType { kF32, kBF16 };
+size_t dtype_bytes(DType t);
+
+enum class OpKind { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kCount };
+const char* op_name(OpKind op);
+
+struct CollectiveOptions {
+  Millis timeout{std::chrono::seconds(300)};
+};
+
+// A lost peer, a timeout or a transport failure. Exit code 12: a restart can cure it.
+class CollectiveError : public Error {
+ public:
+  CollectiveError(const std::string& what) : Error(what, kExitPeer) {}
+};
+// A rendezvous key that never appeared, or a refused job token.
+class StoreError : public Error {
+ public:
+  StoreError(const std::string& what) : Error(what, kExitPeer) {}
+};
+
+// Completion of one asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is done; rethrows its CollectiveError.
+  virtual void wait() = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // out (size x count) = every rank's in (count), in rank order.
+  virtual std::unique_ptr<Work> all_gather(const void* in, void* out, int64_t count, DType dtype,
+                                           const CollectiveOptions& options) = 0;
+  // out (count) = sum over ranks of their in[rank*count, (rank+1)*count); in has size x count.
+  virtual std::unique_ptr<Work> reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
+                                               const CollectiveOptions& options) = 0;
+  // data (count) = sum over ranks, in place.
+  virtual std::unique_ptr<Work> all_reduce(void* data, int64_t count, DType dtype,
+                                           const CollectiveOptions& options) = 0;
+  // data (count) = root's data, in place.
+  virtual std::unique_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root,
+                                          const CollectiveOptions& options) = 0;
+  virtual std::unique_ptr<Work> barrier(const CollectiveOptions& options) = 0;
+
+  // Closes every connection so that peers blocked on this rank fail fast; the group is unusable
+  // afterwards (build a new one, with a new store round, to continue).
+  virtual void abort() = 0;
+  // Bytes this rank has sent per kind of operation (payload bytes handed to the transport).
+  virtual uint64_t bytes_sent(OpKind op) const = 0;
+};
+
+// Gloo over TCP on `interface_host` (e.g. "127.0.0.1"), rendezvous through `store`. Throws
+// StoreError or CollectiveError when the peers do not all arrive within `timeout`.
+std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, const std::string& interface_host,
+                                              Millis timeout);
+
+}  // namespace tessera::dist

@@ -1,0 +1,287 @@
+// The fully sharded data-parallel ParamSource.
+#include "fsdp/sharded_params.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/check.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "kernels/cpu/vector.h"
+#include "model/init.h"
+
+namespace tessera::fsdp {
+
+namespace k = tessera::kernels::cpu;
+
+bool parse_strategy(const std::string& name, Strategy* out) {
+  static const std::pair<const char*, Strategy> kNames[] = {{"full_shard", Strategy::kFullShard},
+                                                            {"shard_grad_op", Strategy::kShardGradOp},
+                                                            {"hybrid_shard", Strategy::kHybridShard},
+                                                            {"no_shard", Strategy::kNoShard}};
+  for (const auto& [n, s] : kNames) {
+    if (name == n) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+int shard_size_for(Strategy strategy, int world, int shard_group_size) {
+  switch (strategy) {
+    case Strategy::kFullShard:
+    case Strategy::kShardGradOp:
+      return world;
+    case Strategy::kHybridShard:
+      return shard_group_size;
+    case Strategy::kNoShard:
+      return 1;
+  }
+  return world;
+}
+
+struct ShardedParams::Unit {
+  int64_t padded = 0, shard = 0;  // L and L/S
+  float *master = nullptr, *grad = nullptr, *m = nullptr, *v = nullptr;  // this rank's shard
+  float* full = nullptr;          // resident full parameters (master itself when S = 1)
+  std::unique_ptr<dist::Work> gather;
+  int refs = 0;                   // acquired and not yet released
+  bool backward_done = false;     // shard_grad_op frees after the unit's backward
+  float* full_grad = nullptr;     // full-size gradient being accumulated (S > 1)
+  std::unique_ptr<dist::Work> reduce;
+};
+
+ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
+                             const Topology& topology, dist::ProcessGroup* shard_group,
+                             dist::ProcessGroup* replica_group, int64_t accumulation, dist::Millis timeout)
+    : layout_(layout),
+      strategy_(strategy),
+      topo_(topology),
+      shard_group_(shard_group),
+      replica_group_(replica_group),
+      accumulation_(accumulation) {
+  const int S = topo_.shard_size;
+  CHECK(S >= 1 && topo_.world % S == 0 && accumulation >= 1);
+  CHECK((S > 1) == (shard_group != nullptr) && (topo_.replicas() > 1) == (replica_group != nullptr));
+  options_.timeout = timeout;
+  int64_t shard_total = 0, max_padded = 0;
+  for (const model::UnitLayout& u : layout_.units()) {
+    CHECK(u.padded % (16 * S) == 0);
+    shard_total += u.padded / S;
+    max_padded = std::max(max_padded, u.padded);
+  }
+  state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 4 * Arena::kAlign);
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    auto u = std::make_unique<Unit>();
+    u->padded = layout_.units()[i].padded;
+    u->shard = u->padded / S;
+    u->master = state_.take<float>(u->shard);
+    u->grad = state_.take<float>(u->shard);
+    u->m = state_.take<float>(u->shard);
+    u->v = state_.take<float>(u->shard);
+    const int64_t begin = topo_.shard_rank() * u->shard;
+    model::init_unit_slice(layout_, i, seed, begin, begin + u->shard, u->master);
+    if (S == 1) u->full = u->master;
+    units_.push_back(std::move(u));
+  }
+  if (S > 1) {
+    // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
+    // the unit in use, the one prefetched, and the embedding that a tied head reads.
+    const int n = layout_.num_units();
+    const int param_buffers = strategy_ == Strategy::kShardGradOp ? n : std::min(n, 4);
+    // Gradients: with accumulation every unit keeps its own until the last micro-batch;
+    // otherwise the unit in backward, reductions in flight, and a tied embedding.
+    const int grad_buffers = accumulation_ > 1 ? n : std::min(n, 4);
+    pool_ = Arena((param_buffers + grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign));
+    for (int i = 0; i < param_buffers; ++i) free_param_buffers_.push_back(pool_.take<float>(max_padded));
+    for (int i = 0; i < grad_buffers; ++i) free_grad_buffers_.push_back(pool_.take<float>(max_padded));
+  }
+}
+
+ShardedParams::~ShardedParams() = default;
+
+void ShardedParams::wait(dist::Work& work) {
+  const double t0 = now_seconds();
+  work.wait();
+  exposed_seconds_ += now_seconds() - t0;
+}
+
+void ShardedParams::issue_gather(int unit) {
+  Unit& u = *units_[unit];
+  CHECK_MSG(!free_param_buffers_.empty(), "no free parameter buffer");
+  u.full = free_param_buffers_.back();
+  free_param_buffers_.pop_back();
+  u.backward_done = false;
+  u.gather = shard_group_->all_gather(u.master, u.full, u.shard, dist::DType::kF32, options_);
+}
+
+void ShardedParams::free_params(int unit) {
+  Unit& u = *units_[unit];
+  if (topo_.shard_size == 1 || u.full == nullptr) return;
+  if (u.gather) {  // a prefetch that was never used
+    wait(*u.gather);
+    u.gather.reset();
+  }
+  free_param_buffers_.push_back(u.full);
+  u.full = nullptr;
+}
+
+void ShardedParams::maybe_free_params(int unit) {
+  const Unit& u = *units_[unit];
+  if (u.refs > 0) return;
+  if (strategy_ != Strategy::kShardGradOp || u.backward_done) free_params(unit);
+}
+
+const float* ShardedParams::acquire(int unit) {
+  Unit& u = *units_[unit];
+  if (recording_) order_.push_back(unit);
+  ++cursor_;
+  if (u.full == nullptr) issue_gather(unit);
+  if (u.gather) {
+    wait(*u.gather);
+    u.gather.reset();
+  }
+  ++u.refs;
+  // Prefetch: the unit acquired next in the recorded order starts gathering now, so its
+  // all-gather overlaps this unit's compute.
+  if (!recording_ && cursor_ < order_.size()) {
+    Unit& next = *units_[order_[cursor_]];
+    if (next.full == nullptr && !free_param_buffers_.empty()) issue_gather(order_[cursor_]);
+  }
+  return u.full;
+}
+
+void ShardedParams::release(int unit) {
+  Unit& u = *units_[unit];
+  CHECK(u.refs > 0);
+  --u.refs;
+  maybe_free_params(unit);
+}
+
+void ShardedParams::complete_oldest_reduction() {
+  CHECK_MSG(!pending_.empty(), "no gradient buffer free and no reduction in flight");
+  Unit& u = *units_[pending_.front()];
+  pending_.erase(pending_.begin());
+  wait(*u.reduce);
+  u.reduce.reset();
+  free_grad_buffers_.push_back(u.full_grad);
+  u.full_grad = nullptr;
+}
+
+float* ShardedParams::grads(int unit) {
+  Unit& u = *units_[unit];
+  if (topo_.shard_size == 1) return u.grad;  // the shard is the whole unit
+  if (u.full_grad == nullptr) {
+    if (free_grad_buffers_.empty()) complete_oldest_reduction();
+    u.full_grad = free_grad_buffers_.back();
+    free_grad_buffers_.pop_back();
+    std::memset(u.full_grad, 0, sizeof(float) * u.padded);
+  }
+  return u.full_grad;
+}
+
+void ShardedParams::grads_ready(int unit) {
+  Unit& u = *units_[unit];
+  u.backward_done = true;
+  if (topo_.shard_size > 1 && micro_ == accumulation_ - 1) {
+    // Sum over the shard group straight into this rank's gradient shard.
+    u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, dist::DType::kF32, options_);
+    pending_.push_back(unit);
+  }
+  if (strategy_ == Strategy::kShardGradOp) maybe_free_params(unit);
+}
+
+void ShardedParams::begin_step() {
+  for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->shard);
+  cursor_ = 0;
+  micro_ = 0;
+}
+
+double ShardedParams::finish_step() {
+  while (!pending_.empty()) complete_oldest_reduction();
+  if (replica_group_ != nullptr) {
+    std::vector<std::unique_ptr<dist::Work>> works;
+    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->shard, dist::DType::kF32, options_));
+    for (auto& w : works) wait(*w);
+  }
+  // Replicas hold identical shards, so the norm sums over one shard group only.
+  double local = 0.0;
+  for (auto& u : units_) local += k::sum_squares(u->grad, u->shard);
+  float sum = static_cast<float>(local);
+  if (shard_group_ != nullptr) {
+    auto w = shard_group_->all_reduce(&sum, 1, dist::DType::kF32, options_);
+    wait(*w);
+  }
+  recording_ = false;
+  return std::sqrt(static_cast<double>(sum));
+}
+
+void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double clip) {
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = *units_[i];
+    if (clip < 1.0) k::scale_inplace(u.grad, u.shard, static_cast<float>(clip));
+    const int64_t begin = topo_.shard_rank() * u.shard;
+    optim::adamw_update(layout_.units()[i], begin, begin + u.shard, u.master, u.grad, u.m, u.v, adam, lr, step);
+  }
+}
+
+std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_tensors() {
+  std::vector<checkpoint::NamedTensor> out;
+  std::vector<float> full;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = *units_[i];
+    const float* p = u.master;
+    if (topo_.shard_size > 1) {
+      full.resize(u.padded);
+      auto w = shard_group_->all_gather(u.master, full.data(), u.shard, dist::DType::kF32, options_);
+      w->wait();
+      p = full.data();
+    }
+    for (const model::TensorSpec& t : layout_.units()[i].tensors) {
+      out.push_back({t.name, t.shape, std::vector<float>(p + t.offset, p + t.offset + t.numel())});
+    }
+  }
+  return out;
+}
+
+void ShardedParams::load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin) {
+  std::map<std::string, const checkpoint::NamedTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = *units_[i];
+    const int64_t begin = shard_begin(i), end = begin + u.shard;
+    for (const model::TensorSpec& spec : layout_.units()[i].tensors) {
+      auto it = by_name.find(spec.name);
+      if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, spec.name));
+      if (it->second->shape != spec.shape) {
+        throw DataError(fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", origin, spec.name,
+                                    fmt::join(it->second->shape, ", "), fmt::join(spec.shape, ", ")));
+      }
+      // The part of the tensor that falls in this rank's shard.
+      const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
+      for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = it->second->data[e - spec.offset];
+    }
+  }
+}
+
+int64_t ShardedParams::shard_size(int unit) const { return units_[unit]->shard; }
+float* ShardedParams::master_shard(int unit) { return units_[unit]->master; }
+const float* ShardedParams::adam_m_shard(int unit) const { return units_[unit]->m; }
+
+StateBytes ShardedParams::state_bytes() const {
+  StateBytes b;
+  for (const auto& u : units_) {
+    b.params += sizeof(float) * u->shard;
+    b.grads += sizeof(float) * u->shard;
+    b.optimizer += 2 * sizeof(float) * u->shard;
+  }
+  return b;
+}
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,113 @@
+// The fully sharded data-parallel ParamSource (ARCHITECTURE.md, "Sharding math"). Each unit's
+// flat buffer is padded to a multiple of 16 x S and rank r of a shard group of S ranks owns
+// [r L/S, (r+1) L/S) of it: fp32 master parameters, gradients and AdamW moments. Full parameters
+// are all-gathered into a small pool of unit buffers when the model acquires a unit, with the
+// next unit's gather issued ahead (prefetch, in the order recorded during the first step), and
+// gradients are reduce-scattered as each unit's backward completes.
+//
+// All four strategies are one mechanism with two process groups:
+//   full_shard     S = W: gather for forward, free, gather again for backward
+//   shard_grad_op  S = W: gather once, keep full parameters from forward until backward is done
+//   hybrid_shard   S = shard_group_size: full_shard inside the group, then an all-reduce of the
+//                  gradient shard across the W/S replicas (MiCS / HSDP)
+//   no_shard       S = 1: every rank holds full parameters; gradients all-reduced (DDP)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "core/arena.h"
+#include "dist/process_group.h"
+#include "model/layout.h"
+#include "model/param_source.h"
+#include "optim/adamw.h"
+
+namespace tessera::fsdp {
+
+enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
+// "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"; false for anything else.
+bool parse_strategy(const std::string& name, Strategy* out);
+
+struct Topology {
+  int world = 1;       // W
+  int rank = 0;        // global rank
+  int shard_size = 1;  // S: ranks a unit is sharded over
+  int shard_rank() const { return rank % shard_size; }
+  int replicas() const { return world / shard_size; }
+};
+// S for a strategy: W, W, shard_group_size, 1.
+int shard_size_for(Strategy strategy, int world, int shard_group_size);
+
+// Persistent per-rank bytes: master params, gradients, AdamW m and v (fp32 shards).
+struct StateBytes {
+  uint64_t params = 0, grads = 0, optimizer = 0;
+};
+
+class ShardedParams final : public model::ParamSource {
+ public:
+  // shard_group: the S ranks that shard each unit (null when S = 1); replica_group: the W/S
+  // ranks holding the same shard (null when W/S = 1). layout must be padded to 16 x S.
+  // accumulation: micro-batches per step; gradients are communicated after the last one only.
+  ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const Topology& topology,
+                dist::ProcessGroup* shard_group, dist::ProcessGroup* replica_group, int64_t accumulation,
+                dist::Millis timeout);
+  ~ShardedParams() override;
+
+  const float* acquire(int unit) override;
+  void release(int unit) override;
+  float* grads(int unit) override;
+  void grads_ready(int unit) override;
+
+  // Before the first micro-batch of a step: zeroes gradient shards.
+  void begin_step();
+  // Before each micro-batch; gradients are reduced during the last one (index accumulation - 1).
+  void begin_micro_batch(int64_t index) { micro_ = index; }
+  // After the last micro-batch: waits for every reduction; returns the global gradient norm.
+  double finish_step();
+  // Clip factor, then AdamW on this rank's shards.
+  void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double clip);
+
+  // Every parameter tensor by name, gathered from all shards (a collective: all ranks call it).
+  std::vector<checkpoint::NamedTensor> gather_named_tensors();
+  // Sets this rank's shards from full tensors by name. Throws DataError naming `origin` and the
+  // tensor when one is missing or has another shape.
+  void load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin);
+  // This rank's shard of `unit`: elements [shard_begin(unit), + shard_size(unit)) of the unit.
+  int64_t shard_size(int unit) const;
+  int64_t shard_begin(int unit) const { return topo_.shard_rank() * shard_size(unit); }
+  float* master_shard(int unit);
+  const float* adam_m_shard(int unit) const;
+  StateBytes state_bytes() const;
+  double exposed_comm_seconds() const { return exposed_seconds_; }
+
+ private:
+  struct Unit;
+  void issue_gather(int unit);
+  void free_params(int unit);
+  void maybe_free_params(int unit);
+  void complete_oldest_reduction();
+  void wait(dist::Work& work);  // waits and counts the time as exposed communication
+
+  model::ModelLayout layout_;
+  Strategy strategy_;
+  Topology topo_;
+  dist::ProcessGroup* shard_group_;
+  dist::ProcessGroup* replica_group_;
+  int64_t accumulation_;
+  dist::CollectiveOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  Arena state_;  // shards: master, grads, m, v
+  Arena pool_;   // full parameter and gradient buffers
+  std::vector<float*> free_param_buffers_, free_grad_buffers_;
+  std::vector<int> pending_;  // units whose gradient reduce-scatter is in flight, oldest first
+  std::vector<int> order_;    // acquire order recorded during the first step
+  bool recording_ = true;
+  size_t cursor_ = 0;
+  int64_t micro_ = 0;         // index of the micro-batch in progress
+  double exposed_seconds_ = 0.0;
+};
+
+}  // namespace tessera::fsdp

@@ -1,0 +1,98 @@
+// Joining a data-parallel job, and the local launcher.
+#include "train/distributed.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "core/log.h"
+
+namespace tessera::train {
+
+ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round,
+                             int rank, int world, int shard_size, dist::Millis timeout) {
+  topology_ = {world, rank, shard_size};
+  if (world == 1) return;
+  // Each group rendezvouses under its own key prefix, so the meshes never mix.
+  auto group = [&](const std::string& name, int group_rank, int group_size) {
+    stores_.push_back(dist::make_file_store(store_dir, token, round + "." + name));
+    return dist::make_gloo_group(*stores_.back(), group_rank, group_size, "127.0.0.1", timeout);
+  };
+  world_ = group("world", rank, world);
+  if (shard_size > 1 && shard_size < world) {
+    shard_ = group(fmt::format("shard-{}", rank / shard_size), rank % shard_size, shard_size);
+    replica_ = group(fmt::format("replica-{}", rank % shard_size), rank / shard_size, world / shard_size);
+  }
+}
+
+ProcessGroups::~ProcessGroups() = default;
+
+Distributed ProcessGroups::view() const {
+  Distributed d;
+  d.topology = topology_;
+  d.world = world_.get();
+  const int S = topology_.shard_size, W = topology_.world;
+  d.shard = S == 1 ? nullptr : S == W ? world_.get() : shard_.get();
+  d.replica = W / S == 1 ? nullptr : S == 1 ? world_.get() : replica_.get();
+  return d;
+}
+
+int shard_size_of(const config::Config& config, int world) {
+  fsdp::Strategy strategy = fsdp::Strategy::kFullShard;
+  fsdp::parse_strategy(config.parallel.strategy, &strategy);
+  const int group = config.parallel.shard_group_size > 0 ? static_cast<int>(config.parallel.shard_group_size) : world;
+  return fsdp::shard_size_for(strategy, world, group);
+}
+
+int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < nproc; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t p : pids) kill(p, SIGTERM);
+      log::error("cannot start worker {}: fork failed", rank);
+      return kExitFailure;
+    }
+    if (pid == 0) {
+      log::set_rank(rank);
+      int rc = kExitFailure;
+      try {
+        rc = worker(rank);
+      } catch (const Error& e) {
+        log::error("{}", e.what());
+        rc = e.exit_code();
+      } catch (const std::exception& e) {
+        log::error("unexpected error: {}", e.what());
+      }
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int first_failure = 0, alive = nproc;
+  while (alive > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    --alive;
+    const int rank = static_cast<int>(std::find(pids.begin(), pids.end(), pid) - pids.begin());
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rc != 0 && first_failure == 0) {
+      first_failure = rc;
+      log::error("worker {} (pid {}) failed with {} {}; stopping the others", rank, pid,
+                 WIFEXITED(status) ? "exit code" : "signal", WIFEXITED(status) ? rc : WTERMSIG(status));
+      for (pid_t p : pids) {
+        if (p != pid) kill(p, SIGTERM);
+      }
+    }
+  }
+  return first_failure;
+}
+
+}  // namespace tessera::train
