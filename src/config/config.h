@@ -28,7 +28,7 @@ struct TrainConfig {
   int64_t seed = 1234;
   int64_t threads = 0;           // per process; 0: one per available core
   int64_t eval_interval = 100;   // steps between validation losses (and at the end); 0: never
-  int64_t eval_batches = 8;      // micro-batches of the validation split per evaluation
+  int64_t eval_batches = 8;      // global batches of the validation split per evaluation
 };
 
 struct DataConfig {

@@ -121,33 +121,45 @@ StepStats Trainer::step() {
 }
 
 double Trainer::evaluate() {
-  // Consecutive samples of T+1 tokens from the start of the validation split; rows past its end
-  // are padded with ignored targets, so a small split is used whole.
-  const int64_t T = config_.model.seq_len, mb = config_.micro_batch();
+  // The first train.eval_batches global batches of consecutive samples (T+1 tokens each) from the
+  // start of the validation split, cut among ranks as training batches are, so the figure does
+  // not depend on the world size. Rows past the split's end are padded with ignored targets and
+  // every rank runs the same number of forwards (they are collectives when sharded).
+  const int64_t T = config_.model.seq_len, mb = config_.micro_batch(), G = config_.train.batch_size;
+  const int W = dist_.topology.world, rank = dist_.topology.rank;
   const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
   if (samples == 0) throw DataError(fmt::format("validation split has {} tokens: fewer than seq_len + 1", val_tokens_));
-  const uint64_t batches = std::min<uint64_t>(config_.train.eval_batches, (samples + mb - 1) / mb);
-  double loss_sum = 0.0;
-  int64_t counted = 0;
-  for (uint64_t b = 0; b < batches; ++b) {
-    int64_t valid = 0;
-    for (int64_t r = 0; r < mb; ++r) {
-      const uint64_t s = b * mb + r;
-      int32_t* in = eval_inputs_.data() + r * T;
-      int32_t* tg = eval_targets_.data() + r * T;
-      if (s < samples) {
-        val_reader_(s * T, T, in);
-        val_reader_(s * T + 1, T, tg);
-        valid += T;
-      } else {
-        std::fill(in, in + T, 0);
-        std::fill(tg, tg + T, -1);
+  const uint64_t total = std::min<uint64_t>(samples, static_cast<uint64_t>(config_.train.eval_batches * G));
+  const uint64_t global_batches = (total + G - 1) / G;
+  const int64_t per_rank = G / W;
+  double loss_sum = 0.0, counted = 0.0;
+  for (uint64_t b = 0; b < global_batches; ++b) {
+    for (int64_t m0 = 0; m0 < per_rank; m0 += mb) {
+      int64_t valid = 0;
+      for (int64_t r = 0; r < mb; ++r) {
+        const uint64_t s = b * G + rank * per_rank + m0 + r;
+        int32_t* in = eval_inputs_.data() + r * T;
+        int32_t* tg = eval_targets_.data() + r * T;
+        if (s < total) {
+          val_reader_(s * T, T, in);
+          val_reader_(s * T + 1, T, tg);
+          valid += T;
+        } else {
+          std::fill(in, in + T, 0);
+          std::fill(tg, tg + T, -1);
+        }
       }
+      loss_sum += model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
+      counted += static_cast<double>(valid);
     }
-    loss_sum += model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
-    counted += valid;
   }
-  return loss_sum / static_cast<double>(counted);
+  if (dist_.world != nullptr) {
+    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(counted)};
+    dist_.world->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    loss_sum = sums[0];
+    counted = sums[1];
+  }
+  return loss_sum / counted;
 }
 
 }  // namespace tessera::train

@@ -47,7 +47,8 @@ class Trainer {
   // One optimizer step over the next global batch. Throws NonFiniteError on a non-finite loss or
   // gradient norm (parameters are left as they were before the step).
   StepStats step();
-  // Mean loss per token over up to train.eval_batches micro-batches of the validation split.
+  // Mean loss per token over up to train.eval_batches global batches of the validation split
+  // (the same samples at any world size).
   double evaluate();
 
   const config::Config& config() const { return config_; }
