@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include "model/model_config.h"
 #include "tessera/build_config.h"
 #include "train/run.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 #if TESSERA_CUDA
 #include "kernels/cuda/device.h"
@@ -36,7 +39,7 @@ commands:
                  model on the bundled corpus (tokenized on first use); --nproc N: N local
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
                  hybrid_shard, no_shard)
-  bench --preset NAME --steps N [--set key=value]...
+  bench --preset NAME --steps N [--nproc N] [--set key=value]...
                  time N training steps on synthetic tokens; prints one JSON object
   config [CONFIG] [--set key=value]...
                  print the resolved configuration (every key) after validation
@@ -145,43 +148,42 @@ int cmd_train(const Args& args) {
   return kExitOk;
 }
 
-int cmd_bench(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--preset", "--steps"});
-  if (a.help) {
-    std::fputs("usage: tessera bench --preset NAME --steps N [--set key=value]...\n", stdout);
-    return kExitOk;
-  }
-  const long long steps = a.get_int("--steps", 12);
-  if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
-  // BENCHMARKS.md: micro-batch 4 per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
-  config::Overrides o = {{"model.preset", a.get("--preset", "bench")},
-                         {"train.batch_size", "4"},
-                         {"train.max_steps", std::to_string(steps)},
-                         {"train.lr", "3e-4"},
-                         {"train.warmup_steps", "0"},
-                         {"checkpoint.save_final", "false"},
-                         {"data.synthetic", "true"},
-                         {"train.eval_interval", "0"}};
-  o.insert(o.end(), a.overrides.begin(), a.overrides.end());
-  ParsedArgs with_defaults = a;
-  with_defaults.overrides = o;
-  const config::Config c = load_config(with_defaults);
+namespace {
 
-  train::Trainer trainer(c, "");
-  std::vector<double> times;
+double median_of_tail(std::vector<double> v) {
+  // Median of steps 3..N (1-based): the first two warm caches and record the prefetch order.
+  std::vector<double> tail(v.begin() + 2, v.end());
+  std::sort(tail.begin(), tail.end());
+  const size_t n = tail.size();
+  return n % 2 ? tail[n / 2] : 0.5 * (tail[n / 2 - 1] + tail[n / 2]);
+}
+
+// Runs `steps` steps; rank 0 prints the JSON line.
+void bench_worker(const config::Config& c, long long steps, const train::Distributed& dist) {
+  train::Trainer trainer(c, "", dist);
+  std::vector<double> times, exposed;
   nlohmann::json losses = nlohmann::json::array();
   for (long long i = 0; i < steps; ++i) {
+    const double before = trainer.params().exposed_comm_seconds();
     const train::StepStats s = trainer.step();
     times.push_back(s.seconds);
+    exposed.push_back(trainer.params().exposed_comm_seconds() - before);
     losses.push_back(s.loss);
     log::debug("bench step {}: {:.3f}s loss {}", s.step, s.seconds, s.loss);
   }
-  // Median of steps 3..N (1-based): the first two warm caches and the allocator-free paths.
-  std::vector<double> tail(times.begin() + 2, times.end());
-  std::sort(tail.begin(), tail.end());
-  const size_t n = tail.size();
-  const double median = n % 2 ? tail[n / 2] : 0.5 * (tail[n / 2 - 1] + tail[n / 2]);
+  const double median = median_of_tail(times);
   const double tokens_per_s = static_cast<double>(c.tokens_per_step()) / median;
+  // Peak RSS of every rank, gathered to report the largest.
+  const int W = dist.topology.world;
+  std::vector<float> rss(W, 0.0f);
+  const float mine = static_cast<float>(peak_rss_bytes()) / (1 << 20);
+  if (dist.world != nullptr) {
+    dist.world->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
+  } else {
+    rss[0] = mine;
+  }
+  if (dist.topology.rank != 0) return;
+  const fsdp::StateBytes state = trainer.params().state_bytes();
   nlohmann::ordered_json out = {
       {"impl", "tessera"},
       {"preset", c.model.preset},
@@ -191,16 +193,66 @@ int cmd_bench(const Args& args) {
       {"median_step_s", median},
       {"tokens_per_s", tokens_per_s},
       {"model_flops_per_s", tokens_per_s * model::flops_per_token(c.model)},
+      {"nproc", W},
+      {"strategy", W > 1 ? c.parallel.strategy : "single process"},
       {"threads", num_threads()},
+      {"exposed_comm_s", median_of_tail(exposed)},
       {"peak_rss_bytes", peak_rss_bytes()},
-      {"state_bytes", trainer.state_bytes()},
+      {"peak_rss_bytes_per_rank", static_cast<int64_t>(*std::max_element(rss.begin(), rss.end()) * (1 << 20))},
+      {"state_bytes_per_rank", state.params + state.grads + state.optimizer},
       {"activation_bytes", trainer.activation_bytes()},
       {"gemm", kernels::cpu::gemm_library()},
       {"step_s", times},
       {"losses", losses},
   };
   fmt::print("{}\n", out.dump());
-  return kExitOk;
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int cmd_bench(const Args& args) {
+  const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc"});
+  if (a.help) {
+    std::fputs("usage: tessera bench --preset NAME --steps N [--nproc N] [--set key=value]...\n", stdout);
+    return kExitOk;
+  }
+  const long long steps = a.get_int("--steps", 12);
+  if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
+  const long long nproc = a.get_int("--nproc", 1);
+  // BENCHMARKS.md: micro-batch 4 per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
+  config::Overrides o = {{"model.preset", a.get("--preset", "bench")},
+                         {"train.batch_size", std::to_string(4 * nproc)},
+                         {"train.micro_batch_size", "4"},
+                         {"parallel.nproc", std::to_string(nproc)},
+                         {"train.max_steps", std::to_string(steps)},
+                         {"train.lr", "3e-4"},
+                         {"train.warmup_steps", "0"},
+                         {"checkpoint.save_final", "false"},
+                         {"data.synthetic", "true"},
+                         {"train.eval_interval", "0"}};
+  o.insert(o.end(), a.overrides.begin(), a.overrides.end());
+  ParsedArgs with_defaults = a;
+  with_defaults.overrides = o;
+  config::Config c = load_config(with_defaults);
+  const int world = static_cast<int>(c.parallel.nproc);
+  if (world == 1) {
+    train::configure_threads(c);
+    bench_worker(c, steps, {});
+    return kExitOk;
+  }
+  if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
+  const std::string store = fmt::format("/tmp/tessera-bench-{}", getpid());
+  const int rc = train::run_local_workers(world, [&](int rank) {
+    train::configure_threads(c);
+    train::ProcessGroups groups(store, "bench", "0", rank, world, train::shard_size_of(c, world),
+                                dist::Millis(c.parallel.timeout_ms));
+    bench_worker(c, steps, groups.view());
+    return 0;
+  });
+  std::error_code ec;
+  std::filesystem::remove_all(store, ec);
+  return rc;
 }
 
 int run(int argc, char** argv) {

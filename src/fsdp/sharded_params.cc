@@ -92,12 +92,14 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   }
   if (S > 1) {
     // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
-    // the unit in use, the one prefetched, and the embedding that a tied head reads.
+    // the unit in use and the one prefetched, plus the embedding that a tied head reads.
     const int n = layout_.num_units();
-    const int param_buffers = strategy_ == Strategy::kShardGradOp ? n : std::min(n, 4);
+    const int tied = layout_.config().tied_embeddings ? 1 : 0;
+    const int param_buffers = strategy_ == Strategy::kShardGradOp ? n : std::min(n, 2 + tied);
     // Gradients: with accumulation every unit keeps its own until the last micro-batch;
-    // otherwise the unit in backward, reductions in flight, and a tied embedding.
-    const int grad_buffers = accumulation_ > 1 ? n : std::min(n, 4);
+    // otherwise the unit in backward and one reduction in flight (a third unit waits for the
+    // oldest reduction), plus a tied embedding, which collects gradients all through backward.
+    const int grad_buffers = accumulation_ > 1 ? n : std::min(n, 2 + tied);
     pool_ = Arena((param_buffers + grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign));
     for (int i = 0; i < param_buffers; ++i) free_param_buffers_.push_back(pool_.take<float>(max_padded));
     for (int i = 0; i < grad_buffers; ++i) free_grad_buffers_.push_back(pool_.take<float>(max_padded));
