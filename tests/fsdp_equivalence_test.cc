@@ -11,6 +11,7 @@
 #include <map>
 
 #include "checkpoint/safetensors.h"
+#include "model/layout.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
 
@@ -108,6 +109,93 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_w{}_mb{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
                          p.param.tied ? "_tied" : "");
     });
+
+// Bytes each rank sends in one step, per kind of collective, and the persistent bytes each rank
+// holds, against the figures that follow from the layout (ARCHITECTURE.md, "Sharding math").
+// Per step and unit: full_shard gathers every block twice (forward, and again for backward) but
+// the embedding and the head once (the head's forward and backward are fused; the embedding's
+// backward needs no parameters), shard_grad_op gathers every unit once, and both reduce-scatter
+// every unit once; hybrid adds an all-reduce of the gradient shard across replicas; no_shard
+// all-reduces every unit's gradient. Loss and gradient norm add one-float all-reduces.
+class FsdpBytes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FsdpBytes, MatchTheLayout) {
+  const Case& c = GetParam();
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("bytes_{}_{}_{}", c.strategy, c.world, getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const config::Config cfg = make_config(c, c.micro_batch, c.world);
+  const int S = train::shard_size_of(cfg, c.world), W = c.world;
+  const int rc = train::run_local_workers(W, [&](int rank) {
+    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, W, S, dist::Millis(30000));
+    const train::Distributed d = groups.view();
+    train::Trainer trainer(cfg, "", d);
+    trainer.step();  // the first step records the order; count the second
+    auto sent = [&](dist::ProcessGroup* g, dist::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };
+    auto snapshot = [&] {
+      std::vector<uint64_t> v;
+      for (dist::ProcessGroup* g : {d.shard, d.replica, d.world}) {
+        for (auto op : {dist::OpKind::kAllGather, dist::OpKind::kReduceScatter, dist::OpKind::kAllReduce}) {
+          v.push_back(sent(g, op));
+        }
+      }
+      return v;
+    };
+    const auto before = snapshot();
+    trainer.step();
+    const auto after = snapshot();
+    const fsdp::StateBytes state = trainer.params().state_bytes();
+    std::ofstream out(dir / fmt::format("bytes.{}", rank));
+    for (size_t i = 0; i < before.size(); ++i) out << after[i] - before[i] << ' ';
+    out << state.params << ' ' << state.grads << ' ' << state.optimizer << '\n';
+    return 0;
+  });
+  ASSERT_EQ(rc, 0);
+
+  const model::ModelLayout layout(cfg.model, 16 * S);
+  uint64_t gather_elems = 0, unit_elems = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const uint64_t L = layout.units()[u].padded;
+    unit_elems += L;
+    const bool block = u != layout.embedding_unit() && u != layout.head_unit();
+    gather_elems += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
+  }
+  const uint64_t f = sizeof(float);
+  uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0;
+  for (int rank = 0; rank < W; ++rank) {
+    std::ifstream in(dir / fmt::format("bytes.{}", rank));
+    uint64_t v[12];
+    for (uint64_t& x : v) ASSERT_TRUE(in >> x);
+    // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}; then params, grads, optimizer.
+    const bool sharded = S > 1, separate_shard_group = S > 1 && S < W;
+    const uint64_t shard_ag = v[0], shard_rs = v[1];
+    if (sharded) {
+      EXPECT_EQ(shard_ag, (S - 1) * gather_elems / S * f) << "rank " << rank;
+      EXPECT_EQ(shard_rs, (S - 1) * unit_elems / S * f) << "rank " << rank;
+    }
+    sum_replica_allreduce += separate_shard_group ? v[5] : 0;
+    sum_world_allreduce += v[8];
+    EXPECT_EQ(v[9], unit_elems / S * f);
+    EXPECT_EQ(v[10], unit_elems / S * f);
+    EXPECT_EQ(v[11], 2 * unit_elems / S * f);
+  }
+  // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
+  if (S == 1) {
+    // no_shard: every gradient, and the loss (replicas hold the whole gradient: no norm reduction).
+    EXPECT_EQ(sum_world_allreduce, 2 * (W - 1) * unit_elems * f + 2 * (W - 1) * f);
+  } else if (S < W) {
+    const int R = W / S;
+    // Each of the S replica groups all-reduces its shard; the norm goes over the shard group.
+    EXPECT_EQ(sum_replica_allreduce, static_cast<uint64_t>(S) * 2 * (R - 1) * (unit_elems / S) * f);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
+                         ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
+                                           Case{"shard_grad_op", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
+                                           Case{"hybrid_shard", 4, 2, 3, false}),
+                         [](const auto& p) { return fmt::format("{}_w{}", p.param.strategy, p.param.world); });
 
 }  // namespace
 }  // namespace tessera
