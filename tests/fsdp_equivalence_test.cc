@@ -26,10 +26,11 @@ struct Case {
   int shard_group_size;  // hybrid only
   int micro_batch;       // per rank; global batch 12
   bool tied;
+  bool bf16 = false;     // parameters gathered and gradients reduced in bf16
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.strategy << "_w" << c.world << "_mb" << c.micro_batch << (c.tied ? "_tied" : "");
+  *os << c.strategy << "_w" << c.world << "_mb" << c.micro_batch << (c.tied ? "_tied" : "") << (c.bf16 ? "_bf16" : "");
 }
 
 config::Config make_config(const Case& c, int micro_batch, int nproc) {
@@ -46,7 +47,9 @@ config::Config make_config(const Case& c, int micro_batch, int nproc) {
                            {"parallel.nproc", std::to_string(nproc)},
                            {"parallel.strategy", c.strategy},
                            {"parallel.shard_group_size", std::to_string(nproc > 1 ? c.shard_group_size : 0)},
-                           {"parallel.timeout_ms", "30000"}});
+                           {"parallel.timeout_ms", "30000"},
+                           {"parallel.param_dtype", c.bf16 && nproc > 1 ? "bf16" : "fp32"},
+                           {"parallel.reduce_dtype", c.bf16 && nproc > 1 ? "bf16" : "fp32"}});
 }
 
 class Fsdp : public ::testing::TestWithParam<Case> {};
@@ -72,12 +75,15 @@ TEST_P(Fsdp, MatchesOneProcess) {
   train::Trainer reference(make_config(c, 12, 1), "");
   std::vector<double> ref_losses;
   for (int i = 0; i < 5; ++i) ref_losses.push_back(reference.step().loss);
+  // fp32 communication changes only the order of sums; bf16 rounds every parameter and gradient
+  // to 8 significant bits (relative 2^-9) on the way.
+  const double tolerance = c.bf16 ? 1e-2 : 1e-5;
   for (int rank = 0; rank < c.world; ++rank) {
     std::ifstream in(dir / fmt::format("losses.{}", rank));
     for (double want : ref_losses) {
       double got = 0;
       ASSERT_TRUE(in >> got);
-      EXPECT_NEAR(got, want, 1e-5 * want) << "rank " << rank;
+      EXPECT_NEAR(got, want, tolerance * want) << "rank " << rank;
     }
   }
   const auto want = reference.params().gather_named_tensors();
@@ -92,7 +98,7 @@ TEST_P(Fsdp, MatchesOneProcess) {
       diff += std::pow(double{g[j]} - w.data[j], 2);
       norm += std::pow(double{w.data[j]}, 2);
     }
-    EXPECT_LE(std::sqrt(diff / norm), 1e-5) << w.name;
+    EXPECT_LE(std::sqrt(diff / norm), tolerance) << w.name;
   }
   fs::remove_all(dir);
 }
@@ -104,10 +110,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"full_shard", 2, 0, 6, true}, Case{"shard_grad_op", 2, 0, 6, false},
                       Case{"shard_grad_op", 3, 0, 4, false}, Case{"shard_grad_op", 4, 0, 3, false},
                       Case{"hybrid_shard", 4, 2, 3, false}, Case{"no_shard", 2, 0, 6, false},
-                      Case{"no_shard", 3, 0, 4, false}, Case{"no_shard", 4, 0, 3, false}),
+                      Case{"no_shard", 3, 0, 4, false}, Case{"no_shard", 4, 0, 3, false},
+                      Case{"full_shard", 2, 0, 6, false, true}, Case{"hybrid_shard", 4, 2, 3, false, true}),
     [](const auto& p) {
-      return fmt::format("{}_w{}_mb{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
-                         p.param.tied ? "_tied" : "");
+      return fmt::format("{}_w{}_mb{}{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
+                         p.param.tied ? "_tied" : "", p.param.bf16 ? "_bf16" : "");
     });
 
 // Bytes each rank sends in one step, per kind of collective, and the persistent bytes each rank
@@ -160,7 +167,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     const bool block = u != layout.embedding_unit() && u != layout.head_unit();
     gather_elems += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
   }
-  const uint64_t f = sizeof(float);
+  const uint64_t f = c.bf16 ? 2 : sizeof(float);  // bytes per element of the sharded collectives
   uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0;
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
@@ -175,9 +182,9 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     }
     sum_replica_allreduce += separate_shard_group ? v[5] : 0;
     sum_world_allreduce += v[8];
-    EXPECT_EQ(v[9], unit_elems / S * f);
-    EXPECT_EQ(v[10], unit_elems / S * f);
-    EXPECT_EQ(v[11], 2 * unit_elems / S * f);
+    EXPECT_EQ(v[9], unit_elems / S * sizeof(float));  // fp32 masters, gradients and moments
+    EXPECT_EQ(v[10], unit_elems / S * sizeof(float));
+    EXPECT_EQ(v[11], 2 * unit_elems / S * sizeof(float));
   }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
   if (S == 1) {
@@ -194,8 +201,11 @@ TEST_P(FsdpBytes, MatchTheLayout) {
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
                          ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
                                            Case{"shard_grad_op", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
-                                           Case{"hybrid_shard", 4, 2, 3, false}),
-                         [](const auto& p) { return fmt::format("{}_w{}", p.param.strategy, p.param.world); });
+                                           Case{"hybrid_shard", 4, 2, 3, false},
+                                           Case{"full_shard", 2, 0, 6, false, true}),
+                         [](const auto& p) {
+                           return fmt::format("{}_w{}{}", p.param.strategy, p.param.world, p.param.bf16 ? "_bf16" : "");
+                         });
 
 }  // namespace
 }  // namespace tessera

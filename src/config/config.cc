@@ -107,6 +107,7 @@ const std::vector<Key>& schema() {
       KEY(train, eval_interval), KEY(train, eval_batches),
       KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
       KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
+      KEY(parallel, param_dtype), KEY(parallel, reduce_dtype),
       KEY(parallel, activation_checkpointing),
       KEY(checkpoint, save_final),
       KEY(metrics, log_level), KEY(metrics, log_interval),
@@ -253,6 +254,9 @@ void validate(const Config& c) {
           "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
           fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
   positive("parallel.timeout_ms", p.timeout_ms);
+  for (const auto& [key, value] : {std::pair{"parallel.param_dtype", p.param_dtype}, {"parallel.reduce_dtype", p.reduce_dtype}}) {
+    require(value == "fp32" || value == "bf16", key, value, "must be fp32 or bf16");
+  }
   require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
           fmt::format("{}", c.parallel.activation_checkpointing), "must be >= 0 (0: off, k: every k-th block)");
   require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),

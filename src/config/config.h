@@ -46,6 +46,10 @@ struct ParallelConfig {
   std::string strategy = "full_shard";
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
   int64_t timeout_ms = 300000;   // every collective
+  // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).
+  // Master weights, optimizer state and compute stay fp32.
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype = "fp32";
   // 0: keep every block's activations; k: keep only the inputs of blocks 0, k, 2k, ... and
   // recompute their other activations in backward (1 = every block).
   int64_t activation_checkpointing = 0;

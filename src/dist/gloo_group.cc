@@ -41,6 +41,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "dist/process_group.h"
 
@@ -94,21 +95,8 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Round to nearest even; NaN stays a (quiet) NaN.
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+using tessera::bf16_to_f32;
+using tessera::f32_to_bf16;
 
 void sum_f32(void* c, const void* a, const void* b, size_t n) {
   float* out = static_cast<float*>(c);

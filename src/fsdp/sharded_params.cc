@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -18,6 +19,7 @@
 namespace tessera::fsdp {
 
 namespace k = tessera::kernels::cpu;
+
 
 bool parse_strategy(const std::string& name, Strategy* out) {
   static const std::pair<const char*, Strategy> kNames[] = {{"full_shard", Strategy::kFullShard},
@@ -55,17 +57,24 @@ struct ShardedParams::Unit {
   bool backward_done = false;     // shard_grad_op frees after the unit's backward
   float* full_grad = nullptr;     // full-size gradient being accumulated (S > 1)
   std::unique_ptr<dist::Work> reduce;
+  // bf16 communication: the master shard rounded for sending; the reduced gradient shard
+  // before widening.
+  uint16_t* send16 = nullptr;
+  uint16_t* recv16 = nullptr;
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
                              const Topology& topology, dist::ProcessGroup* shard_group,
-                             dist::ProcessGroup* replica_group, int64_t accumulation, dist::Millis timeout)
+                             dist::ProcessGroup* replica_group, int64_t accumulation, dist::Millis timeout,
+                             dist::DType param_dtype, dist::DType reduce_dtype)
     : layout_(layout),
       strategy_(strategy),
       topo_(topology),
       shard_group_(shard_group),
       replica_group_(replica_group),
-      accumulation_(accumulation) {
+      accumulation_(accumulation),
+      param_dtype_(param_dtype),
+      reduce_dtype_(reduce_dtype) {
   const int S = topo_.shard_size;
   CHECK(S >= 1 && topo_.world % S == 0 && accumulation >= 1);
   CHECK((S > 1) == (shard_group != nullptr) && (topo_.replicas() > 1) == (replica_group != nullptr));
@@ -76,7 +85,9 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     shard_total += u.padded / S;
     max_padded = std::max(max_padded, u.padded);
   }
-  state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 4 * Arena::kAlign);
+  const bool bf16 = S > 1 && (param_dtype_ == dist::DType::kBF16 || reduce_dtype_ == dist::DType::kBF16);
+  state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 6 * Arena::kAlign +
+                 (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
   for (int i = 0; i < layout_.num_units(); ++i) {
     auto u = std::make_unique<Unit>();
     u->padded = layout_.units()[i].padded;
@@ -88,6 +99,10 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     const int64_t begin = topo_.shard_rank() * u->shard;
     model::init_unit_slice(layout_, i, seed, begin, begin + u->shard, u->master);
     if (S == 1) u->full = u->master;
+    if (bf16) {
+      u->send16 = state_.take<uint16_t>(u->shard);
+      u->recv16 = state_.take<uint16_t>(u->shard);
+    }
     units_.push_back(std::move(u));
   }
   if (S > 1) {
@@ -100,9 +115,17 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     // otherwise the unit in backward and one reduction in flight (a third unit waits for the
     // oldest reduction), plus a tied embedding, which collects gradients all through backward.
     const int grad_buffers = accumulation_ > 1 ? n : std::min(n, 2 + tied);
-    pool_ = Arena((param_buffers + grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign));
-    for (int i = 0; i < param_buffers; ++i) free_param_buffers_.push_back(pool_.take<float>(max_padded));
-    for (int i = 0; i < grad_buffers; ++i) free_grad_buffers_.push_back(pool_.take<float>(max_padded));
+    // With bf16 communication every pooled buffer has a bf16 companion that the collective reads
+    // or writes; fp32 is widened from it or rounded into it around the collective.
+    const size_t companion = bf16 ? sizeof(uint16_t) * max_padded + Arena::kAlign : 0;
+    pool_ = Arena((param_buffers + grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign + companion));
+    auto take = [&](std::vector<float*>* free_list) {
+      float* f = pool_.take<float>(max_padded);
+      free_list->push_back(f);
+      if (bf16) companion_[f] = pool_.take<uint16_t>(max_padded);
+    };
+    for (int i = 0; i < param_buffers; ++i) take(&free_param_buffers_);
+    for (int i = 0; i < grad_buffers; ++i) take(&free_grad_buffers_);
   }
 }
 
@@ -120,16 +143,25 @@ void ShardedParams::issue_gather(int unit) {
   u.full = free_param_buffers_.back();
   free_param_buffers_.pop_back();
   u.backward_done = false;
-  u.gather = shard_group_->all_gather(u.master, u.full, u.shard, dist::DType::kF32, options_);
+  if (param_dtype_ == dist::DType::kBF16) {
+    f32_to_bf16(u.master, u.send16, u.shard);
+    u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.shard, dist::DType::kBF16, options_);
+  } else {
+    u.gather = shard_group_->all_gather(u.master, u.full, u.shard, dist::DType::kF32, options_);
+  }
+}
+
+void ShardedParams::finish_gather(Unit& u) {
+  if (!u.gather) return;
+  wait(*u.gather);
+  u.gather.reset();
+  if (param_dtype_ == dist::DType::kBF16) bf16_to_f32(companion_.at(u.full), u.full, u.padded);
 }
 
 void ShardedParams::free_params(int unit) {
   Unit& u = *units_[unit];
   if (topo_.shard_size == 1 || u.full == nullptr) return;
-  if (u.gather) {  // a prefetch that was never used
-    wait(*u.gather);
-    u.gather.reset();
-  }
+  finish_gather(u);  // a prefetch that was never used
   free_param_buffers_.push_back(u.full);
   u.full = nullptr;
 }
@@ -145,10 +177,7 @@ const float* ShardedParams::acquire(int unit) {
   if (recording_) order_.push_back(unit);
   ++cursor_;
   if (u.full == nullptr) issue_gather(unit);
-  if (u.gather) {
-    wait(*u.gather);
-    u.gather.reset();
-  }
+  finish_gather(u);
   ++u.refs;
   // Prefetch: the unit acquired next in the recorded order starts gathering now, so its
   // all-gather overlaps this unit's compute.
@@ -172,6 +201,7 @@ void ShardedParams::complete_oldest_reduction() {
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
+  if (reduce_dtype_ == dist::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.shard);
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
 }
@@ -192,8 +222,15 @@ void ShardedParams::grads_ready(int unit) {
   Unit& u = *units_[unit];
   u.backward_done = true;
   if (topo_.shard_size > 1 && micro_ == accumulation_ - 1) {
-    // Sum over the shard group straight into this rank's gradient shard.
-    u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, dist::DType::kF32, options_);
+    // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
+    // buffer's companion, reduced into a staging shard that is widened on completion).
+    if (reduce_dtype_ == dist::DType::kBF16) {
+      uint16_t* h = companion_.at(u.full_grad);
+      f32_to_bf16(u.full_grad, h, u.padded);
+      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.shard, dist::DType::kBF16, options_);
+    } else {
+      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, dist::DType::kF32, options_);
+    }
     pending_.push_back(unit);
   }
   if (strategy_ == Strategy::kShardGradOp) maybe_free_params(unit);

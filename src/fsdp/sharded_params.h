@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,9 +52,12 @@ class ShardedParams final : public model::ParamSource {
   // shard_group: the S ranks that shard each unit (null when S = 1); replica_group: the W/S
   // ranks holding the same shard (null when W/S = 1). layout must be padded to 16 x S.
   // accumulation: micro-batches per step; gradients are communicated after the last one only.
+  // param_dtype: what parameters are all-gathered in; reduce_dtype: what gradients are reduced in
+  // (bf16 halves the bytes; masters, moments and compute stay fp32).
   ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const Topology& topology,
                 dist::ProcessGroup* shard_group, dist::ProcessGroup* replica_group, int64_t accumulation,
-                dist::Millis timeout);
+                dist::Millis timeout, dist::DType param_dtype = dist::DType::kF32,
+                dist::DType reduce_dtype = dist::DType::kF32);
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -90,6 +94,7 @@ class ShardedParams final : public model::ParamSource {
   void maybe_free_params(int unit);
   void complete_oldest_reduction();
   void wait(dist::Work& work);  // waits and counts the time as exposed communication
+  void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
 
   model::ModelLayout layout_;
   Strategy strategy_;
@@ -98,10 +103,12 @@ class ShardedParams final : public model::ParamSource {
   dist::ProcessGroup* replica_group_;
   int64_t accumulation_;
   dist::CollectiveOptions options_;
+  dist::DType param_dtype_, reduce_dtype_;
   std::vector<std::unique_ptr<Unit>> units_;
   Arena state_;  // shards: master, grads, m, v
   Arena pool_;   // full parameter and gradient buffers
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
+  std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer
   std::vector<int> pending_;  // units whose gradient reduce-scatter is in flight, oldest first
   std::vector<int> order_;    // acquire order recorded during the first step
   bool recording_ = true;

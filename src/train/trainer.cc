@@ -28,6 +28,8 @@ int64_t accumulation(const config::Config& c, const fsdp::Topology& t) {
   return c.train.batch_size / (t.world * c.micro_batch());
 }
 
+dist::DType dtype_of(const std::string& name) { return name == "bf16" ? dist::DType::kBF16 : dist::DType::kF32; }
+
 fsdp::Strategy strategy_of(const config::Config& c) {
   fsdp::Strategy s = fsdp::Strategy::kFullShard;
   fsdp::parse_strategy(c.parallel.strategy, &s);  // validated with the config
@@ -47,7 +49,8 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       layout_(config.model, 16 * dist.topology.shard_size),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), strategy_of(config), dist.topology, dist.shard,
-          dist.replica, accumulation(config, dist.topology), dist::Millis(config.parallel.timeout_ms))),
+          dist.replica, accumulation(config, dist.topology), dist::Millis(config.parallel.timeout_ms),
+          dtype_of(config.parallel.param_dtype), dtype_of(config.parallel.reduce_dtype))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing),
       train_stream_(open_split(dataset_dir, "train")),
       val_stream_(open_split(dataset_dir, "val")),
