@@ -11,22 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tessera::checkpoint {
-namespace {
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -60,6 +47,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
   }
+  sync_parent_dir(path);
 }
 
 std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {

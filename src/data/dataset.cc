@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tessera::data {
 namespace {
@@ -112,48 +113,6 @@ nlohmann::ordered_json split_json(const SplitManifest& s) {
 
 }  // namespace
 
-namespace detail {
-
-void write_file_atomic(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  try {
-    const char* p = bytes.data();
-    size_t n = bytes.size();
-    while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw IoError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    if (::fsync(fd) != 0) throw IoError(fmt::format("cannot fsync {}: {}", tmp, std::strerror(errno)));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw IoError(fmt::format("cannot close {}: {}", tmp, std::strerror(err)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
-  }
-  // The rename is durable only once the directory entry is.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-}  // namespace detail
 
 DatasetManifest read_manifest(const std::string& dir) {
   const std::string file = manifest_path(dir);
@@ -206,7 +165,7 @@ void write_manifest(const std::string& dir, const DatasetManifest& m) {
       {"inputs", m.inputs},
       {"unigram_entropy_nats", m.unigram_entropy},
   };
-  detail::write_file_atomic(manifest_path(dir), j.dump(2) + "\n");
+  write_file_atomic(manifest_path(dir), j.dump(2) + "\n");
 }
 
 TokenStream::TokenStream(const std::string& dir, const std::string& split) : manifest_(read_manifest(dir)) {

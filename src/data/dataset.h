@@ -49,12 +49,6 @@ DatasetManifest read_manifest(const std::string& dir);
 // Writes DIR/manifest.json atomically (temporary file, fsync, rename). Throws IoError.
 void write_manifest(const std::string& dir, const DatasetManifest& manifest);
 
-namespace detail {
-// Writes `bytes` to `path` through "<path>.tmp": write, fsync, rename, fsync the directory.
-// Throws IoError naming the file; leaves no temporary file behind on failure.
-void write_file_atomic(const std::string& path, std::string_view bytes);
-}  // namespace detail
-
 // One split of a dataset as a single token stream (its shards in manifest order). Opening
 // validates every shard (header, checksums, and agreement with the manifest).
 class TokenStream {

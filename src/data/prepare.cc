@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/shard.h"
@@ -273,7 +274,7 @@ nlohmann::json run_worker(int w, const std::vector<WorkItem>& items, const Plan&
   }
   try {
     // Replacing invalid UTF-8 (a file name in a message, say) keeps dump() from throwing.
-    detail::write_file_atomic(out.file(result_name(w)),
+    write_file_atomic(out.file(result_name(w)),
                               result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "prepare worker %d: cannot report: %s\n", w, e.what());
@@ -455,7 +456,7 @@ PrepareStats prepare(const PrepareOptions& o) {
     m.unigram_entropy = entropy;
 
     out.set_wrote_tokenizer();
-    detail::write_file_atomic(out.file(kTokenizerFile), model_bytes);
+    write_file_atomic(out.file(kTokenizerFile), model_bytes);
     for (size_t w = 0; w < plan.workers.size(); ++w) ::unlink(out.file(result_name(static_cast<int>(w))).c_str());
     write_manifest(out.path(), m);  // last: from here on the directory is a dataset
 

@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/file_io.h"
 
 static_assert(std::endian::native == std::endian::little, "shards are little-endian; add byte swaps here");
 
@@ -39,15 +40,6 @@ T get(const uint8_t* h, size_t off) {
   return v;
 }
 
-void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "data/text.h"
 
 namespace tessera::data {
@@ -37,17 +38,6 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-void write_all(int fd, const std::string& bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 // A file written through "<path>.tmp": created up front (so an unwritable destination fails
 // before minutes of training), renamed into place by commit(), removed if never committed.
@@ -67,7 +57,7 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void commit(const std::string& bytes) {
-    write_all(fd_, bytes, tmp_);
+    write_all(fd_, bytes.data(), bytes.size(), tmp_);
     if (::fsync(fd_) != 0) throw IoError(fmt::format("cannot fsync {}: {}", tmp_, std::strerror(errno)));
     ::close(fd_);
     fd_ = -1;

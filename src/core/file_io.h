@@ -1,0 +1,21 @@
+// Writing files so that a crash never leaves a damaged one: every write completes or throws,
+// and a file becomes visible under its name only once it is whole and on disk.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+
+// Writes all n bytes to fd, retrying on EINTR and short writes. Throws IoError naming `path`.
+void write_all(int fd, const void* data, size_t n, const std::string& path);
+
+// fsyncs the directory that holds `path`, so that a rename into it is durable (best effort).
+void sync_parent_dir(const std::string& path);
+
+// Writes `bytes` to `path` through "<path>.tmp": write, fsync, rename, fsync the directory.
+// Throws IoError naming the file; leaves no temporary file behind on failure.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+
+}  // namespace tessera
