@@ -91,6 +91,8 @@ int cmd_eval(const Args& args) {
   config::Config c = trained.config;
   c.data.synthetic = false;
   c.data.dataset = dataset;
+  c.parallel.nproc = 1;  // evaluation runs in this process, whatever the run's world size was
+  c.train.micro_batch_size = 0;
   c.train.eval_batches = std::numeric_limits<int32_t>::max();  // the whole validation split
   train::Trainer trainer(c, train::resolve_dataset(c));
   trainer.params().load_tensors(trained.tensors, trained.weights_path);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
@@ -21,11 +22,6 @@ std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char
 
 data::LoaderOptions loader_options(const config::Config& c, const fsdp::Topology& t) {
   return {c.model.seq_len, c.micro_batch(), c.train.batch_size, t.rank, t.world};
-}
-
-// Micro-batches per step on each rank: the global batch over world size x micro-batch.
-int64_t accumulation(const config::Config& c, const fsdp::Topology& t) {
-  return c.train.batch_size / (t.world * c.micro_batch());
 }
 
 dist::DType dtype_of(const std::string& name) { return name == "bf16" ? dist::DType::kBF16 : dist::DType::kF32; }
@@ -49,7 +45,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       layout_(config.model, 16 * dist.topology.shard_size),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), strategy_of(config), dist.topology, dist.shard,
-          dist.replica, accumulation(config, dist.topology), dist::Millis(config.parallel.timeout_ms),
+          dist.replica, config.accumulation_steps(), dist::Millis(config.parallel.timeout_ms),
           dtype_of(config.parallel.param_dtype), dtype_of(config.parallel.reduce_dtype))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing),
       train_stream_(open_split(dataset_dir, "train")),
@@ -62,6 +58,8 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
               loader_options(config, dist.topology), data::SamplerState{}),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
       eval_targets_(config.micro_batch() * config.model.seq_len) {
+  // The config's derived sizes (micro-batches per step) assume this world size.
+  CHECK_MSG(config.parallel.nproc == dist.topology.world, "parallel.nproc must equal the world size");
   if (train_stream_) {
     const data::DatasetManifest& m = train_stream_->manifest();
     if (m.vocab_size != config.model.vocab_size) {
