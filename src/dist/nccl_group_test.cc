@@ -21,72 +21,15 @@
 
 #include "dist/nccl_group.h"
 #include "dist/process_group.h"
+#include "dist/test_util.h"
 #include "dist/store.h"
 
 namespace tessera::dist {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace test_util;  // NOLINT: the shared test helpers
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/tessera_nccl_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) std::abort();
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-// Inside a child: report and return a nonzero status (gtest must never run in a child).
-#define REQUIRE(cond)                                                                             \
-  do {                                                                                            \
-    if (!(cond)) {                                                                                \
-      std::fprintf(stderr, "[rank %d] REQUIRE(%s) failed at line %d\n", rank, #cond, __LINE__); \
-      return 1;                                                                                   \
-    }                                                                                             \
-  } while (0)
 #define REQUIRE_CUDA(call) REQUIRE((call) == cudaSuccess)
-
-// Runs body(rank) in `world` forked processes; returns their exit statuses (128 + signal when
-// killed). A child that outlives `limit_s` is killed.
-std::vector<int> run_ranks(int world, const std::function<int(int)>& body, int limit_s = 60) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid < 0) std::abort();
-    if (pid == 0) {
-      ::alarm(static_cast<unsigned>(limit_s));
-      int rc = 99;
-      try {
-        rc = body(r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "[rank %d] unexpected exception: %s\n", r, e.what());
-        rc = 98;
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> status(world, -1);
-  for (int r = 0; r < world; ++r) {
-    int ws = 0;
-    if (::waitpid(pids[r], &ws, 0) == pids[r]) status[r] = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-  }
-  return status;
-}
-
-void expect_all_ok(const std::vector<int>& status) {
-  for (size_t r = 0; r < status.size(); ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
-}
 
 // The number of CUDA devices, probed in a child; 0 with *why set when there are none.
 int device_count(std::string* why) {
