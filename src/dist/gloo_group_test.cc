@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/bf16.h"
 #include "dist/process_group.h"
 #include "dist/test_util.h"
 #include "dist/store.h"
@@ -31,17 +32,6 @@ std::unique_ptr<ProcessGroup> join(const std::string& dir, int rank, int world, 
   return make_gloo_group(*store, rank, world, "127.0.0.1", timeout);
 }
 
-uint16_t bf16(float f) {  // exact for the small integers used here
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // ---------------------------------------------------------------------------------------------
 // File store
@@ -180,17 +170,17 @@ int check_collectives(int rank, int world, const std::string& dir) {
     // bf16 with small integers (exact): reduce_scatter and all_reduce.
     std::vector<uint16_t> b_in(W * c), b_out(c);
     for (size_t j = 0; j < W; ++j)
-      for (size_t i = 0; i < c; ++i) b_in[j * c + i] = bf16(float(rank + 1 + (i + j) % 5));
+      for (size_t i = 0; i < c; ++i) b_in[j * c + i] = f32_to_bf16(float(rank + 1 + (i + j) % 5));
     pg->reduce_scatter(b_in.data(), b_out.data(), count, DType::kBF16, opt)->wait();
     for (size_t i = 0; i < c; ++i) {
       float want = 0;
       for (size_t r = 0; r < W; ++r) want += float(r + 1 + (i + rank) % 5);
-      REQUIRE(from_bf16(b_out[i]) == want);
+      REQUIRE(bf16_to_f32(b_out[i]) == want);
     }
     std::vector<uint16_t> b_ar(c);
-    for (size_t i = 0; i < c; ++i) b_ar[i] = bf16(float(rank + i % 7));
+    for (size_t i = 0; i < c; ++i) b_ar[i] = f32_to_bf16(float(rank + i % 7));
     pg->all_reduce(b_ar.data(), count, DType::kBF16, opt)->wait();
-    for (size_t i = 0; i < c; ++i) REQUIRE(from_bf16(b_ar[i]) == float(W * (W - 1) / 2 + W * (i % 7)));
+    for (size_t i = 0; i < c; ++i) REQUIRE(bf16_to_f32(b_ar[i]) == float(W * (W - 1) / 2 + W * (i % 7)));
   }
   return 0;
 }
@@ -242,7 +232,7 @@ int check_bytes(int rank, int world, const std::string& dir) {
   // 24 floats split into whole Gloo ring segments for W = 2, 3, 4 (2W divides 24).
   const int64_t c = 24;
   std::vector<float> buf(W * c, 1.f), out(W * c);
-  std::vector<uint16_t> b16(c, bf16(1.f));
+  std::vector<uint16_t> b16(c, f32_to_bf16(1.f));
   pg->all_gather(buf.data(), out.data(), c, DType::kF32, opt)->wait();
   pg->all_gather(buf.data(), out.data(), 0, DType::kF32, opt)->wait();
   REQUIRE(pg->bytes_sent(OpKind::kAllGather) == (W - 1) * c * 4);

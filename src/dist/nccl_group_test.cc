@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist/nccl_group.h"
+#include "core/bf16.h"
 #include "dist/process_group.h"
 #include "dist/test_util.h"
 #include "dist/store.h"
@@ -74,17 +75,6 @@ int device_count(std::string* why) {
 
 constexpr auto kTimeout = std::chrono::seconds(30);
 
-uint16_t bf16(float f) {  // exact for the small integers used here
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Host values <-> device buffer of `dtype`.
 struct DeviceBuf {
@@ -100,7 +90,7 @@ bool to_device(const std::vector<float>& v, DType dtype, DeviceBuf* buf) {
   if (v.empty()) return true;
   if (dtype == DType::kF32) return cudaMemcpy(buf->ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
   std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = bf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
   return cudaMemcpy(buf->ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
@@ -110,7 +100,7 @@ bool from_device(const DeviceBuf& buf, size_t n, DType dtype, std::vector<float>
   if (dtype == DType::kF32) return cudaMemcpy(out->data(), buf.ptr, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
   std::vector<uint16_t> h(n);
   if (cudaMemcpy(h.data(), buf.ptr, n * 2, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-  for (size_t i = 0; i < n; ++i) (*out)[i] = from_bf16(h[i]);
+  for (size_t i = 0; i < n; ++i) (*out)[i] = bf16_to_f32(h[i]);
   return true;
 }
 
