@@ -96,7 +96,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
             "rank); memory per rank: state {} MB, activations {} MB",
             config.train.batch_size, config.tokens_per_step(), dist.topology.world, num_threads(),
             dist.topology.world > 1 ? config.parallel.strategy : "single process",
-            config.train.batch_size / (dist.topology.world * config.micro_batch()), config.micro_batch(),
+            config.accumulation_steps(), config.micro_batch(),
             trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
