@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -34,11 +35,12 @@ constexpr const char* kUsage = R"(tessera: train Llama-family language models
 usage: tessera <command> [options]
 
 commands:
-  train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N]
+  train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH]
                  train the model that CONFIG (TOML) describes; without CONFIG, the default
                  model on the bundled corpus (tokenized on first use); --nproc N: N local
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
-                 hybrid_shard, no_shard)
+                 hybrid_shard, no_shard); --resume auto: continue from DIR's latest
+                 checkpoint (any world size); SIGTERM saves a checkpoint and exits 0
   bench --preset NAME --steps N [--nproc N] [--set key=value]...
                  time N training steps on synthetic tokens; prints one JSON object
   config [CONFIG] [--set key=value]...
@@ -85,6 +87,29 @@ config::Config load_config(const ParsedArgs& a) {
   log::parse_level(c.metrics.log_level, &level);
   log::set_level(level);
   return c;
+}
+
+// runs/YYYYmmdd-HHMMSS (UTC), with runs/latest pointing at it: every run gets its own directory.
+std::string new_run_dir() {
+  namespace fs = std::filesystem;
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+  std::string name = stamp;
+  std::error_code ec;
+  for (int i = 2; fs::exists(fs::path("runs") / name, ec); ++i) name = fmt::format("{}-{}", stamp, i);
+  fs::create_directories(fs::path("runs") / name, ec);
+  if (ec) throw IoError(fmt::format("cannot create runs/{}: {}", name, ec.message()));
+  const fs::path link = "runs/latest";
+  if (fs::is_symlink(link, ec) || !fs::exists(link, ec)) {
+    fs::remove(link, ec);
+    fs::create_directory_symlink(name, link, ec);
+  } else {
+    log::warn("runs/latest is a directory, not a link: it keeps pointing at an older run");
+  }
+  return (fs::path("runs") / name).string();
 }
 
 int64_t peak_rss_bytes() {
@@ -137,14 +162,19 @@ int cmd_config(const Args& args) {
 }
 
 int cmd_train(const Args& args) {
-  ParsedArgs a = parse_args(args, {"--run-dir", "--nproc"});
+  ParsedArgs a = parse_args(args, {"--run-dir", "--nproc", "--resume"});
   if (a.help) {
-    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N]\n", stdout);
+    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH]\n",
+               stdout);
     return kExitOk;
   }
   if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
   const config::Config c = load_config(a);
-  train::run_training(c, a.get("--run-dir", "runs/latest"));
+  const std::string resume = a.get("--resume", "");
+  std::string run_dir = a.get("--run-dir", "");
+  if (run_dir.empty()) run_dir = resume.empty() ? new_run_dir() : "runs/latest";
+  log::info("run directory {}", run_dir);
+  train::run_training(c, run_dir, resume);
   return kExitOk;
 }
 

@@ -109,7 +109,8 @@ const std::vector<Key>& schema() {
       KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
       KEY(parallel, param_dtype), KEY(parallel, reduce_dtype),
       KEY(parallel, activation_checkpointing),
-      KEY(checkpoint, save_final),
+      KEY(checkpoint, save_final), KEY(checkpoint, interval_steps), KEY(checkpoint, interval_minutes),
+      KEY(checkpoint, keep), KEY(checkpoint, fallback), KEY(checkpoint, mirror_dir), KEY(checkpoint, on_failure),
       KEY(metrics, log_level), KEY(metrics, log_interval),
   };
   return keys;
@@ -285,6 +286,13 @@ void validate(const Config& c) {
   positive("train.eval_batches", t.eval_batches);
   require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",
           "name a prepared dataset directory, \"bundled\", or set data.synthetic = true");
+  const CheckpointConfig& k = c.checkpoint;
+  require(k.interval_steps >= 0, "checkpoint.interval_steps", fmt::format("{}", k.interval_steps), "must be >= 0 (0: off)");
+  require(k.interval_minutes >= 0 && std::isfinite(k.interval_minutes), "checkpoint.interval_minutes",
+          fmt::format("{}", k.interval_minutes), "must be a finite number >= 0 (0: off)");
+  positive("checkpoint.keep", k.keep);
+  require(k.on_failure == "continue" || k.on_failure == "stop", "checkpoint.on_failure", k.on_failure,
+          "must be continue or stop");
   log::Level level;
   require(log::parse_level(c.metrics.log_level, &level), "metrics.log_level", c.metrics.log_level,
           "must be one of debug, info, warn, error");

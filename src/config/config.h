@@ -55,8 +55,17 @@ struct ParallelConfig {
   int64_t activation_checkpointing = 0;
 };
 
+// Sharded checkpoints in RUN/checkpoints (ARCHITECTURE.md, "Checkpoints"): saved every
+// interval_steps steps and/or every interval_minutes minutes, at the end, and on SIGTERM.
 struct CheckpointConfig {
   bool save_final = true;        // write RUN/model.safetensors at the end of training
+  int64_t interval_steps = 0;    // 0: no step interval
+  double interval_minutes = 30;  // 0: no time interval; with both 0, only SIGTERM saves
+  int64_t keep = 3;              // committed checkpoints kept; the newest is never deleted
+  bool fallback = true;          // resume skips a damaged checkpoint for the previous committed one
+  std::string mirror_dir;        // after each commit, copied (and verified) here in the background
+  std::string on_failure = "continue";  // a failed save: "continue" training or "stop" (exit 10)
+  bool enabled() const { return interval_steps > 0 || interval_minutes > 0; }
 };
 
 struct MetricsConfig {

@@ -312,6 +312,8 @@ void ShardedParams::load_tensors(const std::vector<checkpoint::NamedTensor>& ten
 int64_t ShardedParams::shard_size(int unit) const { return units_[unit]->shard; }
 float* ShardedParams::master_shard(int unit) { return units_[unit]->master; }
 const float* ShardedParams::adam_m_shard(int unit) const { return units_[unit]->m; }
+float* ShardedParams::adam_m_shard(int unit) { return units_[unit]->m; }
+float* ShardedParams::adam_v_shard(int unit) { return units_[unit]->v; }
 
 StateBytes ShardedParams::state_bytes() const {
   StateBytes b;

@@ -84,6 +84,9 @@ class ShardedParams final : public model::ParamSource {
   int64_t shard_begin(int unit) const { return topo_.shard_rank() * shard_size(unit); }
   float* master_shard(int unit);
   const float* adam_m_shard(int unit) const;
+  // This rank's AdamW first and second moments of `unit` (saved and restored by checkpoints).
+  float* adam_m_shard(int unit);
+  float* adam_v_shard(int unit);
   StateBytes state_bytes() const;
   double exposed_comm_seconds() const { return exposed_seconds_; }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <vector>
 
@@ -24,6 +25,7 @@ ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& to
     return dist::make_gloo_group(*stores_.back(), group_rank, group_size, "127.0.0.1", timeout);
   };
   world_ = group("world", rank, world);
+  checkpoint_store_ = dist::make_file_store(store_dir, token, round + ".checkpoint");
   if (shard_size > 1 && shard_size < world) {
     shard_ = group(fmt::format("shard-{}", rank / shard_size), rank % shard_size, shard_size);
     replica_ = group(fmt::format("replica-{}", rank % shard_size), rank / shard_size, world / shard_size);
@@ -36,6 +38,7 @@ Distributed ProcessGroups::view() const {
   Distributed d;
   d.topology = topology_;
   d.world = world_.get();
+  d.store = checkpoint_store_.get();
   const int S = topology_.shard_size, W = topology_.world;
   d.shard = S == 1 ? nullptr : S == W ? world_.get() : shard_.get();
   d.replica = W / S == 1 ? nullptr : S == 1 ? world_.get() : replica_.get();
@@ -48,6 +51,13 @@ int shard_size_of(const config::Config& config, int world) {
   const int group = config.parallel.shard_group_size > 0 ? static_cast<int>(config.parallel.shard_group_size) : world;
   return fsdp::shard_size_for(strategy, world, group);
 }
+
+namespace {
+
+volatile sig_atomic_t g_forward_signal = 0;
+extern "C" void remember_signal(int signo) { g_forward_signal = signo; }
+
+}  // namespace
 
 int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
   std::vector<pid_t> pids;
@@ -75,23 +85,45 @@ int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
     }
     pids.push_back(pid);
   }
+  // SIGTERM or SIGINT to this process is passed on to every worker (each finishes its step, saves
+  // and exits 0). waitpid is interrupted by them: no SA_RESTART.
+  struct sigaction sa{}, old_term{}, old_int{};
+  sa.sa_handler = remember_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGINT, &sa, &old_int);
+  std::vector<bool> exited(nproc, false);
   int first_failure = 0, alive = nproc;
   while (alive > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0 && errno == EINTR) {
+      if (const int signo = g_forward_signal; signo != 0) {
+        g_forward_signal = 0;
+        log::warn("signal {}: passing it to the {} worker(s)", signo, alive);
+        for (int r = 0; r < nproc; ++r) {
+          if (!exited[r]) kill(pids[r], signo);
+        }
+      }
+      continue;
+    }
     if (pid < 0) break;
     --alive;
     const int rank = static_cast<int>(std::find(pids.begin(), pids.end(), pid) - pids.begin());
+    if (rank < nproc) exited[rank] = true;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (rc != 0 && first_failure == 0) {
       first_failure = rc;
+      // The others are killed outright: a graceful stop would wait on collectives with the lost rank.
       log::error("worker {} (pid {}) failed with {} {}; stopping the others", rank, pid,
                  WIFEXITED(status) ? "exit code" : "signal", WIFEXITED(status) ? rc : WTERMSIG(status));
-      for (pid_t p : pids) {
-        if (p != pid) kill(p, SIGTERM);
+      for (int r = 0; r < nproc; ++r) {
+        if (!exited[r]) kill(pids[r], SIGKILL);
       }
     }
   }
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
   return first_failure;
 }
 

@@ -26,14 +26,16 @@ class ProcessGroups {
   fsdp::Topology topology_;
   std::vector<std::unique_ptr<dist::Store>> stores_;  // one key prefix per group
   std::unique_ptr<dist::ProcessGroup> world_, shard_, replica_;
+  std::unique_ptr<dist::Store> checkpoint_store_;  // used by the checkpoint writer thread only
 };
 
 // Shard group size a config asks for at `world` ranks.
 int shard_size_of(const config::Config& config, int world);
 
 // Forks `nproc` workers that each call worker(rank) and exit with its return value (or the exit
-// code of the tessera::Error it throws); waits for all. When one fails, the others are sent
-// SIGTERM. Returns the first failure's exit code (by time), or 0.
+// code of the tessera::Error it throws); waits for all. When one fails, the others are killed
+// (SIGKILL). SIGTERM and SIGINT to the caller are passed on to the workers. Returns the first
+// failure's exit code (by time), or 0.
 int run_local_workers(int nproc, const std::function<int(int rank)>& worker);
 
 }  // namespace tessera::train

@@ -2,10 +2,12 @@
 #include "train/run.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,11 +15,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/directory.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "train/bundled.h"
+#include "train/checkpointer.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
 
@@ -51,24 +56,59 @@ std::string resolve_dataset(const config::Config& config) {
   return config.data.dataset;
 }
 
+namespace {
+
+// A committed checkpoint directory that `path` names (a step directory, a checkpoint root with
+// `latest`, or a run directory whose checkpoints have one); "" when it names none.
+std::string checkpoint_in(const fs::path& path) {
+  std::error_code ec;
+  if (fs::exists(path / "manifest.json", ec)) return path.string();
+  for (const fs::path& root : {path, path / "checkpoints"}) {
+    const int64_t latest = checkpoint::read_latest(root.string());
+    if (latest >= 0) return (root / checkpoint::step_dir_name(latest)).string();
+  }
+  return "";
+}
+
+}  // namespace
+
 TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer) {
   TrainedModel out;
   const fs::path path(checkpoint);
-  const bool is_run = fs::is_directory(path);
-  out.weights_path = is_run ? (path / "model.safetensors").string() : checkpoint;
-  if (!fs::exists(out.weights_path)) throw DataError(fmt::format("checkpoint {} not found", out.weights_path));
-  std::map<std::string, std::string> metadata;
-  out.tensors = checkpoint::read_safetensors(out.weights_path, &metadata);
-  auto it = metadata.find("tessera_config");
-  if (it == metadata.end()) {
-    throw DataError(fmt::format("{}: no tessera_config in its metadata (not written by tessera train)", out.weights_path));
+  const bool is_dir = fs::is_directory(path);
+  const std::string weights = is_dir ? (path / "model.safetensors").string() : checkpoint;
+  const std::string sharded = is_dir && !fs::exists(weights) ? checkpoint_in(path) : "";
+  std::string config_text;
+  fs::path dir = is_dir ? path : path.parent_path();
+  if (!sharded.empty()) {
+    checkpoint::CheckpointReader reader(sharded);
+    out.weights_path = sharded;
+    out.tensors = reader.parameters();
+    config_text = reader.manifest().config_toml;
+    // RUN/checkpoints/step_N: the run directory is two levels up.
+    for (fs::path p = fs::path(sharded); !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+      if (fs::exists(p / "run.json")) {
+        dir = p;
+        break;
+      }
+    }
+  } else {
+    out.weights_path = weights;
+    if (!fs::exists(out.weights_path)) throw DataError(fmt::format("checkpoint {} not found", out.weights_path));
+    std::map<std::string, std::string> metadata;
+    out.tensors = checkpoint::read_safetensors(out.weights_path, &metadata);
+    auto it = metadata.find("tessera_config");
+    if (it == metadata.end()) {
+      throw DataError(
+          fmt::format("{}: no tessera_config in its metadata (not written by tessera train)", out.weights_path));
+    }
+    config_text = it->second;
   }
   try {
-    out.config = config::load_text(it->second, out.weights_path, {});
+    out.config = config::load_text(config_text, out.weights_path, {});
   } catch (const ConfigError& e) {
     throw DataError(fmt::format("{}: its stored config is invalid: {}", out.weights_path, e.what()));
   }
-  const fs::path dir = is_run ? path : path.parent_path();
   const fs::path beside = dir / "tokenizer.model";
   out.tokenizer_path = !tokenizer.empty() ? tokenizer : fs::exists(beside) ? beside.string() : "";
   if (std::ifstream in(dir / "run.json"); in) {
@@ -80,9 +120,40 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
 
 namespace {
 
+// Signals a rank raises in Trainer::step; all ranks act on their OR after the same step.
+enum : uint32_t { kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4 };
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int signo) { g_stop_signal = signo; }
+
+// SIGTERM (preemption) and SIGINT: finish the step, save a checkpoint, exit 0.
+void catch_stop_signals() {
+  struct sigaction sa{};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// Keeps the records of steps up to `step` (a resumed run rewrites the ones after it).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() <= step) {
+      kept += line + "\n";
+    }
+  }
+  write_file_atomic(path, kept);
+}
+
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
-                  const Distributed& dist) {
+                  const std::string& resume, const Distributed& dist) {
+  catch_stop_signals();
   std::error_code ec;
   const bool leader = dist.topology.rank == 0;
   const std::string config_toml = config::to_toml(config);
@@ -114,21 +185,61 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     log::info("data: synthetic tokens (seed {})", config.train.seed);
   }
   if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
+  const std::string root = run_dir + "/checkpoints";
+  std::vector<std::string> candidates;
+  if (!resume.empty()) {
+    candidates = resume_candidates(config, root, resume);
+  } else if (const int64_t latest = checkpoint::read_latest(root); latest >= 0) {
+    throw ConfigError(fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
+                                  "train in another --run-dir",
+                                  root, checkpoint::step_dir_name(latest)));
+  }
+  Checkpointer checkpointer(config, root, dist);
+  if (!candidates.empty()) {
+    const double t0 = now_seconds();
+    const std::string loaded = resume_from(trainer, candidates);
+    if (leader) checkpoint::remove_newer(root, trainer.steps_done());
+    log::info("resumed from {} in {:.2f}s: step {}, {} tokens seen, data position {}", loaded, now_seconds() - t0,
+              trainer.steps_done(), format_count(static_cast<double>(trainer.state().tokens)),
+              trainer.state().sampler_position);
+  } else if (resume == "auto") {
+    log::info("no checkpoint in {}: starting from step 0", root);
+  }
   std::ofstream metrics;
   if (leader) {
     open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
-    metrics = open_for_write(run_dir + "/metrics.jsonl");
+    if (trainer.steps_done() > 0) {
+      truncate_metrics(run_dir + "/metrics.jsonl", trainer.steps_done());
+      metrics.open(run_dir + "/metrics.jsonl", std::ios::app);
+      if (!metrics) throw IoError(fmt::format("cannot append to {}/metrics.jsonl", run_dir));
+    } else {
+      metrics = open_for_write(run_dir + "/metrics.jsonl");
+    }
   }
   const double flops_per_token = model::flops_per_token(m);
-  int64_t tokens = 0;
-  double val_loss = NAN;
+  const config::CheckpointConfig& ckpt = config.checkpoint;
+  const int64_t first_step = trainer.steps_done();
+  double val_loss = NAN, last_save = now_seconds();
   const double start = now_seconds();
-  while (trainer.steps_done() < config.train.max_steps &&
-         (config.train.max_tokens == 0 || tokens < config.train.max_tokens)) {
-    const StepStats s = trainer.step();
-    tokens += s.tokens;
-    const bool last = trainer.steps_done() == config.train.max_steps ||
-                      (config.train.max_tokens > 0 && tokens >= config.train.max_tokens);
+  auto finished = [&] {
+    return trainer.steps_done() >= config.train.max_steps ||
+           (config.train.max_tokens > 0 && trainer.state().tokens >= config.train.max_tokens);
+  };
+  auto save = [&](const char* why) {
+    const double stall = checkpointer.save(trainer);
+    last_save = now_seconds();
+    log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", trainer.steps_done(),
+              why, stall * 1e3);
+  };
+  bool stopped = false;
+  while (!finished()) {
+    uint32_t raise = 0;
+    if (g_stop_signal != 0) raise |= kStopRequested;
+    if (ckpt.interval_minutes > 0 && now_seconds() - last_save >= ckpt.interval_minutes * 60) raise |= kSaveDue;
+    if (checkpointer.take_failure() && ckpt.on_failure == "stop") raise |= kSaveFailed;
+    const StepStats s = trainer.step(raise);
+    const int64_t tokens = trainer.state().tokens;
+    const bool last = finished();
     const bool eval = config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last);
     if (eval) val_loss = trainer.evaluate();
     const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
@@ -147,13 +258,39 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     }
     if (s.step % config.metrics.log_interval == 0 || eval || last) {
       const double elapsed = now_seconds() - start;
-      const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(config.train.max_steps - s.step);
+      const double eta = elapsed / static_cast<double>(s.step - first_step) *
+                         static_cast<double>(config.train.max_steps - s.step);
       log::info("step {:>5}/{} loss {:.4f}{} lr {:.2e} grad_norm {:.3f} {} tok/s {:.1f} GFLOP/s eta {:.0f}s", s.step,
                 config.train.max_steps, s.loss, eval ? fmt::format(" val_loss {:.4f}", val_loss) : "", s.lr,
                 s.grad_norm, format_count(tokens_per_s), tokens_per_s * flops_per_token / 1e9, eta);
     }
+    if (s.signals & kSaveFailed) {
+      throw IoError(fmt::format("step {}: a checkpoint save failed and checkpoint.on_failure = stop; the last "
+                                "committed checkpoint is intact",
+                                s.step));
+    }
+    if (s.signals & kStopRequested) {
+      log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
+      save("stop");
+      stopped = true;
+      break;
+    }
+    if ((s.signals & kSaveDue) || (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) ||
+        (last && ckpt.enabled())) {
+      save(s.signals & kSaveDue ? "time interval" : last ? "end" : "step interval");
+    }
+  }
+  if (!checkpointer.wait()) {
+    if (stopped || ckpt.on_failure == "stop") {
+      throw IoError("the last checkpoint save failed (see above); the previous committed checkpoint is intact");
+    }
   }
   if (leader && !metrics) throw IoError(fmt::format("cannot write {}/metrics.jsonl", run_dir));
+  if (stopped) {
+    log::info("stopped at step {} with checkpoint {}", trainer.steps_done(),
+              checkpoint::step_dir_name(trainer.steps_done()));
+    return;
+  }
   if (config.checkpoint.save_final) {
     auto tensors = trainer.params().gather_named_tensors();  // a collective: every rank takes part
     if (leader) {
@@ -162,8 +299,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       log::info("wrote {}", path);
     }
   }
-  log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(), format_count(static_cast<double>(tokens)),
-            now_seconds() - start);
+  log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(),
+            format_count(static_cast<double>(trainer.state().tokens)), now_seconds() - start);
   if (manifest != nullptr && !std::isnan(val_loss)) {
     log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) vs unigram entropy {:.4f} ({})", val_loss,
               std::exp(val_loss), manifest->unigram_entropy,
@@ -174,7 +311,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
 
 }  // namespace
 
-void run_training(const config::Config& config, const std::string& run_dir) {
+void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
@@ -183,7 +320,7 @@ void run_training(const config::Config& config, const std::string& run_dir) {
   const int nproc = static_cast<int>(config.parallel.nproc);
   if (nproc == 1) {
     configure_threads(config);
-    train_worker(config, dataset, run_dir, {});
+    train_worker(config, dataset, run_dir, resume, {});
     return;
   }
   // Local workers rendezvous through a file store in the run directory under a fresh job token,
@@ -199,7 +336,7 @@ void run_training(const config::Config& config, const std::string& run_dir) {
     configure_threads(worker_config);
     ProcessGroups groups(store, token, "0", rank, nproc, shard_size_of(worker_config, nproc),
                          dist::Millis(worker_config.parallel.timeout_ms));
-    train_worker(worker_config, dataset, run_dir, groups.view());
+    train_worker(worker_config, dataset, run_dir, resume, groups.view());
     return 0;
   });
   fs::remove_all(store, ec);

@@ -12,16 +12,21 @@ namespace tessera::train {
 
 // Trains to train.max_steps (or train.max_tokens), writing into RUN_DIR: config.toml,
 // metrics.jsonl, run.json (what the run used: dataset directory, tokenizer), tokenizer.model
-// (a copy, when training on a dataset) and, when checkpoint.save_final, model.safetensors with
-// the resolved config in its metadata. Throws tessera::Error subclasses for faults.
-void run_training(const config::Config& config, const std::string& run_dir);
+// (a copy, when training on a dataset), sharded checkpoints in RUN_DIR/checkpoints and, when
+// checkpoint.save_final, model.safetensors with the resolved config in its metadata.
+// resume: "" starts afresh (refused when RUN_DIR already holds a committed checkpoint), "auto"
+// continues from RUN_DIR's latest checkpoint if there is one, else a checkpoint path. SIGTERM or
+// SIGINT finishes the step, saves a checkpoint and returns normally. Throws tessera::Error
+// subclasses for faults.
+void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume = "");
 
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.
 std::string resolve_dataset(const config::Config& config);
 
-// A trained model loaded back: from a run directory (its model.safetensors, tokenizer.model and
-// run.json) or from a weights file (the config comes from its metadata; the tokenizer from
+// A trained model loaded back: from a run directory (its model.safetensors, else its latest
+// checkpoint; tokenizer.model and run.json), a checkpoint directory (step_N or a checkpoint root
+// with `latest`), or a weights file (the config comes from its metadata; the tokenizer from
 // `tokenizer`, else tokenizer.model beside it).
 struct TrainedModel {
   config::Config config;

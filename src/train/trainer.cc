@@ -52,10 +52,15 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       val_stream_(open_split(dataset_dir, "val")),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
       synthetic_val_(static_cast<uint64_t>(config.train.seed) + 1, config.model.vocab_size),
-      loader_(train_stream_ ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })
-                            : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); }),
-              train_stream_ ? train_stream_->size() : SyntheticTokens::kLength, static_cast<uint64_t>(config.train.seed),
-              loader_options(config, dist.topology), data::SamplerState{}),
+      train_reader_(train_stream_ ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) {
+        s->read(b, n, o);
+      })
+                                  : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) {
+                                      s->read(b, n, o);
+                                    })),
+      train_tokens_(train_stream_ ? train_stream_->size() : SyntheticTokens::kLength),
+      loader_(std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config.train.seed),
+                                             loader_options(config, dist.topology), data::SamplerState{})),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
       eval_targets_(config.micro_batch() * config.model.seq_len) {
   // The config's derived sizes (micro-batches per step) assume this world size.
@@ -84,25 +89,38 @@ size_t Trainer::state_bytes() const {
   return b.params + b.grads + b.optimizer;
 }
 
-StepStats Trainer::step() {
+void Trainer::restore(const TrainingState& state) {
+  loader_.reset();  // joins the prefetch thread before its successor starts
+  loader_ = std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config_.train.seed),
+                                           loader_options(config_, dist_.topology),
+                                           data::SamplerState{state.sampler_position});
+  step_ = state.step;
+  tokens_ = state.tokens;
+}
+
+StepStats Trainer::step(uint32_t signals) {
   const double t0 = now_seconds();
-  const int64_t accum = loader_.micro_batches_per_step();
+  const int64_t accum = loader_->micro_batches_per_step();
   const int world = dist_.topology.world;
   params_->begin_step();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
     params_->begin_micro_batch(a);
-    const data::Loader::Batch batch = loader_.next();
+    const data::Loader::Batch batch = loader_->next();
     // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
     // gradient of the global batch's mean loss.
     loss += model_.forward_backward(*params_, batch.inputs, batch.targets,
                                     1.0f / static_cast<float>(accum * world));
   }
   loss /= static_cast<double>(accum);
-  if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss
-    float global = static_cast<float>(loss / world);
-    dist_.world->all_reduce(&global, 1, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
-    loss = global;
+  if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss and signals
+    constexpr int kBits = 8 * sizeof(signals);
+    float sums[1 + kBits] = {static_cast<float>(loss / world)};
+    for (int b = 0; b < kBits; ++b) sums[1 + b] = static_cast<float>(signals >> b & 1u);
+    dist_.world->all_reduce(sums, 1 + kBits, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    loss = sums[0];
+    signals = 0;
+    for (int b = 0; b < kBits; ++b) signals |= sums[1 + b] > 0.0f ? 1u << b : 0u;
   }
   const double grad_norm = params_->finish_step();
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
@@ -111,6 +129,7 @@ StepStats Trainer::step() {
                                      step_ + 1, loss, grad_norm));
   }
   ++step_;
+  tokens_ += config_.tokens_per_step();
   const double lr = schedule_.at(step_);
   optim::AdamWConfig adam;
   adam.beta1 = config_.train.beta1;
@@ -118,7 +137,7 @@ StepStats Trainer::step() {
   adam.eps = config_.train.eps;
   adam.weight_decay = config_.train.weight_decay;
   params_->apply_update(adam, lr, step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
-  return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step()};
+  return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals};
 }
 
 double Trainer::evaluate() {

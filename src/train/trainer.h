@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/process_group.h"
+#include "dist/store.h"
 #include "fsdp/sharded_params.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
@@ -27,6 +28,14 @@ struct StepStats {
   double grad_norm = 0.0;   // before clipping
   double seconds = 0.0;
   int64_t tokens = 0;       // tokens in this step (global)
+  uint32_t signals = 0;     // the OR over ranks of the signals passed to step()
+};
+
+// Where training stands after a step: what a checkpoint records besides parameters and moments.
+struct TrainingState {
+  int64_t step = 0;               // optimizer steps taken
+  int64_t tokens = 0;             // training tokens seen
+  uint64_t sampler_position = 0;  // global position of the next batch's first sample
 };
 
 // The process groups of a data-parallel run (all null in a single process).
@@ -35,6 +44,7 @@ struct Distributed {
   dist::ProcessGroup* world = nullptr;    // all ranks
   dist::ProcessGroup* shard = nullptr;    // the ranks sharing this rank's units (S > 1)
   dist::ProcessGroup* replica = nullptr;  // the ranks holding the same shard (W/S > 1)
+  dist::Store* store = nullptr;           // for agreement off the training thread (checkpoint commits)
 };
 
 class Trainer {
@@ -45,17 +55,24 @@ class Trainer {
   Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist = {});
 
   // One optimizer step over the next global batch. Throws NonFiniteError on a non-finite loss or
-  // gradient norm (parameters are left as they were before the step).
-  StepStats step();
+  // gradient norm (parameters are left as they were before the step). `signals`: bits this rank
+  // raises (e.g. "stop requested"); every rank gets their OR over ranks in StepStats::signals,
+  // carried by the step's loss all-reduce, so all ranks act on them after the same step.
+  StepStats step(uint32_t signals = 0);
   // Mean loss per token over up to train.eval_batches global batches of the validation split
   // (the same samples at any world size).
   double evaluate();
 
   const config::Config& config() const { return config_; }
+  const Distributed& distributed() const { return dist_; }
   const model::ModelLayout& layout() const { return layout_; }
   model::Llama& model() { return model_; }
   fsdp::ShardedParams& params() { return *params_; }
   int64_t steps_done() const { return step_; }
+  TrainingState state() const { return {step_, tokens_, loader_->state().position}; }
+  // Continues from `state`: the step count, tokens seen and the data position (the loader
+  // restarts there). Parameters and moments are set through params().
+  void restore(const TrainingState& state);
   // The dataset's manifest; null for synthetic data.
   const data::DatasetManifest* dataset() const { return train_stream_ ? &train_stream_->manifest() : nullptr; }
   // Bytes of parameters, gradients and optimizer state, and of activations.
@@ -74,10 +91,13 @@ class Trainer {
   SyntheticTokens synthetic_train_, synthetic_val_;
   Reader val_reader_;
   uint64_t val_tokens_ = 0;
-  data::Loader loader_;
+  Reader train_reader_;
+  uint64_t train_tokens_ = 0;
+  std::unique_ptr<data::Loader> loader_;
   optim::Schedule schedule_;
   std::vector<int32_t> eval_inputs_, eval_targets_;  // one micro-batch
   int64_t step_ = 0;
+  int64_t tokens_ = 0;
 };
 
 // Sets the process's thread count from the config and returns it.

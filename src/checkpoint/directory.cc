@@ -1,0 +1,214 @@
+// Checkpoint directories: commit marker, listing, cleanup, verification and resharding reads.
+#include "checkpoint/directory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/log.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The step of a directory called step_NNNNNNNN, or -1.
+int64_t step_of(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+uint64_t tree_bytes(const fs::path& p) {
+  std::error_code ec;
+  uint64_t bytes = 0;
+  for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) bytes += it->file_size(ec);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+std::string shard_file_name(int shard_rank) { return fmt::format("shard_{:05d}.bin", shard_rank); }
+
+std::vector<int64_t> committed_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && fs::exists(e.path() / "manifest.json", ec)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+int64_t read_latest(const std::string& root) {
+  std::ifstream in(root + "/latest");
+  if (!in) return -1;
+  std::string text;
+  std::getline(in, text);
+  const int64_t step = step_of(text);
+  if (step < 0) throw DataError(fmt::format("{}/latest holds \"{}\", not a step directory name", root, text));
+  return step;
+}
+
+void write_latest(const std::string& root, int64_t step) {
+  write_file_atomic(root + "/latest", step_dir_name(step) + "\n");
+}
+
+uint64_t remove_uncommitted(const std::string& root, int64_t in_progress) {
+  uint64_t freed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of(name);
+    const bool garbage_dir = step >= 0 && step != in_progress && !fs::exists(e.path() / "manifest.json", ec);
+    const bool garbage_file = name.ends_with(".tmp");
+    if (!garbage_dir && !garbage_file) continue;
+    const uint64_t bytes = garbage_dir ? tree_bytes(e.path()) : e.file_size(ec);
+    fs::remove_all(e.path(), ec);
+    if (ec) {
+      log::warn("cannot remove the uncommitted {}: {}", e.path().string(), ec.message());
+      continue;
+    }
+    log::info("removed {} ({} bytes): a save that never committed", e.path().string(), bytes);
+    freed += bytes;
+  }
+  return freed;
+}
+
+namespace {
+
+void remove_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  // The manifest goes first, so a half-removed directory is never taken for a checkpoint.
+  fs::remove(dir / "manifest.json", ec);
+  sync_parent_dir((dir / "manifest.json").string());
+  fs::remove_all(dir, ec);
+  if (ec) log::warn("cannot remove the checkpoint {}: {}", dir.string(), ec.message());
+}
+
+}  // namespace
+
+void prune(const std::string& root, int keep) {
+  std::vector<int64_t> steps = committed_steps(root);
+  const int64_t latest = read_latest(root);
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < steps.size(); ++i) {
+    if (steps[i] != latest) remove_checkpoint(fs::path(root) / step_dir_name(steps[i]));
+  }
+}
+
+void remove_newer(const std::string& root, int64_t step) {
+  for (const int64_t s : committed_steps(root)) {
+    if (s <= step) continue;
+    log::warn("removing {}/{}: newer than the checkpoint resumed from", root, step_dir_name(s));
+    remove_checkpoint(fs::path(root) / step_dir_name(s));
+  }
+}
+
+std::vector<std::string> verify(const std::string& step_dir) {
+  std::vector<std::string> problems;
+  Manifest m;
+  try {
+    m = read_manifest(step_dir);
+  } catch (const Error& e) {
+    return {e.what()};
+  }
+  for (const ManifestFile& f : m.files) {
+    const std::string path = step_dir + "/" + f.name;
+    try {
+      const FileDigest d = digest_file(path);
+      if (d.bytes != f.bytes) {
+        problems.push_back(fmt::format("{}: {} bytes, the manifest records {}", path, d.bytes, f.bytes));
+      } else if (d.xxh64 != f.xxh64) {
+        problems.push_back(fmt::format("{}: checksum {} differs from the manifest's {}", path, hex64(d.xxh64),
+                                       hex64(f.xxh64)));
+      }
+      // Name the damaged tensors too (the file checksum only says that something is wrong).
+      ShardFile shard(path);
+      std::vector<float> buffer;
+      for (const ManifestUnit& u : m.units) {
+        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+          const std::string name = Manifest::tensor_name(u.name, kind);
+          const ShardEntry* e = shard.find(name);
+          if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(u.padded / m.shard_size)) {
+            problems.push_back(fmt::format("{}: tensor {} is {}", path, name, e ? "of the wrong size" : "missing"));
+            continue;
+          }
+          buffer.resize(e->bytes / sizeof(float));
+          try {
+            shard.read(*e, buffer.data());
+          } catch (const Error& err) {
+            problems.push_back(err.what());
+          }
+        }
+      }
+    } catch (const Error& e) {
+      problems.push_back(e.what());
+    }
+  }
+  return problems;
+}
+
+CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir), manifest_(read_manifest(step_dir)) {}
+CheckpointReader::~CheckpointReader() = default;
+
+ShardFile& CheckpointReader::shard(int shard_rank) {
+  auto& slot = shards_[shard_rank];
+  if (!slot) {
+    const ManifestFile* f = manifest_.file_of(shard_rank);
+    slot = std::make_unique<ShardFile>(dir_ + "/" + f->name);  // parse_manifest checked it exists
+  }
+  return *slot;
+}
+
+void CheckpointReader::read_slice(int unit, const char* kind, int64_t begin, int64_t count, float* out) {
+  const ManifestUnit& u = manifest_.units.at(unit);
+  const int64_t per_shard = u.padded / manifest_.shard_size;
+  std::fill(out, out + count, 0.0f);
+  const int64_t end = std::min(begin + count, u.numel);
+  for (int64_t pos = begin; pos < end;) {
+    const int k = static_cast<int>(pos / per_shard);
+    ShardFile& file = shard(k);
+    const std::string name = Manifest::tensor_name(u.name, kind);
+    const ShardEntry* e = file.find(name);
+    if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(per_shard)) {
+      throw DataError(fmt::format("{}: tensor {} is {}", file.path(), name, e ? "of the wrong size" : "missing"));
+    }
+    scratch_.resize(per_shard);
+    file.read(*e, scratch_.data());
+    const int64_t stop = std::min(end, (k + 1) * per_shard);
+    std::copy(scratch_.begin() + (pos - k * per_shard), scratch_.begin() + (stop - k * per_shard), out + (pos - begin));
+    pos = stop;
+  }
+}
+
+std::vector<NamedTensor> CheckpointReader::parameters() {
+  std::vector<NamedTensor> out;
+  std::vector<float> full;
+  for (size_t i = 0; i < manifest_.units.size(); ++i) {
+    const ManifestUnit& u = manifest_.units[i];
+    full.resize(u.numel);
+    read_slice(static_cast<int>(i), "param", 0, u.numel, full.data());
+    for (const ManifestTensor& t : u.tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      out.push_back({t.name, t.shape, std::vector<float>(full.begin() + t.offset, full.begin() + t.offset + n)});
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,188 @@
+// manifest.json: writer and checked parser.
+#include "checkpoint/manifest.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "checkpoint/shard_file.h"
+#include "core/error.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
+class Checked {
+ public:
+  Checked(const json& j, std::string origin, std::string where) : j_(j), origin_(std::move(origin)), where_(where) {}
+  DataError error(const std::string& key, const std::string& why) const {
+    return DataError(fmt::format("{}: {}{} {}", origin_, where_, key, why));
+  }
+  const json& get(const std::string& key, json::value_t type) const {
+    if (!j_.is_object() || !j_.contains(key)) throw error(key, "is missing");
+    const json& v = j_.at(key);
+    const bool ok = type == json::value_t::number_integer ? v.is_number_integer()
+                    : type == json::value_t::number_float ? v.is_number()
+                                                          : v.type() == type;
+    if (!ok) throw error(key, fmt::format("has type {}", v.type_name()));
+    return v;
+  }
+  int64_t integer(const std::string& key, int64_t min, int64_t max) const {
+    const json& v = get(key, json::value_t::number_integer);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) throw error(key, "is too large");
+    const int64_t x = v.get<int64_t>();
+    if (x < min || x > max) throw error(key, fmt::format("= {} is outside [{}, {}]", x, min, max));
+    return x;
+  }
+  uint64_t unsigned_integer(const std::string& key) const {
+    const json& v = get(key, json::value_t::number_integer);
+    if (!v.is_number_unsigned()) throw error(key, "is negative");
+    return v.get<uint64_t>();
+  }
+  double number(const std::string& key) const { return get(key, json::value_t::number_float).get<double>(); }
+  std::string string(const std::string& key) const { return get(key, json::value_t::string).get<std::string>(); }
+  const json& array(const std::string& key) const { return get(key, json::value_t::array); }
+  uint64_t hex(const std::string& key) const {
+    uint64_t x = 0;
+    if (!parse_hex64(string(key), &x)) throw error(key, "is not a hex checksum");
+    return x;
+  }
+
+ private:
+  const json& j_;
+  std::string origin_, where_;
+};
+
+}  // namespace
+
+const ManifestFile* Manifest::file_of(int shard_rank) const {
+  for (const auto& f : files) {
+    if (f.shard_rank == shard_rank) return &f;
+  }
+  return nullptr;
+}
+
+std::string to_json(const Manifest& m) {
+  nlohmann::ordered_json units = nlohmann::ordered_json::array(), files = nlohmann::ordered_json::array();
+  for (const auto& u : m.units) {
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+    for (const auto& t : u.tensors) tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+    units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded", u.padded}, {"tensors", tensors}});
+  }
+  for (const auto& f : m.files) {
+    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
+  }
+  const nlohmann::ordered_json j = {
+      {"format", "tessera-checkpoint"},
+      {"version", Manifest::kVersion},
+      {"step", m.step},
+      {"tokens", m.tokens},
+      {"sampler_position", m.sampler_position},
+      {"seed", m.seed},
+      {"schedule", {{"lr", m.lr}, {"min_lr", m.min_lr}, {"warmup_steps", m.warmup_steps}, {"total_steps", m.total_steps}}},
+      {"world", m.world},
+      {"shard_size", m.shard_size},
+      {"strategy", m.strategy},
+      {"created", m.created},
+      {"files", files},
+      {"units", units},
+      {"config", m.config_toml},
+  };
+  return j.dump(1) + "\n";
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& origin) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
+  const Checked top(j, origin, "");
+  if (top.string("format") != "tessera-checkpoint") throw top.error("format", "is not tessera-checkpoint");
+  const int64_t version = top.integer("version", 1, 1 << 20);
+  if (version != Manifest::kVersion) {
+    throw top.error("version", fmt::format("= {}; this build reads version {}", version, Manifest::kVersion));
+  }
+  Manifest m;
+  m.step = top.integer("step", 0, INT64_MAX);
+  m.tokens = top.integer("tokens", 0, INT64_MAX);
+  m.sampler_position = top.unsigned_integer("sampler_position");
+  m.seed = top.unsigned_integer("seed");
+  const Checked schedule(top.get("schedule", json::value_t::object), origin, "schedule.");
+  m.lr = schedule.number("lr");
+  m.min_lr = schedule.number("min_lr");
+  m.warmup_steps = schedule.integer("warmup_steps", 0, INT64_MAX);
+  m.total_steps = schedule.integer("total_steps", 0, INT64_MAX);
+  m.world = static_cast<int>(top.integer("world", 1, 1 << 20));
+  m.shard_size = static_cast<int>(top.integer("shard_size", 1, m.world));
+  if (m.world % m.shard_size != 0) throw top.error("shard_size", fmt::format("does not divide world {}", m.world));
+  m.strategy = top.string("strategy");
+  m.created = top.string("created");
+  m.config_toml = top.string("config");
+  std::vector<bool> seen(m.shard_size, false);
+  const json& files = top.array("files");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Checked f(files[i], origin, fmt::format("files[{}].", i));
+    ManifestFile file;
+    file.name = f.string("name");
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+      throw f.error("name", fmt::format("= \"{}\" is not a file name in the checkpoint directory", file.name));
+    }
+    file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m.shard_size - 1));
+    if (seen[file.shard_rank]) throw f.error("shard_rank", fmt::format("{} appears twice", file.shard_rank));
+    seen[file.shard_rank] = true;
+    file.bytes = f.unsigned_integer("bytes");
+    file.xxh64 = f.hex("xxh64");
+    m.files.push_back(std::move(file));
+  }
+  for (int k = 0; k < m.shard_size; ++k) {
+    if (!seen[k]) throw top.error("files", fmt::format("has no file for shard rank {}", k));
+  }
+  const json& units = top.array("units");
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Checked u(units[i], origin, fmt::format("units[{}].", i));
+    ManifestUnit unit;
+    unit.name = u.string("name");
+    unit.numel = u.integer("numel", 0, INT64_MAX / 8);
+    unit.padded = u.integer("padded", unit.numel, INT64_MAX / 8);
+    if (unit.padded % m.shard_size != 0) throw u.error("padded", fmt::format("is not a multiple of {}", m.shard_size));
+    const json& tensors = u.array("tensors");
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const Checked c(tensors[t], origin, fmt::format("units[{}].tensors[{}].", i, t));
+      ManifestTensor tensor;
+      tensor.name = c.string("name");
+      int64_t n = 1;
+      for (const json& d : c.array("shape")) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > unit.numel) {
+          throw c.error("shape", "has a dimension that is negative or larger than the unit");
+        }
+        tensor.shape.push_back(d.get<int64_t>());
+        n = tensor.shape.back() == 0 ? 0 : n <= unit.numel / tensor.shape.back() ? n * tensor.shape.back() : -1;
+        if (n < 0) throw c.error("shape", "holds more elements than the unit");
+      }
+      tensor.offset = c.integer("offset", 0, unit.numel);
+      if (n > unit.numel - tensor.offset) throw c.error("offset", "puts the tensor beyond the end of its unit");
+      unit.tensors.push_back(std::move(tensor));
+    }
+    m.units.push_back(std::move(unit));
+  }
+  return m;
+}
+
+Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = step_dir + "/manifest.json";
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw DataError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  const auto size = static_cast<uint64_t>(in.tellg());
+  if (size > kMaxManifestBytes) throw DataError(fmt::format("{}: {} bytes is too large for a manifest", path, size));
+  std::string text(size, '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), static_cast<std::streamsize>(size))) throw IoError(fmt::format("cannot read {}", path));
+  return parse_manifest(text, path);
+}
+
+}  // namespace tessera::checkpoint

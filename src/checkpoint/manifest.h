@@ -1,0 +1,61 @@
+// A checkpoint's manifest.json: what a step directory holds and the training state to resume
+// from. Its presence is the commit: a step directory without one is never loaded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::checkpoint {
+
+struct ManifestTensor {
+  std::string name;            // e.g. "layers.0.attention.wqkv.weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0;          // floats from the start of its unit
+};
+
+// A unit's flat buffer: `numel` floats of tensors, zero-padded to `padded`, cut into shard_size
+// equal slices, slice k in the shard file of shard rank k.
+struct ManifestUnit {
+  std::string name;  // "embedding", "block.3", "head"
+  int64_t numel = 0;
+  int64_t padded = 0;
+  std::vector<ManifestTensor> tensors;
+};
+
+struct ManifestFile {
+  std::string name;  // "shard_00000.bin", relative to the step directory
+  int shard_rank = 0;
+  uint64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+
+struct Manifest {
+  static constexpr int kVersion = 1;
+  int64_t step = 0;               // optimizer steps taken
+  int64_t tokens = 0;             // training tokens seen
+  uint64_t sampler_position = 0;  // global sample position of the next batch
+  uint64_t seed = 0;              // initialization and data-order seed (all RNG is counter-based)
+  double lr = 0, min_lr = 0;      // schedule: warmup then cosine to min_lr at total_steps
+  int64_t warmup_steps = 0, total_steps = 0;
+  int world = 1;                  // ranks that trained
+  int shard_size = 1;             // ranks each unit was sharded over (one file per shard rank)
+  std::string strategy;
+  std::string config_toml;        // the resolved config of the run
+  std::string created;            // UTC time, ISO 8601
+  std::vector<ManifestUnit> units;
+  std::vector<ManifestFile> files;
+
+  // "<unit>.param", "<unit>.exp_avg", "<unit>.exp_avg_sq": the tensors of each shard file.
+  static std::string tensor_name(const std::string& unit, const char* kind) { return unit + "." + kind; }
+  const ManifestFile* file_of(int shard_rank) const;
+};
+
+std::string to_json(const Manifest& manifest);
+// Parses and checks the manifest (types, ranges, one file per shard rank, tensors inside their
+// units); throws DataError naming `origin` and the key.
+Manifest parse_manifest(const std::string& text, const std::string& origin);
+// Reads DIR/manifest.json; throws DataError (IoError when unreadable) naming the file.
+Manifest read_manifest(const std::string& step_dir);
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,416 @@
+// Sharded asynchronous checkpoints: the writer and mirror threads, commit, resume.
+#include "train/checkpointer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/file_io.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+namespace tessera::train {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = tessera::checkpoint;
+
+constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+dist::Bytes bytes_of(const std::string& s) { return dist::Bytes(s.begin(), s.end()); }
+std::string string_of(const dist::Bytes& b) { return std::string(b.begin(), b.end()); }
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw IoError(fmt::format("cannot fsync {}: {}", path, std::strerror(err)));
+  }
+  ::close(fd);
+}
+
+IoError injected(const std::string& what) {
+  return IoError(fmt::format("cannot write {}: No space left on device (injected fault)", what));
+}
+
+// Copies a committed checkpoint to mirror_root and verifies the copy before committing it there.
+void mirror_checkpoint(const std::string& root, int64_t step, const std::string& mirror_root, int keep) {
+  const std::string name = ck::step_dir_name(step);
+  const std::string src = root + "/" + name, dst = mirror_root + "/" + name;
+  const ck::Manifest m = ck::read_manifest(src);
+  std::error_code ec;
+  fs::create_directories(mirror_root, ec);
+  ck::remove_uncommitted(mirror_root);
+  fs::remove_all(dst, ec);
+  fs::create_directories(dst, ec);
+  if (ec) throw IoError(fmt::format("cannot create {}: {}", dst, ec.message()));
+  for (const ck::ManifestFile& f : m.files) {
+    const std::string to = dst + "/" + f.name;
+    fs::copy_file(src + "/" + f.name, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw IoError(fmt::format("cannot copy {} to {}: {}", src + "/" + f.name, to, ec.message()));
+    fsync_path(to);
+    const ck::FileDigest d = ck::digest_file(to);
+    if (d.bytes != f.bytes || d.xxh64 != f.xxh64) {
+      throw IoError(fmt::format("the copy {} differs from the checkpoint ({} bytes, checksum {}; expected {} and {})",
+                                to, d.bytes, ck::hex64(d.xxh64), f.bytes, ck::hex64(f.xxh64)));
+    }
+  }
+  sync_parent_dir(dst + "/x");
+  write_file_atomic(dst + "/manifest.json", ck::to_json(m));
+  ck::write_latest(mirror_root, step);
+  ck::prune(mirror_root, keep);
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist)
+    : config_(config), root_(root), dist_(dist) {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
+  if (dist_.topology.rank == 0) ck::remove_uncommitted(root_);
+  writer_ = std::thread([this] { writer_loop(); });
+  if (dist_.topology.rank == 0 && !config_.checkpoint.mirror_dir.empty()) {
+    mirror_ = std::thread([this] { mirror_loop(); });
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  wait();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+  if (mirror_.joinable()) mirror_.join();
+}
+
+double Checkpointer::save(Trainer& trainer) {
+  const double t0 = now_seconds();
+  wait();  // the host buffer and the store keys belong to the previous save until it is done
+  fsdp::ShardedParams& params = trainer.params();
+  const model::ModelLayout& layout = trainer.layout();
+  if (views_.empty()) {
+    size_t total = 0;
+    for (int u = 0; u < layout.num_units(); ++u) total += 3 * static_cast<size_t>(params.shard_size(u));
+    host_.resize(total);
+    size_t at = 0;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      for (const char* kind : kKinds) {
+        const auto n = static_cast<uint64_t>(params.shard_size(u));
+        views_.push_back({ck::Manifest::tensor_name(layout.units()[u].name, kind), host_.data() + at, n});
+        at += n;
+      }
+    }
+  }
+  for (int u = 0, v = 0; u < layout.num_units(); ++u) {
+    const float* sources[3] = {params.master_shard(u), params.adam_m_shard(u), params.adam_v_shard(u)};
+    for (const float* from : sources) {
+      ck::TensorView& to = views_[v++];
+      std::copy(from, from + to.count, const_cast<float*>(to.data));
+    }
+  }
+  Job job;
+  const TrainingState state = trainer.state();
+  ck::Manifest& m = job.manifest;
+  job.step = m.step = state.step;
+  m.tokens = state.tokens;
+  m.sampler_position = state.sampler_position;
+  m.seed = static_cast<uint64_t>(config_.train.seed);
+  m.lr = config_.train.lr;
+  m.min_lr = config_.train.min_lr;
+  m.warmup_steps = config_.train.warmup_steps;
+  m.total_steps = config_.train.max_steps;
+  m.world = dist_.topology.world;
+  m.shard_size = dist_.topology.shard_size;
+  m.strategy = config_.parallel.strategy;
+  m.config_toml = config::to_toml(config_);
+  m.created = utc_now();
+  for (const model::UnitLayout& u : layout.units()) {
+    ck::ManifestUnit unit{u.name, u.numel, u.padded, {}};
+    for (const model::TensorSpec& t : u.tensors) unit.tensors.push_back({t.name, t.shape, t.offset});
+    m.units.push_back(std::move(unit));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    busy_ = true;
+  }
+  cv_.notify_all();
+  last_started_ = state.step;
+  return now_seconds() - t0;
+}
+
+bool Checkpointer::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+  return outcome_;
+}
+
+bool Checkpointer::take_failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool failed = failed_;
+  failed_ = false;
+  return failed;
+}
+
+void Checkpointer::writer_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || (busy_ && job_.step >= 0); });
+      if (stop_ && !busy_) return;
+      job = job_;
+    }
+    const double t0 = now_seconds();
+    const bool ok = write_and_commit(job);
+    if (ok && dist_.topology.rank == 0) {
+      log::info("checkpoint step {} committed in {:.2f}s: {}/{}", job.step, now_seconds() - t0, root_,
+                ck::step_dir_name(job.step));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+      job_.step = -1;
+      outcome_ = ok;
+      failed_ = failed_ || !ok;
+      if (ok && mirror_.joinable()) mirror_queue_.push_back(job.step);
+    }
+    cv_.notify_all();
+  }
+}
+
+bool Checkpointer::write_and_commit(const Job& job) {
+  const int rank = dist_.topology.rank, W = dist_.topology.world, S = dist_.topology.shard_size;
+  const dist::Millis timeout(config_.parallel.timeout_ms);
+  const std::string dir = root_ + "/" + ck::step_dir_name(job.step);
+  auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}", job.step, what); };
+  std::string error;
+  ck::FileDigest digest;
+  try {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+    if (rank < S) {  // the first replica writes; the others hold the same shards
+      const std::string path = dir + "/" + ck::shard_file_name(rank);
+      const size_t half = views_.size() / 2;
+      digest = ck::write_shard_file(path, views_, [&](size_t i) {
+        if (i == half && fault::point("checkpoint.shard", rank, job.step) == fault::Kind::kIo) throw injected(path);
+      });
+      sync_parent_dir(path);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (dist_.store != nullptr) {
+    dist_.store->set(key(fmt::format("rank{}", rank)),
+                     bytes_of(error.empty() ? fmt::format("ok {} {}", digest.bytes, ck::hex64(digest.xxh64))
+                                            : "error " + error));
+  }
+  if (rank != 0) {  // rank 0 decides; everyone learns its answer
+    std::string outcome;
+    try {
+      outcome = string_of(dist_.store->get(key("outcome"), timeout));
+    } catch (const Error& e) {
+      outcome = fmt::format("no outcome from rank 0: {}", e.what());
+    }
+    if (outcome != "committed") log::warn("checkpoint step {} failed: {}", job.step, outcome);
+    return outcome == "committed";
+  }
+  std::string failure;
+  std::vector<ck::FileDigest> digests(S);
+  digests[0] = digest;
+  if (!error.empty()) failure = fmt::format("rank 0: {}", error);
+  // Every report is awaited, even after a failure, so that no rank still writes into the
+  // directory when it is removed.
+  for (int r = 1; r < W; ++r) {
+    std::string report;
+    try {
+      report = string_of(dist_.store->get(key(fmt::format("rank{}", r)), timeout));
+    } catch (const Error& e) {
+      if (failure.empty()) failure = fmt::format("rank {} did not report: {}", r, e.what());
+      break;
+    }
+    std::istringstream in(report);
+    std::string word, hex;
+    in >> word;
+    if (!failure.empty()) continue;
+    if (word != "ok") {
+      failure = fmt::format("rank {}: {}", r, report.substr(std::min<size_t>(report.size(), 6)));
+    } else if (r < S && !(in >> digests[r].bytes >> hex && ck::parse_hex64(hex, &digests[r].xxh64))) {
+      failure = fmt::format("rank {} sent a malformed report \"{}\"", r, report);
+    }
+  }
+  if (failure.empty()) {
+    try {
+      ck::Manifest m = job.manifest;
+      for (int k = 0; k < S; ++k) m.files.push_back({ck::shard_file_name(k), k, digests[k].bytes, digests[k].xxh64});
+      const std::string manifest = dir + "/manifest.json";
+      write_file_atomic(manifest + ".tmp", ck::to_json(m));  // durable under a temporary name
+      if (fault::point("checkpoint.manifest", rank, job.step) == fault::Kind::kIo) throw injected(manifest);
+      if (::rename((manifest + ".tmp").c_str(), manifest.c_str()) != 0) {
+        throw IoError(fmt::format("cannot rename {}.tmp to {}: {}", manifest, manifest, std::strerror(errno)));
+      }
+      sync_parent_dir(manifest);  // committed
+      fault::point("checkpoint.commit", rank, job.step);
+      ck::write_latest(root_, job.step);
+      ck::prune(root_, static_cast<int>(config_.checkpoint.keep));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  if (dist_.store != nullptr) dist_.store->set(key("outcome"), bytes_of(failure.empty() ? "committed" : failure));
+  if (!failure.empty()) {
+    const int64_t latest = ck::read_latest(root_);
+    log::error("checkpoint step {} failed: {}; {}", job.step, failure,
+               latest >= 0 ? fmt::format("{} stays the latest", ck::step_dir_name(latest))
+                           : std::string("there is no earlier checkpoint"));
+    std::error_code ec;
+    if (!fs::exists(dir + "/manifest.json", ec)) fs::remove_all(dir, ec);
+  }
+  return failure.empty();
+}
+
+void Checkpointer::mirror_loop() {
+  for (;;) {
+    int64_t step = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !mirror_queue_.empty(); });
+      if (mirror_queue_.empty()) return;  // stopping with nothing left to copy
+      step = mirror_queue_.back();        // a newer commit supersedes older ones still queued
+      mirror_queue_.clear();
+    }
+    const double t0 = now_seconds();
+    try {
+      mirror_checkpoint(root_, step, config_.checkpoint.mirror_dir, static_cast<int>(config_.checkpoint.keep));
+      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, config_.checkpoint.mirror_dir,
+                now_seconds() - t0);
+    } catch (const Error& e) {
+      log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+    }
+  }
+}
+
+std::vector<std::string> resume_candidates(const config::Config& config, const std::string& root,
+                                           const std::string& spec) {
+  auto from_root = [&](const std::string& r) {
+    std::vector<std::string> out;
+    std::vector<int64_t> steps = ck::committed_steps(r);
+    const int64_t latest = ck::read_latest(r);
+    if (latest >= 0 && std::find(steps.begin(), steps.end(), latest) != steps.end()) {
+      out.push_back(r + "/" + ck::step_dir_name(latest));
+    } else if (latest >= 0) {
+      log::warn("{}/latest names {}, which is not a committed checkpoint", r, ck::step_dir_name(latest));
+    }
+    if (config.checkpoint.fallback || out.empty()) {
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        if (*it < latest || latest < 0) out.push_back(r + "/" + ck::step_dir_name(*it));
+      }
+    }
+    if (!config.checkpoint.fallback && out.size() > 1) out.resize(1);
+    return out;
+  };
+  if (spec != "auto") {
+    std::error_code ec;
+    if (fs::exists(fs::path(spec) / "manifest.json", ec)) return {spec};
+    std::vector<std::string> out = from_root(spec);
+    if (out.empty()) throw DataError(fmt::format("--resume {}: no committed checkpoint there", spec));
+    return out;
+  }
+  std::vector<std::string> out = from_root(root);
+  if (out.empty() && !config.checkpoint.mirror_dir.empty()) {
+    out = from_root(config.checkpoint.mirror_dir);
+    if (!out.empty()) log::info("no checkpoint in {}; resuming from the mirror {}", root, config.checkpoint.mirror_dir);
+  }
+  return out;
+}
+
+void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
+  ck::CheckpointReader reader(step_dir);
+  const ck::Manifest& m = reader.manifest();
+  const model::ModelLayout& layout = trainer.layout();
+  auto mismatch = [&](const std::string& what) {
+    return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
+  };
+  if (m.units.size() != layout.units().size()) {
+    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), layout.units().size()));
+  }
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    const ck::ManifestUnit& saved = m.units[i];
+    const model::UnitLayout& mine = layout.units()[i];
+    if (saved.name != mine.name || saved.numel != mine.numel || saved.tensors.size() != mine.tensors.size()) {
+      throw mismatch(fmt::format("unit {} ({} floats) where this model has {} ({} floats)", saved.name, saved.numel,
+                                 mine.name, mine.numel));
+    }
+    for (size_t t = 0; t < saved.tensors.size(); ++t) {
+      const auto& a = saved.tensors[t];
+      const auto& b = mine.tensors[t];
+      if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
+        throw mismatch(fmt::format("tensor {} [{}] where this model has {} [{}]", a.name, fmt::join(a.shape, ", "),
+                                   b.name, fmt::join(b.shape, ", ")));
+      }
+    }
+  }
+  if (m.seed != static_cast<uint64_t>(trainer.config().train.seed)) {
+    log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir,
+              m.seed, trainer.config().train.seed);
+  }
+  fsdp::ShardedParams& params = trainer.params();
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t begin = params.shard_begin(u), n = params.shard_size(u);
+    reader.read_slice(u, "param", begin, n, params.master_shard(u));
+    reader.read_slice(u, "exp_avg", begin, n, params.adam_m_shard(u));
+    reader.read_slice(u, "exp_avg_sq", begin, n, params.adam_v_shard(u));
+  }
+  trainer.restore({m.step, m.tokens, m.sampler_position});
+}
+
+std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates) {
+  const Distributed& dist = trainer.distributed();
+  std::string errors;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::string error;
+    try {
+      load_checkpoint(trainer, candidates[i]);
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+    float failed = error.empty() ? 0.0f : 1.0f;
+    if (dist.world != nullptr) {
+      dist.world->all_reduce(&failed, 1, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
+          ->wait();
+    }
+    if (failed == 0.0f) return candidates[i];
+    if (!error.empty()) log::error("{}", error);
+    errors += fmt::format("\n  {}: {}", candidates[i], error.empty() ? "damaged on another rank" : error);
+    if (i + 1 < candidates.size()) log::warn("falling back to the previous checkpoint {}", candidates[i + 1]);
+  }
+  throw DataError(fmt::format("no checkpoint could be loaded (checkpoint.fallback = {}):{}",
+                              trainer.config().checkpoint.fallback, errors));
+}
+
+}  // namespace tessera::train

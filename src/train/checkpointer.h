@@ -1,0 +1,92 @@
+// Sharded, asynchronous, atomically committed checkpoints of a Trainer (ARCHITECTURE.md,
+// "Checkpoints"), and loading them back at any world size or strategy.
+//
+// Save: the step loop copies this rank's shards (fp32 master parameters, AdamW moments) into a
+// host buffer and goes on; a writer thread writes and fsyncs RUN/checkpoints/step_N/shard_K.bin
+// (one file per shard rank: replicas hold the same shard, so only the first replica writes) and
+// reports to rank 0 through the store. Rank 0 commits once every rank has reported success:
+// manifest.json written to a temporary name, fsynced, renamed, then `latest` replaced the same
+// way; then it tells every rank the outcome, so all agree whether the save failed. A directory
+// without a manifest is never loaded and is removed. Checkpoints must live on a file system every
+// rank of the job sees (the local disk of a single node, or a shared one); `checkpoint.mirror_dir`
+// receives a verified copy of each committed checkpoint in the background.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/directory.h"
+#include "config/config.h"
+#include "train/trainer.h"
+
+namespace tessera::train {
+
+class Checkpointer {
+ public:
+  // root: the checkpoint directory (RUN/checkpoints), created if missing. Rank 0 removes the
+  // directories of saves that never committed.
+  Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist);
+  ~Checkpointer();  // waits for the save in flight and the mirror copy
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Starts saving the trainer's state after its last step: waits for the previous save, copies
+  // this rank's shards to host memory and hands them to the writer thread. Returns the seconds
+  // the step loop stalled. Every rank calls it after the same step.
+  double save(Trainer& trainer);
+  // Waits for the save in flight, if any; true when it committed (all ranks get the same answer).
+  bool wait();
+  // Whether a save has failed since the last call (all ranks learn it, not at the same step).
+  bool take_failure();
+  // The step of the newest save this process started, or -1.
+  int64_t last_saved_step() const { return last_started_; }
+  const std::string& root() const { return root_; }
+
+ private:
+  struct Job {
+    int64_t step = -1;
+    checkpoint::Manifest manifest;  // everything but the files
+  };
+  void writer_loop();
+  bool write_and_commit(const Job& job);  // on the writer thread; returns the agreed outcome
+  void mirror_loop();
+
+  config::Config config_;
+  std::string root_;
+  Distributed dist_;
+  std::vector<float> host_;                    // param, exp_avg, exp_avg_sq of every unit's shard
+  std::vector<checkpoint::TensorView> views_;  // into host_, in file order
+  int64_t last_started_ = -1;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Job job_;                  // the save in flight (step -1: none)
+  bool busy_ = false;        // job_ is being written
+  bool outcome_ = true;      // of the last finished save
+  bool failed_ = false;      // a save failed since take_failure()
+  bool stop_ = false;
+  std::deque<int64_t> mirror_queue_;
+  std::thread writer_, mirror_;  // last: they start after everything above
+};
+
+// Where to resume from: the committed checkpoint directories to try, best first. `spec` is
+// "auto" (RUN/checkpoints/latest; with checkpoint.fallback the older committed ones after it; the
+// mirror's when RUN has none) or a path to a step directory or a checkpoint root. Empty when
+// "auto" finds nothing. Throws DataError when an explicit path holds no committed checkpoint.
+std::vector<std::string> resume_candidates(const config::Config& config, const std::string& root,
+                                           const std::string& spec);
+// Loads a committed checkpoint into the trainer: this rank's slices of parameters and moments
+// (re-cut for its world size and strategy), step, tokens and data position. Throws DataError
+// naming the file and tensor when something is damaged or was written for another model.
+void load_checkpoint(Trainer& trainer, const std::string& step_dir);
+// Tries the candidates in order; every rank loads the same one (they agree through an all-reduce).
+// Returns the directory loaded. Throws DataError when none loads (after trying the older ones
+// only when checkpoint.fallback is set).
+std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates);
+
+}  // namespace tessera::train
