@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
 // the embedding and the head once (the head's forward and backward are fused; the embedding's
 // backward needs no parameters), shard_grad_op gathers every unit once, and both reduce-scatter
 // every unit once; hybrid adds an all-reduce of the gradient shard across replicas; no_shard
-// all-reduces every unit's gradient. Loss and gradient norm add one-float all-reduces.
+// all-reduces every unit's gradient. The gradient norm adds a one-float all-reduce;
+// the loss one of 1 + Trainer::kSignalBits floats (it carries the step's signals).
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -188,8 +189,10 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
   if (S == 1) {
-    // no_shard: every gradient, and the loss (replicas hold the whole gradient: no norm reduction).
-    EXPECT_EQ(sum_world_allreduce, 2 * (W - 1) * unit_elems * f + 2 * (W - 1) * f);
+    // no_shard: every gradient, and the loss with the step's signal bits (replicas hold the whole
+    // gradient: no norm reduction).
+    EXPECT_EQ(sum_world_allreduce,
+              2 * (W - 1) * unit_elems * f + 2 * (W - 1) * (1 + train::Trainer::kSignalBits) * sizeof(float));
   } else if (S < W) {
     const int R = W / S;
     // Each of the S replica groups all-reduces its shard; the norm goes over the shard group.

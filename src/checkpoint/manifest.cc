@@ -95,7 +95,7 @@ std::string to_json(const Manifest& m) {
       {"units", units},
       {"config", m.config_toml},
   };
-  return j.dump(1) + "\n";
+  return j.dump(1);  // no trailing newline: cutting any byte off damages it
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& origin) {

@@ -53,6 +53,8 @@ commands:
                  continue a prompt with a trained model (PATH: a run directory or weights file)
   eval --checkpoint PATH [--data DIR]
                  validation loss and perplexity of a trained model
+  checkpoint verify DIR | reshard SRC DST --nproc N
+                 check a sharded checkpoint's checksums; re-cut it for another world size
   info           version, build options, CPU features, GEMM library, threads, CUDA devices
 
 exit codes: 0 done, 2 bad command line or config, 3 bad data, 10 I/O error,
@@ -301,6 +303,7 @@ int run(int argc, char** argv) {
     if (command == "prepare") return cmd_prepare(args);
     if (command == "generate") return cmd_generate(args);
     if (command == "eval") return cmd_eval(args);
+    if (command == "checkpoint") return cmd_checkpoint(args);
     if (command == "--version" || command == "version") {
       fmt::print("tessera {}\n", TESSERA_VERSION);
       return kExitOk;

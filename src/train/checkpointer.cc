@@ -19,6 +19,7 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "train/distributed.h"
 
 namespace tessera::train {
 namespace {
@@ -411,6 +412,57 @@ std::string resume_from(Trainer& trainer, const std::vector<std::string>& candid
   }
   throw DataError(fmt::format("no checkpoint could be loaded (checkpoint.fallback = {}):{}",
                               trainer.config().checkpoint.fallback, errors));
+}
+
+std::string reshard(const std::string& src, const std::string& dst_root, const config::Config& target) {
+  ck::CheckpointReader reader(src);
+  ck::Manifest m = reader.manifest();
+  config::Config stored;
+  try {
+    stored = config::load_text(m.config_toml, src + "/manifest.json", {});
+  } catch (const ConfigError& e) {
+    throw DataError(fmt::format("{}/manifest.json: its stored config is invalid: {}", src, e.what()));
+  }
+  stored.parallel.nproc = target.parallel.nproc;
+  stored.parallel.strategy = target.parallel.strategy;
+  stored.parallel.shard_group_size = target.parallel.shard_group_size;
+  config::validate(stored);  // e.g. the batch must still divide among the new ranks
+  const int world = static_cast<int>(target.parallel.nproc);
+  const int S = shard_size_of(stored, world);
+  const model::ModelLayout layout(stored.model, 16 * S);
+  if (layout.units().size() != m.units.size()) {
+    throw DataError(fmt::format("{}: {} units, its stored config describes {}", src, m.units.size(), layout.units().size()));
+  }
+  const std::string dir = dst_root + "/" + ck::step_dir_name(m.step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+  if (fs::exists(dir + "/manifest.json", ec)) throw IoError(fmt::format("{} already holds a checkpoint", dir));
+  m.world = world;
+  m.shard_size = S;
+  m.strategy = stored.parallel.strategy;
+  m.config_toml = config::to_toml(stored);
+  m.files.clear();
+  for (size_t u = 0; u < m.units.size(); ++u) m.units[u].padded = layout.units()[u].padded;
+  for (int k = 0; k < S; ++k) {
+    std::vector<std::vector<float>> buffers;
+    std::vector<ck::TensorView> views;
+    for (size_t u = 0; u < m.units.size(); ++u) {
+      const int64_t n = m.units[u].padded / S;
+      for (const char* kind : kKinds) {
+        buffers.emplace_back(n);
+        reader.read_slice(static_cast<int>(u), kind, k * n, n, buffers.back().data());
+        views.push_back({ck::Manifest::tensor_name(m.units[u].name, kind), buffers.back().data(),
+                         static_cast<uint64_t>(n)});
+      }
+    }
+    const std::string name = ck::shard_file_name(k);
+    const ck::FileDigest d = ck::write_shard_file(dir + "/" + name, views);
+    m.files.push_back({name, k, d.bytes, d.xxh64});
+  }
+  write_file_atomic(dir + "/manifest.json", ck::to_json(m));
+  ck::write_latest(dst_root, m.step);
+  return dir;
 }
 
 }  // namespace tessera::train

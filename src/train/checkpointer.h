@@ -89,4 +89,10 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir);
 // only when checkpoint.fallback is set).
 std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates);
 
+// Writes the checkpoint `src` (a committed step directory) re-cut for the world size and strategy
+// of `target` (parallel.nproc, parallel.strategy, parallel.shard_group_size) as a committed
+// checkpoint under dst_root (step directory and `latest`), with target's parallel settings in its
+// stored config. Parameters and moments are copied exactly. Returns the new step directory.
+std::string reshard(const std::string& src, const std::string& dst_root, const config::Config& target);
+
 }  // namespace tessera::train

@@ -99,6 +99,7 @@ void Trainer::restore(const TrainingState& state) {
 }
 
 StepStats Trainer::step(uint32_t signals) {
+  CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
   const int world = dist_.topology.world;
@@ -114,7 +115,7 @@ StepStats Trainer::step(uint32_t signals) {
   }
   loss /= static_cast<double>(accum);
   if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss and signals
-    constexpr int kBits = 8 * sizeof(signals);
+    constexpr int kBits = kSignalBits;
     float sums[1 + kBits] = {static_cast<float>(loss / world)};
     for (int b = 0; b < kBits; ++b) sums[1 + b] = static_cast<float>(signals >> b & 1u);
     dist_.world->all_reduce(sums, 1 + kBits, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();

@@ -59,6 +59,7 @@ class Trainer {
   // raises (e.g. "stop requested"); every rank gets their OR over ranks in StepStats::signals,
   // carried by the step's loss all-reduce, so all ranks act on them after the same step.
   StepStats step(uint32_t signals = 0);
+  static constexpr int kSignalBits = 4;  // signals < 2^kSignalBits
   // Mean loss per token over up to train.eval_batches global batches of the validation split
   // (the same samples at any world size).
   double evaluate();

@@ -1,0 +1,352 @@
+// Shard files, manifests and checkpoint directories: round trips, and every kind of damage
+// (flipped byte, truncation, overlapping or out-of-range tensors) is a DataError naming the file
+// and tensor (RELIABILITY.md rows 5, 6 and 13).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/shard_file.h"
+#include "core/error.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path path = fs::path(::testing::TempDir()) / ("ckpt_test_" + std::to_string(::getpid()));
+  Dir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Dir() { fs::remove_all(path); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes; }
+
+std::vector<float> iota(size_t n, float start) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i) * 0.25f;
+  return v;
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "(no DataError)";
+}
+
+TEST(ShardFile, RoundTripAndDigest) {
+  Dir d;
+  const auto a = iota(5, 1), b = iota(100, -3);
+  const std::string path = (d.path / "s.bin").string();
+  const FileDigest written = write_shard_file(path, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"empty", nullptr, 0}});
+  const FileDigest read = digest_file(path);
+  EXPECT_EQ(written.bytes, fs::file_size(path));
+  EXPECT_EQ(written.bytes, read.bytes);
+  EXPECT_EQ(written.xxh64, read.xxh64);
+  ShardFile f(path);
+  ASSERT_EQ(f.entries().size(), 3u);
+  std::vector<float> out(100);
+  f.read(*f.find("b"), out.data());
+  EXPECT_EQ(out, b);
+  out.resize(5);
+  f.read(*f.find("a"), out.data());
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(f.find("c"), nullptr);
+  for (const auto& e : f.entries()) EXPECT_EQ(e.offset % 64, 0u) << e.name;
+}
+
+TEST(ShardFile, FlippedDataByteNamesFileAndTensor) {
+  Dir d;
+  const auto a = iota(64, 1), b = iota(64, 2);
+  const fs::path path = d.path / "s.bin";
+  write_shard_file(path.string(), {{"first", a.data(), a.size()}, {"second", b.data(), b.size()}});
+  std::string bytes = slurp(path);
+  bytes[bytes.size() - 10] ^= 0x01;  // inside the last tensor
+  spit(path, bytes);
+  ShardFile f(path.string());
+  std::vector<float> out(64);
+  EXPECT_NO_THROW(f.read(*f.find("first"), out.data()));
+  const std::string e = error_of([&] { f.read(*f.find("second"), out.data()); });
+  EXPECT_NE(e.find(path.string()), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor second fails its checksum"), std::string::npos) << e;
+}
+
+TEST(ShardFile, EveryFlippedByteIsDetected) {
+  // Header, prefix or data: a flip anywhere that matters is caught by the header checksum, the
+  // parser or a tensor checksum (padding between tensors carries nothing).
+  Dir d;
+  const auto a = iota(3, 1);
+  const fs::path path = d.path / "s.bin";
+  write_shard_file(path.string(), {{"t", a.data(), a.size()}});
+  const std::string good = slurp(path);
+  uint64_t header = 0;
+  std::memcpy(&header, good.data() + 16, 8);
+  const uint64_t data_begin = good.size() - 64;  // one 64-byte aligned tensor of 12 bytes + padding
+  for (size_t i = 0; i < good.size(); ++i) {
+    const bool padding = (i >= 32 + header && i < data_begin) || i >= data_begin + 12;
+    if (padding || (i >= 12 && i < 16)) continue;  // padding and the reserved word carry nothing
+    std::string bad = good;
+    bad[i] ^= 0x20;
+    spit(path, bad);
+    bool caught = false;
+    try {
+      ShardFile f(path.string());
+      std::vector<float> out(3);
+      const ShardEntry* e = f.find("t");
+      if (e == nullptr || e->bytes != 12) {
+        caught = true;
+      } else {
+        f.read(*e, out.data());
+      }
+    } catch (const DataError&) {
+      caught = true;
+    }
+    EXPECT_TRUE(caught) << "byte " << i;
+  }
+}
+
+TEST(ShardFile, TruncationsAreTypedErrors) {
+  Dir d;
+  const auto a = iota(40, 1);
+  const fs::path path = d.path / "s.bin";
+  write_shard_file(path.string(), {{"t", a.data(), a.size()}});
+  const std::string good = slurp(path);
+  for (size_t n : {size_t{0}, size_t{7}, size_t{8}, size_t{31}, size_t{32}, good.size() / 2, good.size() - 1}) {
+    spit(path, good.substr(0, n));
+    const std::string e = error_of([&] {
+      ShardFile f(path.string());
+      std::vector<float> out(40);
+      f.read(*f.find("t"), out.data());
+    });
+    EXPECT_NE(e.find(path.string()), std::string::npos) << "truncated to " << n << ": " << e;
+  }
+}
+
+// Rewrites a shard file with an edited header (and a matching header checksum), keeping its data
+// region, to test the parser's range checks.
+void rewrite_header(const fs::path& path, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string bytes = slurp(path);
+  uint64_t len = 0;
+  std::memcpy(&len, bytes.data() + 16, 8);
+  const std::string data = bytes.substr((32 + len + 63) / 64 * 64);
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(32, len));
+  edit(h);
+  const std::string text = h.dump();
+  std::string out = bytes.substr(0, 32) + text;
+  const uint64_t size = text.size(), sum = XXH64(text.data(), text.size(), 0);
+  std::memcpy(out.data() + 16, &size, 8);
+  std::memcpy(out.data() + 24, &sum, 8);
+  out.resize((out.size() + 63) / 64 * 64, '\0');
+  spit(path, out + data);
+}
+
+TEST(ShardFile, RejectsOverlapsAndOutOfRangeTensors) {
+  Dir d;
+  const auto a = iota(16, 1), b = iota(16, 2);
+  const fs::path path = d.path / "s.bin";
+  const std::string good = [&] {
+    write_shard_file(path.string(), {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}});
+    return slurp(path);
+  }();
+  auto expect_rejected = [&](const char* what, const std::function<void(nlohmann::json&)>& edit, const char* needle) {
+    spit(path, good);
+    rewrite_header(path, edit);
+    const std::string e = error_of([&] { ShardFile f(path.string()); });
+    EXPECT_NE(e.find(needle), std::string::npos) << what << ": " << e;
+  };
+  expect_rejected("overlap", [](nlohmann::json& h) { h["tensors"][1]["offset"] = 32; }, "overlap");
+  expect_rejected("beyond the end", [](nlohmann::json& h) { h["tensors"][1]["offset"] = 1u << 30; }, "beyond");
+  expect_rejected("huge size", [](nlohmann::json& h) { h["tensors"][0]["bytes"] = ~uint64_t{0} - 3; }, "beyond");
+  expect_rejected("odd size", [](nlohmann::json& h) { h["tensors"][0]["bytes"] = 6; }, "whole floats");
+  expect_rejected("duplicate", [](nlohmann::json& h) { h["tensors"][1]["name"] = "a"; }, "twice");
+  expect_rejected("negative", [](nlohmann::json& h) { h["tensors"][0]["offset"] = -64; }, "lacks");
+}
+
+TEST(ShardFile, HeaderLongerThanTheFileIsRejectedWithoutAllocating) {
+  Dir d;
+  const auto a = iota(4, 1);
+  const fs::path path = d.path / "s.bin";
+  write_shard_file(path.string(), {{"a", a.data(), a.size()}});
+  std::string bytes = slurp(path);
+  const uint64_t huge = uint64_t{1} << 62;
+  std::memcpy(bytes.data() + 16, &huge, 8);
+  spit(path, bytes);
+  EXPECT_NE(error_of([&] { ShardFile f(path.string()); }).find("does not fit"), std::string::npos);
+}
+
+Manifest sample_manifest() {
+  Manifest m;
+  m.step = 12;
+  m.tokens = 4096;
+  m.sampler_position = 48;
+  m.seed = 7;
+  m.lr = 1e-3;
+  m.min_lr = 1e-4;
+  m.warmup_steps = 2;
+  m.total_steps = 100;
+  m.world = 4;
+  m.shard_size = 2;
+  m.strategy = "hybrid_shard";
+  m.config_toml = "[model]\npreset = \"tiny\"\n";
+  m.created = "2026-01-01T00:00:00Z";
+  m.units = {{"embedding", 10, 32, {{"tok", {2, 5}, 0}}}, {"head", 3, 32, {{"norm", {3}, 0}}}};
+  m.files = {{"shard_00000.bin", 0, 100, 0xabc}, {"shard_00001.bin", 1, 200, 0xdef}};
+  return m;
+}
+
+TEST(Manifest, RoundTrip) {
+  const Manifest m = sample_manifest();
+  const Manifest r = parse_manifest(to_json(m), "x");
+  EXPECT_EQ(to_json(r), to_json(m));
+  EXPECT_EQ(r.files[1].xxh64, 0xdefu);
+  EXPECT_EQ(r.units[0].tensors[0].shape, (std::vector<int64_t>{2, 5}));
+}
+
+TEST(Manifest, BadFieldsNameTheKey) {
+  const nlohmann::json good = nlohmann::json::parse(to_json(sample_manifest()));
+  auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { parse_manifest(j.dump(), "M"); });
+  };
+  EXPECT_NE(error_with([](auto& j) { j.erase("step"); }).find("M: step is missing"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["step"] = "12"; }).find("step has type string"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["version"] = 2; }).find("version"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["files"][0]["name"] = "../etc/passwd"; }).find("files[0].name"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["files"][1]["shard_rank"] = 0; }).find("appears twice"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["files"].erase(1); }).find("no file for shard rank 1"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["units"][0]["tensors"][0]["offset"] = 5; }).find("beyond the end"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["units"][0]["tensors"][0]["shape"] = {1u << 31, 1u << 31}; }).find("shape"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["units"][0]["padded"] = 33; }).find("multiple"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["shard_size"] = 3; }).find("does not divide"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_manifest("{\"format\": ", "M"); }).find("not a JSON object"), std::string::npos);
+}
+
+// A committed checkpoint written by hand at shard size S over units of the given sizes.
+void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vector<int64_t>& numels) {
+  Manifest m = sample_manifest();
+  m.step = step;
+  m.world = m.shard_size = S;
+  m.units.clear();
+  m.files.clear();
+  for (size_t u = 0; u < numels.size(); ++u) {
+    const int64_t padded = (numels[u] + 16 * S - 1) / (16 * S) * (16 * S);
+    m.units.push_back({"u" + std::to_string(u), numels[u], padded, {{"w" + std::to_string(u), {numels[u]}, 0}}});
+  }
+  const fs::path dir = root / step_dir_name(step);
+  fs::create_directories(dir);
+  for (int k = 0; k < S; ++k) {
+    std::vector<std::vector<float>> data;
+    std::vector<TensorView> views;
+    for (size_t u = 0; u < numels.size(); ++u) {
+      const int64_t n = m.units[u].padded / S;
+      for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+        std::vector<float> v(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t global = k * n + i;
+          v[i] = global < numels[u] ? static_cast<float>(1000 * u + global) + (kind[4] == 'a' ? 0.5f : kind[0] == 'p' ? 0.f : 0.25f) : 0.f;
+        }
+        data.push_back(std::move(v));
+        views.push_back({Manifest::tensor_name(m.units[u].name, kind), data.back().data(), static_cast<uint64_t>(n)});
+      }
+    }
+    views.clear();  // `data` may have reallocated while it grew: point into its final buffers
+    size_t at = 0;
+    for (size_t u = 0; u < numels.size(); ++u) {
+      for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+        views.push_back({Manifest::tensor_name(m.units[u].name, kind), data[at].data(), data[at].size()});
+        ++at;
+      }
+    }
+    const FileDigest dg = write_shard_file((dir / shard_file_name(k)).string(), views);
+    m.files.push_back({shard_file_name(k), k, dg.bytes, dg.xxh64});
+  }
+  spit(dir / "manifest.json", to_json(m));
+  write_latest(root.string(), step);
+}
+
+TEST(CheckpointReader, ReadsAnySliceAtAnyPadding) {
+  Dir d;
+  write_checkpoint(d.path, 5, 3, {37, 100});
+  CheckpointReader r((d.path / step_dir_name(5)).string());
+  // Re-cut for 2 shards of a padding of 64: elements past numel are zero.
+  for (int unit = 0; unit < 2; ++unit) {
+    const int64_t numel = unit == 0 ? 37 : 100;
+    std::vector<float> all(128, -1.f);
+    r.read_slice(unit, "param", 0, 64, all.data());
+    r.read_slice(unit, "param", 64, 64, all.data() + 64);
+    for (int64_t i = 0; i < 128; ++i) {
+      EXPECT_EQ(all[i], i < numel ? static_cast<float>(1000 * unit + i) : 0.f) << unit << " " << i;
+    }
+    std::vector<float> m(7);
+    r.read_slice(unit, "exp_avg", 30, 7, m.data());
+    EXPECT_EQ(m[0], static_cast<float>(1000 * unit + 30) + 0.5f);
+  }
+  const auto params = r.parameters();
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_EQ(params[1].data.size(), 100u);
+  EXPECT_EQ(params[1].data[99], 1099.f);
+}
+
+TEST(CheckpointDirectory, VerifyNamesTheDamagedFileAndTensor) {
+  Dir d;
+  write_checkpoint(d.path, 5, 2, {40, 64});
+  const fs::path dir = d.path / step_dir_name(5);
+  EXPECT_TRUE(verify(dir.string()).empty());
+  const fs::path shard = dir / shard_file_name(1);
+  std::string bytes = slurp(shard);
+  bytes[bytes.size() - 4] ^= 0x40;  // the last tensor: u1.exp_avg_sq
+  spit(shard, bytes);
+  const auto problems = verify(dir.string());
+  ASSERT_GE(problems.size(), 2u);
+  EXPECT_NE(problems[0].find(shard.string() + ": checksum"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[1].find("tensor u1.exp_avg_sq fails its checksum"), std::string::npos) << problems[1];
+  spit(shard, bytes.substr(0, bytes.size() / 2));
+  EXPECT_NE(verify(dir.string())[0].find("bytes, the manifest records"), std::string::npos);
+  fs::remove(shard);
+  EXPECT_FALSE(verify(dir.string()).empty());
+}
+
+TEST(CheckpointDirectory, LatestListingCleanupAndPrune) {
+  Dir d;
+  for (int64_t step : {5, 10, 15, 20}) write_checkpoint(d.path, step, 1, {16});
+  fs::create_directories(d.path / step_dir_name(25));  // a save that never committed
+  spit(d.path / step_dir_name(25) / "shard_00000.bin", std::string(1000, 'x'));
+  spit(d.path / "latest.tmp", "junk");
+  EXPECT_EQ(committed_steps(d.path.string()), (std::vector<int64_t>{5, 10, 15, 20}));
+  EXPECT_EQ(read_latest(d.path.string()), 20);
+  EXPECT_EQ(remove_uncommitted(d.path.string()), 1004u);
+  EXPECT_FALSE(fs::exists(d.path / step_dir_name(25)));
+  EXPECT_FALSE(fs::exists(d.path / "latest.tmp"));
+  write_latest(d.path.string(), 10);  // e.g. a commit whose latest update was cut short
+  prune(d.path.string(), 1);
+  EXPECT_EQ(committed_steps(d.path.string()), (std::vector<int64_t>{10, 20}));  // latest is never pruned
+  remove_newer(d.path.string(), 10);
+  EXPECT_EQ(committed_steps(d.path.string()), (std::vector<int64_t>{10}));
+  spit(d.path / "latest", "garbage\n");
+  EXPECT_NE(error_of([&] { read_latest(d.path.string()); }).find("garbage"), std::string::npos);
+  EXPECT_EQ(read_latest((d.path / "nowhere").string()), -1);
+}
+
+}  // namespace
+}  // namespace tessera::checkpoint
