@@ -91,6 +91,9 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
   if (dist_.topology.rank == 0) ck::remove_uncommitted(root_);
+  if (dist_.world != nullptr) {  // no rank writes a checkpoint before the cleanup is done
+    dist_.world->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
+  }
   writer_ = std::thread([this] { writer_loop(); });
   if (dist_.topology.rank == 0 && !config_.checkpoint.mirror_dir.empty()) {
     mirror_ = std::thread([this] { mirror_loop(); });
