@@ -51,6 +51,12 @@ commands:
                  continue a prompt with a trained model (PATH: a run directory or weights file)
   eval --checkpoint PATH [--data DIR]
                  validation loss and perplexity of a trained model
+  checkpoint export --format hf SRC OUT [--max-shard-size SIZE]
+                 a trained model (run directory or weights file) as a Hugging Face Llama
+                 directory (config.json, safetensors, tokenizer.model)
+  checkpoint import --format hf HF_DIR OUT_DIR
+                 a Hugging Face Llama directory as OUT_DIR/model.safetensors for generate,
+                 eval and train.init_from
   info           version, build options, CPU features, GEMM library, threads, CUDA devices
 
 exit codes: 0 done, 2 bad command line or config, 3 bad data, 10 I/O error,
@@ -271,6 +277,7 @@ int run(int argc, char** argv) {
     if (command == "prepare") return cmd_prepare(args);
     if (command == "generate") return cmd_generate(args);
     if (command == "eval") return cmd_eval(args);
+    if (command == "checkpoint") return cmd_checkpoint(args);
     if (command == "--version" || command == "version") {
       fmt::print("tessera {}\n", TESSERA_VERSION);
       return kExitOk;

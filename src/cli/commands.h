@@ -18,6 +18,8 @@ int cmd_prepare(const Args& args);
 // Commands over a trained model (cli/model_commands.cc).
 int cmd_generate(const Args& args);
 int cmd_eval(const Args& args);
+// Converting saved weights (cli/checkpoint_commands.cc): tessera checkpoint export|import ...
+int cmd_checkpoint(const Args& args);
 
 // Dispatches argv[1]; prints usage on no or unknown command.
 int run(int argc, char** argv);
