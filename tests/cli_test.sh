@@ -52,6 +52,52 @@ else
   echo "FAIL: tiny training run failed:"; cat "$dir/a.log" "$dir/b.log" 2>/dev/null | tail -5; failures=$((failures + 1))
 fi
 
+# Hugging Face interop: a run exported (one file and several), imported back, evaluated, and
+# used as train.init_from gives the same numbers everywhere, since the weights are bitwise equal.
+src=$(cd "$(dirname "$0")/.." && pwd)
+check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; failures=$((failures + 1)); fi; }
+val_loss() { "$tessera" eval --checkpoint "$1" --data "$dir/ds" 2>/dev/null | grep -o '"val_loss":[^,]*'; }
+first_loss() {  # the step-1 loss of a one-step run with the short run's settings and extra --set flags
+  run "$dir/init$1" --set train.max_steps=1 --set checkpoint.save_final=false --set train.eval_interval=0 "${@:2}" &&
+    grep -o '"loss":[^,]*' "$dir/init$1/metrics.jsonl"
+}
+if [[ -s $dir/a/model.safetensors ]] &&
+   "$tessera" tokenizer train --input "$src/data/kjv.txt.zst" --vocab-size 512 --out "$dir/tok.model" --threads 2 >"$dir/hf.log" 2>&1 &&
+   "$tessera" prepare --input "$src/data/kjv.txt.zst" --tokenizer "$dir/tok.model" --out "$dir/ds" --workers 2 \
+     --val-fraction 0.02 >>"$dir/hf.log" 2>&1 &&
+   "$tessera" checkpoint export --format hf "$dir/a" "$dir/hf" >>"$dir/hf.log" 2>&1 &&
+   "$tessera" checkpoint export --format hf --max-shard-size 50KB "$dir/a/model.safetensors" "$dir/hf_sharded" >>"$dir/hf.log" 2>&1 &&
+   cp "$dir/tok.model" "$dir/hf/tokenizer.model" &&
+   "$tessera" checkpoint import --format hf "$dir/hf" "$dir/imp" >>"$dir/hf.log" 2>&1 &&
+   "$tessera" checkpoint import --format hf "$dir/hf_sharded" "$dir/imp_sharded" >>"$dir/hf.log" 2>&1; then
+  check "export wrote config.json and one model.safetensors" '[[ -s $dir/hf/config.json && -s $dir/hf/model.safetensors ]]'
+  check "a 50KB limit gives several files and an index" \
+    '[[ -s $dir/hf_sharded/model.safetensors.index.json && $(ls "$dir"/hf_sharded/model-*-of-*.safetensors | wc -l) -gt 1 ]]'
+  check "import copied tokenizer.model" '[[ -s $dir/imp/tokenizer.model && ! -e $dir/imp_sharded/tokenizer.model ]]'
+  loss_run=$(val_loss "$dir/a") loss_imp=$(val_loss "$dir/imp") loss_sharded=$(val_loss "$dir/imp_sharded")
+  echo "eval: run $loss_run, imported $loss_imp, imported from shards $loss_sharded"
+  check "eval of the run and of its imports agree" '[[ -n $loss_run && $loss_run == "$loss_imp" && $loss_run == "$loss_sharded" ]]'
+  gen() { "$tessera" generate --checkpoint "$@" --prompt "And God said" --max-tokens 8 --temperature 0 2>/dev/null; }
+  check "generate from the import (its copied tokenizer) equals the run's" \
+    '[[ -n $(gen "$dir/imp") && $(gen "$dir/imp") == "$(gen "$dir/a" --tokenizer "$dir/tok.model")" ]]'
+  from_hf=$(first_loss hf --set train.init_from="$dir/hf") from_run=$(first_loss run --set train.init_from="$dir/a")
+  from_imp=$(first_loss imp --set train.init_from="$dir/imp/model.safetensors") fresh=$(first_loss fresh)
+  echo "step-1 loss: init_from hf $from_hf, run $from_run, import $from_imp; random init $fresh"
+  check "train.init_from starts at the same loss from every form of the weights" \
+    '[[ -n $from_hf && $from_hf == "$from_run" && $from_hf == "$from_imp" && $from_hf != "$fresh" ]]'
+  expect_exit 2 "config key model.dim = 128 does not match train.init_from" -- train --set model.preset=tiny --set model.dim=128 \
+    --set data.synthetic=true --set train.max_steps=1 --set train.init_from="$dir/hf" --run-dir "$dir/bad_init"
+  cp -r "$dir/hf" "$dir/hf_bad"
+  sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$dir/hf_bad/config.json"
+  expect_exit 3 "hf_bad/config.json: key rope_scaling" -- checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
+  expect_exit 2 "already exists" -- checkpoint export --format hf "$dir/a" "$dir/hf"
+else
+  echo "FAIL: Hugging Face export or import failed:"; tail -5 "$dir/hf.log"; failures=$((failures + 1))
+fi
+expect_exit 2 "unknown checkpoint subcommand 'frobnicate'" -- checkpoint frobnicate
+expect_exit 2 "missing --format" -- checkpoint export "$dir/a" "$dir/x"
+expect_exit 2 "usage: tessera checkpoint" -- checkpoint
+
 # A diverging run stops with the non-finite exit code and names the step.
 expect_exit 11 "step [0-9]+: loss" -- train --set model.preset=tiny --set data.synthetic=true --set train.batch_size=4 --set train.lr=1e30 \
   --set train.warmup_steps=0 --set train.grad_clip=0 --set train.max_steps=20 --run-dir "$dir/nan"

@@ -5,15 +5,42 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/file_io.h"
 
 namespace tessera::checkpoint {
+namespace {
+
+// IEEE binary16 to float, exactly (every half is a float): subnormals, infinities, NaN payloads.
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return std::bit_cast<float>(sign);
+    exponent = 1;
+    while ((mantissa & 0x400u) == 0) mantissa <<= 1, --exponent;  // normalize the subnormal
+    mantissa &= 0x3ffu;
+  }
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// Bytes per element of the dtypes read, 0 for any other.
+size_t element_size(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  return 0;
+}
+
+}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -88,7 +115,11 @@ std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std:
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets")) {
       throw bad("missing dtype, shape or data_offsets");
     }
-    if (info["dtype"] != "F32") throw bad(fmt::format("dtype {} is not supported (F32 only)", info["dtype"].dump()));
+    const size_t esize = info["dtype"].is_string() ? element_size(info["dtype"].get<std::string>()) : 0;
+    if (esize == 0) {
+      throw bad(fmt::format("dtype {} is not supported (F32, BF16 or F16)", info["dtype"].dump()));
+    }
+    const std::string dtype = info["dtype"].get<std::string>();
     const auto& shape = info["shape"];
     const auto& offsets = info["data_offsets"];
     if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2) throw bad("malformed shape or data_offsets");
@@ -105,11 +136,30 @@ std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std:
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) throw bad("malformed data_offsets");
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     if (begin > end || end > data_size) throw bad(fmt::format("data_offsets [{}, {}) outside the data ({} bytes)", begin, end, data_size));
-    if (end - begin != numel * sizeof(float)) throw bad("data_offsets do not match the shape");
+    // numel <= data_size (checked above), so the product cannot overflow.
+    if (end - begin != numel * esize) throw bad("data_offsets do not match the shape");
     t.data.resize(numel);
     in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
-    if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin))) {
-      throw IoError(fmt::format("cannot read tensor {} from {}", name, path));
+    if (esize == sizeof(float)) {
+      if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin))) {
+        throw IoError(fmt::format("cannot read tensor {} from {}", name, path));
+      }
+    } else {
+      // 16-bit tensors widen to fp32 exactly; read in chunks so the staging buffer stays small.
+      std::vector<uint16_t> staging(std::min<uint64_t>(numel, uint64_t{1} << 20));
+      for (uint64_t done = 0; done < numel;) {
+        const uint64_t n = std::min<uint64_t>(staging.size(), numel - done);
+        if (!in.read(reinterpret_cast<char*>(staging.data()), static_cast<std::streamsize>(n * 2))) {
+          throw IoError(fmt::format("cannot read tensor {} from {}", name, path));
+        }
+        float* out_data = t.data.data() + done;
+        if (dtype == "BF16") {
+          bf16_to_f32(staging.data(), out_data, static_cast<int64_t>(n));
+        } else {
+          for (uint64_t i = 0; i < n; ++i) out_data[i] = f16_to_f32(staging[i]);
+        }
+        done += n;
+      }
     }
     out.push_back(std::move(t));
   }

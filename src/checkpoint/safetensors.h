@@ -21,7 +21,7 @@ struct NamedTensor {
 // `metadata` goes into the header's "__metadata__" (string to string, as the format requires).
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-// Reads every tensor (F32 only) and, when `metadata` is not null, the "__metadata__" entries.
+// Reads every tensor (F32, or BF16 and F16 widened exactly to F32) and, when `metadata` is not null, the "__metadata__" entries.
 // Throws DataError naming the file and tensor on any inconsistency, IoError when the file cannot
 // be read.
 std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);

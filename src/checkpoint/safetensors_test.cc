@@ -1,10 +1,13 @@
-// safetensors: exact round trip, and hostile files rejected with the file and tensor named.
+// safetensors: exact round trip, exact widening of 16-bit floats, and hostile files rejected with the file and tensor named.
 #include "checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -66,6 +69,66 @@ TEST(Safetensors, HostileFilesAreRejectedWithNames) {
   EXPECT_NE(read_error(p).find("exceeds the file size"), std::string::npos);
   std::ofstream(p, std::ios::binary) << "abc";
   EXPECT_NE(read_error(p).find("too short"), std::string::npos);
+}
+
+// A safetensors file of 16-bit tensors (name, shape, raw element bits).
+void write_16bit(const std::string& path, const std::string& dtype,
+                 const std::vector<std::pair<NamedTensor, std::vector<uint16_t>>>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  size_t offset = 0;
+  for (const auto& [t, bits] : tensors) {
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + 2 * bits.size()}}};
+    offset += 2 * bits.size();
+  }
+  const std::string json = header.dump();
+  const uint64_t n = json.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << json;
+  for (const auto& [t, bits] : tensors) out.write(reinterpret_cast<const char*>(bits.data()), 2 * bits.size());
+}
+
+TEST(Safetensors, HalfAndBfloat16WidenExactly) {
+  // F16: 1, -2, smallest subnormal, largest subnormal, largest normal, -0, +inf, 1/3 rounded.
+  const std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x8000, 0x7c00, 0x3555};
+  const std::vector<float> f16_want = {1.0f, -2.0f, std::ldexp(1.0f, -24), 1023 * std::ldexp(1.0f, -24), 65504.0f,
+                                       -0.0f, INFINITY, 0x1.554p-2f};
+  const std::vector<uint16_t> bf16 = {0x3f80, 0xc040, 0x0001, 0x7f7f, 0x8000, 0x3eab};
+  std::vector<float> bf16_want;
+  for (uint16_t b : bf16) bf16_want.push_back(std::bit_cast<float>(static_cast<uint32_t>(b) << 16));
+  EXPECT_EQ(bf16_want[1], -3.0f);
+  write_16bit(path_of("h.safetensors"), "F16", {{NamedTensor{"h", {2, 4}, {}}, f16}});
+  write_16bit(path_of("b.safetensors"), "BF16", {{NamedTensor{"b", {6}, {}}, bf16}});
+  const auto h = read_safetensors(path_of("h.safetensors"));
+  const auto b = read_safetensors(path_of("b.safetensors"));
+  ASSERT_EQ(h.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(h[0].shape, (std::vector<int64_t>{2, 4}));
+  ASSERT_EQ(h[0].data.size(), f16_want.size());
+  EXPECT_EQ(std::memcmp(h[0].data.data(), f16_want.data(), 4 * f16_want.size()), 0);
+  ASSERT_EQ(b[0].data.size(), bf16_want.size());
+  EXPECT_EQ(std::memcmp(b[0].data.data(), bf16_want.data(), 4 * bf16_want.size()), 0);
+  // Past the reader's staging chunk (2^20 elements), every bit pattern, NaNs included, widens.
+  std::vector<uint16_t> many((1 << 20) + 3);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<uint16_t>(i * 40503u);
+  write_16bit(path_of("many.safetensors"), "BF16", {{NamedTensor{"m", {static_cast<int64_t>(many.size())}, {}}, many}});
+  const auto m = read_safetensors(path_of("many.safetensors"));
+  ASSERT_EQ(m[0].data.size(), many.size());
+  for (size_t i = 0; i < many.size(); ++i) {
+    if (std::bit_cast<uint32_t>(m[0].data[i]) != static_cast<uint32_t>(many[i]) << 16) {
+      ADD_FAILURE() << "element " << i;
+      break;
+    }
+  }
+  // The size check counts 2 bytes per element: 6 elements' bytes for a shape of 3 are rejected.
+  write_16bit(path_of("bad16.safetensors"), "BF16", {{NamedTensor{"b", {3}, {}}, bf16}});
+  try {
+    read_safetensors(path_of("bad16.safetensors"));
+    ADD_FAILURE() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad16.safetensors: tensor b: data_offsets do not match"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Safetensors, UnwritableDirectoryIsAnIoError) {

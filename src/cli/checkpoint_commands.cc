@@ -1,29 +1,143 @@
-// `tessera checkpoint verify|reshard`: offline tools over sharded checkpoints.
+// `tessera checkpoint SUBCOMMAND`: converting, verifying and resharding saved weights.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 
 #include "checkpoint/directory.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/safetensors.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "config/config.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "train/checkpointer.h"
+#include "train/run.h"
 
 namespace tessera::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kCheckpointUsage = R"(usage: tessera checkpoint <command>
-  verify DIR      check sizes and checksums of a checkpoint (a step directory, or a checkpoint
-                  root / run directory: every committed checkpoint in it); names the bad file
-                  and tensor; exit 3 when anything is damaged
-  reshard SRC DST --nproc N [--set parallel.strategy=S] [--set parallel.shard_group_size=G]
-                  write checkpoint SRC (a step directory or a root with `latest`) re-cut for N
-                  ranks into the checkpoint root DST
-)";
+constexpr const char* kExportUsage =
+    "usage: tessera checkpoint export --format hf SRC OUT [--max-shard-size SIZE]\n"
+    "  SRC: a run directory, a checkpoint directory or a model.safetensors of `tessera train`; OUT: a new directory\n"
+    "  for transformers' LlamaForCausalLM (config.json, model.safetensors, tokenizer.model when SRC\n"
+    "  has one). Above SIZE bytes (suffix KB, MB or GB; default 5GB) the weights go into\n"
+    "  model-0000i-of-0000n.safetensors files with model.safetensors.index.json.\n";
+
+constexpr const char* kImportUsage =
+    "usage: tessera checkpoint import --format hf HF_DIR OUT_DIR\n"
+    "  HF_DIR: a Llama directory (config.json and model.safetensors or an index of several files;\n"
+    "  F32, BF16 or F16). Writes OUT_DIR/model.safetensors (fp32, the config in its metadata),\n"
+    "  OUT_DIR/config.toml and a copy of tokenizer.model when HF_DIR has one; `tessera generate`\n"
+    "  and `tessera eval` take OUT_DIR, and train.init_from takes HF_DIR or OUT_DIR.\n";
+
+constexpr const char* kVerifyUsage =
+    "usage: tessera checkpoint verify DIR\n"
+    "  checks sizes and checksums of a sharded checkpoint (a step directory, or a checkpoint root or\n"
+    "  run directory: every committed checkpoint in it) and names the bad file and tensor; exit 3\n"
+    "  when anything is damaged.\n";
+
+constexpr const char* kReshardUsage =
+    "usage: tessera checkpoint reshard SRC DST --nproc N [--set parallel.strategy=S]\n"
+    "                                  [--set parallel.shard_group_size=G]\n"
+    "  writes checkpoint SRC (a step directory, or a root with `latest`) re-cut for N ranks into the\n"
+    "  checkpoint root DST, parameters and optimizer state exactly.\n";
+
+struct Subcommand {
+  const char* name;
+  const char* usage;
+  std::function<int(const ParsedArgs&)> run;
+  std::vector<std::string> value_flags;
+};
+
+// The only interchange format so far; --format is required so that others can follow.
+void require_hf_format(const ParsedArgs& a) {
+  const std::string format = a.get("--format", "");
+  if (format.empty()) throw ConfigError("missing --format (supported: hf)");
+  if (format != "hf") throw ConfigError(fmt::format("--format {}: unsupported (supported: hf)", format));
+}
+
+// "5GB", "200MB", "4096": decimal units, as transformers' max_shard_size.
+uint64_t parse_size(const std::string& text) {
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"GB", 1000000000}, {"MB", 1000000}, {"KB", 1000}};
+  uint64_t unit = 1;
+  std::string digits = text;
+  for (const auto& [suffix, scale] : kUnits) {
+    if (text.ends_with(suffix)) {
+      unit = scale;
+      digits = text.substr(0, text.size() - 2);
+      break;
+    }
+  }
+  uint64_t v = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc() || end != digits.data() + digits.size() || v == 0 || v > UINT64_MAX / unit) {
+    throw ConfigError(fmt::format("--max-shard-size expects a positive size such as 5GB or 200MB, got \"{}\"", text));
+  }
+  return v * unit;
+}
+
+void copy_tokenizer(const fs::path& from, const fs::path& out_dir) {
+  std::error_code ec;
+  fs::copy_file(from, out_dir / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+  if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", from.string(), out_dir.string(), ec.message()));
+}
+
+int export_command(const ParsedArgs& a) {
+  require_hf_format(a);
+  if (a.positional.size() != 2) throw ConfigError(fmt::format("export expects SRC OUT\n{}", kExportUsage));
+  const std::string& src = a.positional[0];
+  const std::string& out = a.positional[1];
+  const train::TrainedModel trained = train::load_trained(src);
+  checkpoint::HfExportOptions options;
+  if (a.flags.count("--max-shard-size")) options.max_shard_bytes = parse_size(a.get("--max-shard-size", ""));
+  if (!trained.tokenizer_path.empty()) {
+    const data::Tokenizer tokenizer(trained.tokenizer_path);
+    options.bos_token_id = tokenizer.bos_id();
+    options.eos_token_id = tokenizer.eos_id();
+  }
+  checkpoint::export_hf(trained.config.model, trained.tensors, trained.weights_path, out, options);
+  if (!trained.tokenizer_path.empty()) copy_tokenizer(trained.tokenizer_path, out);
+  log::info("exported {} to {} (Hugging Face Llama{})", trained.weights_path, out,
+            trained.tokenizer_path.empty() ? ", no tokenizer" : ", with tokenizer.model");
+  return kExitOk;
+}
+
+int import_command(const ParsedArgs& a) {
+  require_hf_format(a);
+  if (a.positional.size() != 2) throw ConfigError(fmt::format("import expects HF_DIR OUT_DIR\n{}", kImportUsage));
+  const fs::path hf_dir = a.positional[0], out = a.positional[1];
+  checkpoint::HfModel hf = checkpoint::import_hf(hf_dir.string());
+  // Defaults for everything but the model, which config.json fixes.
+  config::Config c = config::load("", {});
+  c.model = hf.config;
+  try {
+    config::validate(c);
+  } catch (const ConfigError& e) {
+    throw DataError(fmt::format("{}: describes a model Tessera cannot train: {}", (hf_dir / "config.json").string(),
+                                e.what()));
+  }
+  const fs::path weights = out / "model.safetensors";
+  if (fs::exists(weights)) throw ConfigError(fmt::format("{} already exists; import into a new directory", weights.string()));
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw IoError(fmt::format("cannot create {}: {}", out.string(), ec.message()));
+  const std::string toml = config::to_toml(c);
+  write_file_atomic((out / "config.toml").string(), toml);
+  checkpoint::write_safetensors(weights.string(), hf.tensors, {{"tessera_config", toml}});
+  const bool tokenizer = fs::exists(hf_dir / "tokenizer.model");
+  if (tokenizer) copy_tokenizer(hf_dir / "tokenizer.model", out);
+  log::info("imported {} into {} (model {}, {} layers, dim {}{})", hf_dir.string(), weights.string(), c.model.preset,
+            c.model.n_layers, c.model.dim, tokenizer ? ", with tokenizer.model" : ", no tokenizer.model in the source");
+  return kExitOk;
+}
 
 // The step directories DIR names: itself when it holds a manifest, else every committed one in
 // DIR or DIR/checkpoints.
@@ -40,12 +154,8 @@ std::vector<std::string> step_dirs(const std::string& dir) {
   throw DataError(fmt::format("{}: no committed checkpoint (no manifest.json) there", dir));
 }
 
-int cmd_verify(const Args& args) {
-  const ParsedArgs a = parse_args(args, {});
-  if (a.help || a.positional.size() != 1) {
-    std::fputs(kCheckpointUsage, a.help ? stdout : stderr);
-    return a.help ? kExitOk : kExitConfig;
-  }
+int verify_command(const ParsedArgs& a) {
+  if (a.positional.size() != 1) throw ConfigError(fmt::format("verify expects DIR\n{}", kVerifyUsage));
   int bad = 0;
   for (const std::string& dir : step_dirs(a.positional[0])) {
     const std::vector<std::string> problems = checkpoint::verify(dir);
@@ -61,11 +171,9 @@ int cmd_verify(const Args& args) {
   return bad == 0 ? kExitOk : kExitData;
 }
 
-int cmd_reshard(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--nproc"});
-  if (a.help || a.positional.size() != 2 || !a.flags.count("--nproc")) {
-    std::fputs(kCheckpointUsage, a.help ? stdout : stderr);
-    return a.help ? kExitOk : kExitConfig;
+int reshard_command(const ParsedArgs& a) {
+  if (a.positional.size() != 2 || !a.flags.count("--nproc")) {
+    throw ConfigError(fmt::format("reshard expects SRC DST --nproc N\n{}", kReshardUsage));
   }
   const std::vector<std::string> dirs = step_dirs(a.positional[0]);
   std::string src = dirs.back();
@@ -89,18 +197,39 @@ int cmd_reshard(const Args& args) {
   return kExitOk;
 }
 
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> table = {
+      {"export", kExportUsage, export_command, {"--format", "--max-shard-size"}},
+      {"import", kImportUsage, import_command, {"--format"}},
+      {"verify", kVerifyUsage, verify_command, {}},
+      {"reshard", kReshardUsage, reshard_command, {"--nproc"}},
+  };
+  return table;
+}
+
+std::string usage() {
+  std::string text = "usage: tessera checkpoint <subcommand> ...\n";
+  for (const Subcommand& s : subcommands()) text += std::string("\n") + s.usage;
+  return text;
+}
+
 }  // namespace
 
 int cmd_checkpoint(const Args& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::fputs(kCheckpointUsage, args.empty() ? stderr : stdout);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::fputs(usage().c_str(), args.empty() ? stderr : stdout);
     return args.empty() ? kExitConfig : kExitOk;
   }
-  const Args rest(args.begin() + 1, args.end());
-  if (args[0] == "verify") return cmd_verify(rest);
-  if (args[0] == "reshard") return cmd_reshard(rest);
-  fmt::print(stderr, "tessera checkpoint: unknown command '{}'\n\n{}", args[0], kCheckpointUsage);
-  return kExitConfig;
+  for (const Subcommand& s : subcommands()) {
+    if (args[0] != s.name) continue;
+    const ParsedArgs a = parse_args(Args(args.begin() + 1, args.end()), s.value_flags);
+    if (a.help) {
+      std::fputs(s.usage, stdout);
+      return kExitOk;
+    }
+    return s.run(a);
+  }
+  throw ConfigError(fmt::format("unknown checkpoint subcommand '{}'\n{}", args[0], usage()));
 }
 
 }  // namespace tessera::cli

@@ -50,9 +50,16 @@ commands:
   prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
                  tokenize text into a dataset of token shards, K worker processes
   generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
-                 continue a prompt with a trained model (PATH: a run directory or weights file)
+                 continue a prompt with a trained model (PATH: a run directory, a checkpoint
+                 directory or a weights file)
   eval --checkpoint PATH [--data DIR]
                  validation loss and perplexity of a trained model
+  checkpoint export --format hf SRC OUT [--max-shard-size SIZE]
+                 a trained model (run directory, checkpoint or weights file) as a Hugging Face Llama
+                 directory (config.json, safetensors, tokenizer.model)
+  checkpoint import --format hf HF_DIR OUT_DIR
+                 a Hugging Face Llama directory as OUT_DIR/model.safetensors for generate,
+                 eval and train.init_from
   checkpoint verify DIR | reshard SRC DST --nproc N
                  check a sharded checkpoint's checksums; re-cut it for another world size
   info           version, build options, CPU features, GEMM library, threads, CUDA devices

@@ -18,7 +18,7 @@ int cmd_prepare(const Args& args);
 // Commands over a trained model (cli/model_commands.cc).
 int cmd_generate(const Args& args);
 int cmd_eval(const Args& args);
-// Tools over sharded checkpoints (cli/checkpoint_commands.cc).
+// Saved weights (cli/checkpoint_commands.cc): tessera checkpoint export|import|verify|reshard ...
 int cmd_checkpoint(const Args& args);
 
 // Dispatches argv[1]; prints usage on no or unknown command.

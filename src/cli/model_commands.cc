@@ -94,6 +94,7 @@ int cmd_eval(const Args& args) {
   c.parallel.nproc = 1;  // evaluation runs in this process, whatever the run's world size was
   c.train.micro_batch_size = 0;
   c.train.eval_batches = std::numeric_limits<int32_t>::max();  // the whole validation split
+  c.train.init_from.clear();  // the weights come from the checkpoint
   train::Trainer trainer(c, train::resolve_dataset(c));
   trainer.params().load_tensors(trained.tensors, trained.weights_path);
   const double loss = trainer.evaluate();

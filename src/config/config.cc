@@ -104,7 +104,7 @@ const std::vector<Key>& schema() {
       KEY(train, batch_size), KEY(train, micro_batch_size), KEY(train, max_steps), KEY(train, max_tokens),
       KEY(train, lr), KEY(train, min_lr), KEY(train, warmup_steps), KEY(train, weight_decay), KEY(train, beta1),
       KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
-      KEY(train, eval_interval), KEY(train, eval_batches),
+      KEY(train, eval_interval), KEY(train, eval_batches), KEY(train, init_from),
       KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
       KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
       KEY(parallel, param_dtype), KEY(parallel, reduce_dtype),

@@ -29,6 +29,10 @@ struct TrainConfig {
   int64_t threads = 0;           // per process; 0: one per available core
   int64_t eval_interval = 100;   // steps between validation losses (and at the end); 0: never
   int64_t eval_batches = 8;      // global batches of the validation split per evaluation
+  // Initial weights instead of the seeded random init: a Hugging Face Llama directory
+  // (config.json + safetensors), a run directory or a model.safetensors written by
+  // `tessera train`. Its model shape must equal [model]'s; "" for random init.
+  std::string init_from;
 };
 
 struct DataConfig {

@@ -11,6 +11,7 @@
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "optim/adamw.h"
+#include "train/init_from.h"
 
 namespace tessera::train {
 namespace {
@@ -82,6 +83,8 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
   schedule_.min_lr = config.train.min_lr;
   schedule_.warmup_steps = config.train.warmup_steps;
   schedule_.total_steps = config.train.max_steps;
+  // Every rank reads the whole file and keeps its shard.
+  if (!config.train.init_from.empty()) params_->load_tensors(load_init_weights(config), config.train.init_from);
 }
 
 size_t Trainer::state_bytes() const {

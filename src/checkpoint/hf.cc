@@ -1,0 +1,411 @@
+// Hugging Face Llama interop: names, rotary row permutation, config.json, sharded files.
+#include "checkpoint/hf.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "model/layout.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+// Meta row order to HF (to_hf) or back, per head of D rows: see hf.h.
+std::vector<float> permute_rotary_rows(const NamedTensor& t, int64_t n_heads, int64_t D, bool to_hf) {
+  const int64_t cols = t.shape[1];
+  std::vector<float> out(t.data.size());
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t meta = h * D + 2 * i + j, hf = h * D + j * (D / 2) + i;
+        const int64_t from = to_hf ? meta : hf, to = to_hf ? hf : meta;
+        std::copy_n(t.data.begin() + from * cols, cols, out.begin() + to * cols);
+      }
+    }
+  }
+  return out;
+}
+
+// Tessera name -> HF name for every tensor of the layout, in layout order.
+std::vector<std::pair<std::string, std::string>> name_map(const model::ModelConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  out.emplace_back("tok_embeddings.weight", "model.embed_tokens.weight");
+  static const std::pair<const char*, const char*> kBlock[] = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},   {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},   {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},   {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+  };
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (const auto& [meta, hf] : kBlock) {
+      out.emplace_back(fmt::format("layers.{}.{}", l, meta), fmt::format("model.layers.{}.{}", l, hf));
+    }
+  }
+  out.emplace_back("norm.weight", "model.norm.weight");
+  if (!c.tied_embeddings) out.emplace_back("output.weight", "lm_head.weight");
+  return out;
+}
+
+// Shape and layout order of every Tessera tensor.
+std::map<std::string, std::vector<int64_t>> tessera_shapes(const model::ModelConfig& c) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  const model::ModelLayout layout(c);
+  for (const model::UnitLayout& u : layout.units()) {
+    for (const model::TensorSpec& t : u.tensors) shapes[t.name] = t.shape;
+  }
+  return shapes;
+}
+
+// Which projection a tensor is, for the rotary permutation: the head count, or 0 for none.
+int64_t rotary_heads(const model::ModelConfig& c, const std::string& tessera_name) {
+  if (tessera_name.ends_with("attention.wq.weight")) return c.n_heads;
+  if (tessera_name.ends_with("attention.wk.weight")) return c.n_kv_heads;
+  return 0;
+}
+
+std::string show_shape(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+json parse_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw DataError(fmt::format("{}: cannot open", path.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+// A file name from the index: a plain name inside the directory (no path separators), so a hostile
+// index cannot point outside it.
+std::string checked_file_name(const json& value, const std::string& index, const std::string& tensor) {
+  if (!value.is_string()) throw DataError(fmt::format("{}: weight_map entry {} is not a file name", index, tensor));
+  const std::string name = value.get<std::string>();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    throw DataError(fmt::format("{}: weight_map entry {} names \"{}\", not a file in the directory", index, tensor, name));
+  }
+  return name;
+}
+
+struct LoadedTensor {
+  NamedTensor tensor;
+  std::string file;  // where it came from, for messages
+};
+
+// Every tensor of the directory's weights by HF name, checked against the index when there is one.
+std::map<std::string, LoadedTensor> read_weights(const fs::path& dir, std::string* weights_origin) {
+  std::map<std::string, LoadedTensor> out;
+  const fs::path index_path = dir / kIndexFile, single = dir / kSingleFile;
+  if (fs::exists(index_path)) {
+    *weights_origin = index_path.string();
+    const json index = parse_json_file(index_path);
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw DataError(fmt::format("{}: no weight_map object", index_path.string()));
+    }
+    std::map<std::string, std::string> weight_map;  // tensor -> file
+    std::set<std::string> files;
+    for (const auto& [tensor, file] : index["weight_map"].items()) {
+      weight_map[tensor] = checked_file_name(file, index_path.string(), tensor);
+      files.insert(weight_map[tensor]);
+    }
+    for (const std::string& file : files) {
+      if (!fs::exists(dir / file)) {
+        throw DataError(fmt::format("{}: names {}, which does not exist", index_path.string(), (dir / file).string()));
+      }
+    }
+    for (const std::string& file : files) {
+      const fs::path path = dir / file;
+      for (NamedTensor& t : read_safetensors(path.string())) {
+        auto it = weight_map.find(t.name);
+        if (it == weight_map.end() || it->second != file) {
+          throw DataError(fmt::format("{}: tensor {} is not listed for this file in {}", path.string(), t.name,
+                                      index_path.string()));
+        }
+        std::string name = t.name;
+        out[name] = {std::move(t), path.string()};
+      }
+    }
+    for (const auto& [tensor, file] : weight_map) {
+      if (!out.count(tensor)) {
+        throw DataError(fmt::format("{}: tensor {} is missing (the index {} places it there)", (dir / file).string(),
+                                    tensor, index_path.string()));
+      }
+    }
+    return out;
+  }
+  if (!fs::exists(single)) {
+    throw DataError(fmt::format("{}: neither {} nor {} (only safetensors weights are read){}", dir.string(), kSingleFile,
+                                kIndexFile,
+                                fs::exists(dir / "pytorch_model.bin") ? "; pytorch_model.bin is not supported" : ""));
+  }
+  *weights_origin = single.string();
+  for (NamedTensor& t : read_safetensors(single.string())) {
+    std::string name = t.name;
+    out[name] = {std::move(t), single.string()};
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& options) {
+  // The keys of transformers' LlamaConfig that fix the computation, spelled out even where they
+  // equal its defaults, so that no reader's defaults matter.
+  ordered_json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", c.dim},
+      {"intermediate_size", c.ffn_hidden},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim()},
+      {"num_hidden_layers", c.n_layers},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"vocab_size", c.vocab_size},
+      {"max_position_embeddings", c.seq_len},
+      {"tie_word_embeddings", c.tied_embeddings},
+      {"initializer_range", c.init_std},
+      {"torch_dtype", "float32"},
+  };
+  if (options.bos_token_id >= 0) j["bos_token_id"] = options.bos_token_id;
+  if (options.eos_token_id >= 0) j["eos_token_id"] = options.eos_token_id;
+  return j.dump(2) + "\n";
+}
+
+HfModel hf_config_from_json(const std::string& json_text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", origin, e.what()));
+  }
+  if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
+  auto fail = [&](const std::string& key, const std::string& why) -> DataError {
+    return DataError(fmt::format("{}: key {}{}: {}", origin, key, j.contains(key) ? " = " + j[key].dump() : "", why));
+  };
+  auto integer = [&](const std::string& key, const int64_t* fallback) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (fallback != nullptr) return *fallback;
+      throw fail(key, "missing");
+    }
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0) throw fail(key, "must be an integer > 0");
+    return j[key].get<int64_t>();
+  };
+  auto number = [&](const std::string& key, double fallback) -> double {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number() || !(j[key].get<double>() > 0)) throw fail(key, "must be a number > 0");
+    return j[key].get<double>();
+  };
+  auto flag = [&](const std::string& key, bool fallback) -> bool {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_boolean()) throw fail(key, "must be true or false");
+    return j[key].get<bool>();
+  };
+
+  if (!j.contains("model_type") || j["model_type"] != "llama") throw fail("model_type", "only \"llama\" is supported");
+  if (j.contains("architectures")) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || a.size() != 1 || a[0] != "LlamaForCausalLM") {
+      throw fail("architectures", "only [\"LlamaForCausalLM\"] is supported");
+    }
+  }
+  // What Tessera's model does not compute: refuse rather than load a model that gives other logits.
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    throw fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
+  }
+  if (flag("attention_bias", false)) throw fail("attention_bias", "attention biases are not supported");
+  if (flag("mlp_bias", false)) throw fail("mlp_bias", "MLP biases are not supported");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") throw fail("hidden_act", "only silu (SwiGLU) is supported");
+
+  HfModel out;
+  model::ModelConfig& c = out.config;
+  c.dim = integer("hidden_size", nullptr);
+  c.ffn_hidden = integer("intermediate_size", nullptr);
+  c.n_heads = integer("num_attention_heads", nullptr);
+  c.n_kv_heads = integer("num_key_value_heads", &c.n_heads);  // transformers: MHA when absent
+  c.n_layers = integer("num_hidden_layers", nullptr);
+  c.vocab_size = integer("vocab_size", nullptr);
+  const int64_t default_positions = 2048;  // transformers' LlamaConfig default
+  c.seq_len = integer("max_position_embeddings", &default_positions);
+  c.norm_eps = number("rms_norm_eps", 1e-6);  // transformers' default
+  c.rope_theta = number("rope_theta", 10000.0);
+  c.tied_embeddings = flag("tie_word_embeddings", false);
+  if (j.contains("initializer_range") && j["initializer_range"].is_number()) {
+    const double std = j["initializer_range"].get<double>();
+    if (std > 0 && std < 1) c.init_std = std;
+  }
+  if (c.dim % c.n_heads != 0) throw fail("hidden_size", fmt::format("must be divisible by num_attention_heads = {}", c.n_heads));
+  if (c.n_heads % c.n_kv_heads != 0) {
+    throw fail("num_attention_heads", fmt::format("must be divisible by num_key_value_heads = {}", c.n_kv_heads));
+  }
+  if (c.head_dim() % 2 != 0) throw fail("hidden_size", "head dim hidden_size/num_attention_heads must be even");
+  const int64_t head_dim = c.head_dim();
+  if (integer("head_dim", &head_dim) != head_dim) {
+    throw fail("head_dim", fmt::format("must equal hidden_size / num_attention_heads = {}", head_dim));
+  }
+  if (c.norm_eps >= 1) throw fail("rms_norm_eps", "must be < 1");
+  if (c.vocab_size > (int64_t{1} << 31) - 1) throw fail("vocab_size", "must fit in int32 token ids");
+  // Tessera's preset whose shape this is, so that logs name it; "default" (every key is stored
+  // explicitly beside it) otherwise.
+  c.preset = "default";
+  for (const std::string& name : model::model_preset_names()) {
+    model::ModelConfig p;
+    model::model_preset(name, &p);
+    if (p.vocab_size == c.vocab_size && p.dim == c.dim && p.n_layers == c.n_layers && p.n_heads == c.n_heads &&
+        p.n_kv_heads == c.n_kv_heads && p.ffn_hidden == c.ffn_hidden && p.seq_len == c.seq_len) {
+      c.preset = name;
+      break;
+    }
+  }
+  auto token_id = [&](const char* key) -> int64_t {
+    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : -1;
+  };
+  out.bos_token_id = token_id("bos_token_id");
+  out.eos_token_id = token_id("eos_token_id");
+  return out;
+}
+
+std::vector<NamedTensor> to_hf_tensors(const model::ModelConfig& c, const std::vector<NamedTensor>& tensors,
+                                       const std::string& origin) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  const auto shapes = tessera_shapes(c);
+  std::vector<NamedTensor> out;
+  for (const auto& [meta, hf] : name_map(c)) {
+    auto it = by_name.find(meta);
+    if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, meta));
+    const NamedTensor& t = *it->second;
+    const auto& shape = shapes.at(meta);
+    const int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    if (t.shape != shape || static_cast<int64_t>(t.data.size()) != numel) {
+      throw DataError(fmt::format("{}: tensor {} has shape {}, the model expects {}", origin, meta,
+                                  show_shape(t.shape), show_shape(shape)));
+    }
+    const int64_t heads = rotary_heads(c, meta);
+    out.push_back({hf, t.shape, heads > 0 ? permute_rotary_rows(t, heads, c.head_dim(), true) : t.data});
+  }
+  return out;
+}
+
+void export_hf(const model::ModelConfig& c, const std::vector<NamedTensor>& tensors, const std::string& origin,
+               const std::string& dir, const HfExportOptions& options) {
+  std::vector<NamedTensor> hf = to_hf_tensors(c, tensors, origin);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+  // An earlier export's files would mix with this one's (a stale index or shard): refuse.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kConfigFile || (name.starts_with("model") && name.find(".safetensors") != std::string::npos)) {
+      throw ConfigError(fmt::format("{} already exists; export into a new or empty directory", entry.path().string()));
+    }
+  }
+  // Greedy in HF's order, as transformers shards: a new file when the next tensor would not fit.
+  std::vector<std::vector<NamedTensor>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
+  for (NamedTensor& t : hf) {
+    const uint64_t bytes = t.data.size() * sizeof(float);
+    if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shard_bytes += bytes;
+    total_bytes += bytes;
+    shards.back().push_back(std::move(t));
+  }
+  // transformers refuses safetensors files whose metadata lacks format "pt".
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const fs::path d(dir);
+  if (shards.size() == 1) {
+    write_safetensors((d / kSingleFile).string(), shards[0], metadata);
+  } else {
+    ordered_json weight_map = ordered_json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+      write_safetensors((d / file).string(), shards[i], metadata);
+      for (const NamedTensor& t : shards[i]) weight_map[t.name] = file;
+    }
+    const ordered_json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    write_file_atomic((d / kIndexFile).string(), index.dump(2) + "\n");
+  }
+  // config.json last: a directory with it is a complete export.
+  write_file_atomic((d / kConfigFile).string(), hf_config_json(c, options));
+}
+
+HfModel import_hf(const std::string& dir) {
+  const fs::path d(dir);
+  const fs::path config_path = d / kConfigFile;
+  std::ifstream config_in(config_path);
+  if (!config_in) throw DataError(fmt::format("{}: not found (not a Hugging Face model directory)", config_path.string()));
+  std::stringstream config_text;
+  config_text << config_in.rdbuf();
+  HfModel out = hf_config_from_json(config_text.str(), config_path.string());
+  const model::ModelConfig& c = out.config;
+
+  std::string weights_origin;
+  std::map<std::string, LoadedTensor> weights = read_weights(d, &weights_origin);
+  const auto shapes = tessera_shapes(c);
+  std::set<std::string> used;
+  std::map<std::string, NamedTensor> converted;  // by Tessera name
+  for (const auto& [meta, hf] : name_map(c)) {
+    auto it = weights.find(hf);
+    if (it == weights.end()) throw DataError(fmt::format("{}: tensor {} is missing", weights_origin, hf));
+    NamedTensor& t = it->second.tensor;
+    const auto& shape = shapes.at(meta);
+    if (t.shape != shape) {
+      throw DataError(fmt::format("{}: tensor {} has shape {}, but {} implies {}", it->second.file, hf,
+                                  show_shape(t.shape), config_path.string(), show_shape(shape)));
+    }
+    const int64_t heads = rotary_heads(c, meta);
+    if (heads > 0) t.data = permute_rotary_rows(t, heads, c.head_dim(), false);
+    converted[meta] = {meta, t.shape, std::move(t.data)};
+    used.insert(hf);
+  }
+  for (const auto& [name, loaded] : weights) {
+    if (used.count(name)) continue;
+    // Older conversions saved the rotary frequencies as a buffer; Tessera computes them.
+    if (name.ends_with(".rotary_emb.inv_freq")) continue;
+    // Some tied checkpoints still store the head: accept it when it is the embedding's copy.
+    if (name == "lm_head.weight" && c.tied_embeddings) {
+      const NamedTensor& emb = converted.at("tok_embeddings.weight");
+      if (loaded.tensor.shape == emb.shape && loaded.tensor.data == emb.data) continue;
+      throw DataError(fmt::format("{}: tensor lm_head.weight differs from model.embed_tokens.weight, but {} says "
+                                  "tie_word_embeddings = true",
+                                  loaded.file, config_path.string()));
+    }
+    throw DataError(fmt::format("{}: tensor {} has no place in a Llama model as {} describes it", loaded.file, name,
+                                config_path.string()));
+  }
+  const model::ModelLayout layout(c);
+  for (const model::UnitLayout& u : layout.units()) {
+    for (const model::TensorSpec& spec : u.tensors) out.tensors.push_back(std::move(converted.at(spec.name)));
+  }
+  return out;
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,384 @@
+// Hugging Face interop: exact round trips, the rotary permutation against both rotations,
+// 16-bit weights, and broken directories rejected with the file and tensor or key named.
+#include "checkpoint/hf.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <tuple>
+#include <nlohmann/json.hpp>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/ref/rope.h"
+#include "model/layout.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+model::ModelConfig small_config(int64_t n_kv_heads, bool tied) {
+  model::ModelConfig c;
+  c.vocab_size = 37;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = n_kv_heads;
+  c.ffn_hidden = 24;
+  c.seq_len = 8;
+  c.rope_theta = 500000.0;
+  c.norm_eps = 1e-6;
+  c.tied_embeddings = tied;
+  return c;
+}
+
+// Every tensor of the layout, random (never zeros), including values fp32 only can hold.
+std::vector<NamedTensor> random_tensors(const model::ModelConfig& c, uint64_t seed) {
+  std::vector<NamedTensor> out;
+  uint64_t stream = 0;
+  const model::ModelLayout layout(c);
+  for (const model::UnitLayout& u : layout.units()) {
+    for (const model::TensorSpec& s : u.tensors) {
+      NamedTensor t{s.name, s.shape, std::vector<float>(s.numel())};
+      for (int64_t i = 0; i < s.numel(); ++i) t.data[i] = static_cast<float>(rng::normal(seed, stream, i)) * 0.37f;
+      ++stream;
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(::testing::TempDir()) / fmt::format("hf_{}_{}", name, ::getpid());
+  fs::remove_all(d);
+  return d;
+}
+
+std::string import_error(const fs::path& dir) {
+  try {
+    import_hf(dir.string());
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "(no DataError)";
+}
+
+void expect_bitwise_equal(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].shape, b[i].shape);
+    ASSERT_EQ(a[i].data.size(), b[i].data.size()) << a[i].name;
+    EXPECT_EQ(std::memcmp(a[i].data.data(), b[i].data.data(), a[i].data.size() * sizeof(float)), 0) << a[i].name;
+  }
+}
+
+struct Variant {
+  const char* name;
+  int64_t n_kv_heads;
+  bool tied;
+  uint64_t max_shard_bytes;
+};
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+class HfRoundTrip : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(HfRoundTrip, ExportThenImportIsExact) {
+  const Variant& v = GetParam();
+  const model::ModelConfig c = small_config(v.n_kv_heads, v.tied);
+  const auto tensors = random_tensors(c, 11);
+  const fs::path dir = fresh_dir(v.name);
+  HfExportOptions options;
+  options.max_shard_bytes = v.max_shard_bytes;
+  options.bos_token_id = 1;
+  options.eos_token_id = 2;
+  export_hf(c, tensors, "test", dir.string(), options);
+
+  const bool sharded = v.max_shard_bytes < 1000000;
+  EXPECT_EQ(fs::exists(dir / "model.safetensors.index.json"), sharded);
+  EXPECT_EQ(fs::exists(dir / "model.safetensors"), !sharded);
+  if (sharded) {
+    std::ifstream in(dir / "model.safetensors.index.json");
+    const auto index = nlohmann::json::parse(in);
+    uint64_t total = 0;
+    for (const auto& t : tensors) total += t.data.size() * sizeof(float);
+    EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
+    std::set<std::string> files;
+    for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+    EXPECT_GT(files.size(), 2u);
+  }
+  // The head is absent when tied, as transformers expects.
+  const auto hf = to_hf_tensors(c, tensors, "test");
+  EXPECT_EQ(std::count_if(hf.begin(), hf.end(), [](const NamedTensor& t) { return t.name == "lm_head.weight"; }),
+            v.tied ? 0 : 1);
+
+  const HfModel back = import_hf(dir.string());
+  expect_bitwise_equal(back.tensors, tensors);
+  EXPECT_EQ(back.config.dim, c.dim);
+  EXPECT_EQ(back.config.n_layers, c.n_layers);
+  EXPECT_EQ(back.config.n_heads, c.n_heads);
+  EXPECT_EQ(back.config.n_kv_heads, c.n_kv_heads);
+  EXPECT_EQ(back.config.ffn_hidden, c.ffn_hidden);
+  EXPECT_EQ(back.config.vocab_size, c.vocab_size);
+  EXPECT_EQ(back.config.seq_len, c.seq_len);
+  EXPECT_EQ(back.config.rope_theta, c.rope_theta);
+  EXPECT_EQ(back.config.norm_eps, c.norm_eps);
+  EXPECT_EQ(back.config.tied_embeddings, c.tied_embeddings);
+  EXPECT_EQ(back.bos_token_id, 1);
+  EXPECT_EQ(back.eos_token_id, 2);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, HfRoundTrip,
+                         ::testing::Values(Variant{"gqa_untied_single", 2, false, 5'000'000'000},
+                                           Variant{"mha_untied_single", 4, false, 5'000'000'000},
+                                           Variant{"gqa_tied_single", 2, true, 5'000'000'000},
+                                           Variant{"mha_tied_sharded", 4, true, 4096},
+                                           Variant{"gqa_untied_sharded", 2, false, 4096}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// The exported q and k rows, rotated the way transformers rotates (channel i with i + D/2), give
+// Tessera's rotated q and k (pairs 2i, 2i+1) in HF's row order: what makes the logits agree.
+TEST(HfExport, RotaryPermutationTurnsInterleavedIntoRotateHalf) {
+  const model::ModelConfig c = small_config(2, false);
+  const auto tensors = random_tensors(c, 5);
+  const auto hf = to_hf_tensors(c, tensors, "test");
+  auto find = [](const std::vector<NamedTensor>& ts, const std::string& name) {
+    for (const auto& t : ts) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << name;
+    return NamedTensor{};
+  };
+  const int64_t C = c.dim, D = c.head_dim(), T = 7;
+  std::vector<float> x(T * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(rng::normal(3, 0, i));
+  for (const auto& [meta_name, hf_name, heads] :
+       {std::tuple{"layers.1.attention.wq.weight", "model.layers.1.self_attn.q_proj.weight", c.n_heads},
+        std::tuple{"layers.1.attention.wk.weight", "model.layers.1.self_attn.k_proj.weight", c.n_kv_heads}}) {
+    const NamedTensor meta = find(tensors, meta_name), conv = find(hf, hf_name);
+    const int64_t rows = heads * D;
+    std::vector<float> q_meta(T * rows), q_hf(T * rows);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double a = 0, b = 0;
+        for (int64_t k = 0; k < C; ++k) {
+          a += static_cast<double>(meta.data[r * C + k]) * x[t * C + k];
+          b += static_cast<double>(conv.data[r * C + k]) * x[t * C + k];
+        }
+        q_meta[t * rows + r] = static_cast<float>(a);
+        q_hf[t * rows + r] = static_cast<float>(b);
+      }
+    }
+    kernels::ref::rope_forward(q_meta.data(), 1, T, heads, D, rows, static_cast<float>(c.rope_theta));
+    // transformers' apply_rotary_pos_emb: q * cos + rotate_half(q) * sin.
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        float* q = q_hf.data() + t * rows + h * D;
+        std::vector<double> rotated(D);
+        for (int64_t i = 0; i < D; ++i) {
+          const int64_t f = i % (D / 2);
+          const double angle = static_cast<double>(t) * std::pow(c.rope_theta, -2.0 * f / D);
+          const double half = i < D / 2 ? -q[i + D / 2] : q[i - D / 2];
+          rotated[i] = q[i] * std::cos(angle) + half * std::sin(angle);
+        }
+        for (int64_t i = 0; i < D; ++i) q[i] = static_cast<float>(rotated[i]);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < D / 2; ++i) {
+          for (int64_t j = 0; j < 2; ++j) {
+            EXPECT_NEAR(q_hf[t * rows + h * D + j * D / 2 + i], q_meta[t * rows + h * D + 2 * i + j], 1e-5)
+                << hf_name << " t=" << t << " h=" << h << " i=" << i << " j=" << j;
+          }
+        }
+      }
+    }
+  }
+  // v, o and the MLP are not permuted.
+  EXPECT_EQ(find(hf, "model.layers.0.self_attn.v_proj.weight").data, find(tensors, "layers.0.attention.wv.weight").data);
+  EXPECT_EQ(find(hf, "model.layers.0.mlp.gate_proj.weight").data, find(tensors, "layers.0.feed_forward.w1.weight").data);
+  EXPECT_EQ(find(hf, "model.layers.0.mlp.up_proj.weight").data, find(tensors, "layers.0.feed_forward.w3.weight").data);
+}
+
+// A safetensors file of 16-bit tensors from raw element bits.
+void write_16bit(const fs::path& path, const std::string& dtype,
+                 const std::vector<std::pair<NamedTensor, std::vector<uint16_t>>>& tensors) {
+  nlohmann::ordered_json header = {{"__metadata__", {{"format", "pt"}}}};
+  size_t offset = 0;
+  for (const auto& [t, bits] : tensors) {
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + 2 * bits.size()}}};
+    offset += 2 * bits.size();
+  }
+  const std::string json = header.dump();
+  const uint64_t n = json.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << json;
+  for (const auto& [t, bits] : tensors) out.write(reinterpret_cast<const char*>(bits.data()), 2 * bits.size());
+}
+
+// A bf16 download (as Llama 2's are) imports to the bf16 values, widened.
+TEST(HfImport, Bfloat16DirectoryImports) {
+  const model::ModelConfig c = small_config(2, false);
+  const auto tensors = random_tensors(c, 21);
+  const fs::path dir = fresh_dir("bf16dir");
+  export_hf(c, tensors, "test", dir.string());
+  std::vector<std::pair<NamedTensor, std::vector<uint16_t>>> as_bf16;
+  for (const NamedTensor& t : to_hf_tensors(c, tensors, "test")) {
+    std::vector<uint16_t> bits(t.data.size());
+    f32_to_bf16(t.data.data(), bits.data(), static_cast<int64_t>(bits.size()));
+    as_bf16.push_back({t, bits});
+  }
+  write_16bit(dir / "model.safetensors", "BF16", as_bf16);
+  const HfModel back = import_hf(dir.string());
+  std::vector<NamedTensor> want = tensors;
+  for (NamedTensor& t : want) {
+    for (float& x : t.data) x = bf16_to_f32(f32_to_bf16(x));  // rounding commutes with the row permutation
+  }
+  expect_bitwise_equal(back.tensors, want);
+  fs::remove_all(dir);
+}
+
+TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
+  const model::ModelConfig c = small_config(2, false);
+  const auto tensors = random_tensors(c, 7);
+  const fs::path dir = fresh_dir("broken");
+  auto fresh_export = [&](uint64_t max_shard_bytes) {
+    fs::remove_all(dir);
+    HfExportOptions o;
+    o.max_shard_bytes = max_shard_bytes;
+    export_hf(c, tensors, "test", dir.string(), o);
+  };
+  auto contains = [](const std::string& message, const std::string& part) {
+    EXPECT_NE(message.find(part), std::string::npos) << "\"" << message << "\" lacks \"" << part << "\"";
+  };
+  const std::string weights = (dir / "model.safetensors").string(), config = (dir / "config.json").string();
+  auto rewrite_weights = [&](const std::function<void(std::vector<NamedTensor>&)>& edit) {
+    auto ts = read_safetensors(weights);
+    edit(ts);
+    write_safetensors(weights, ts, {{"format", "pt"}});
+  };
+  auto edit_config = [&](const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(config);
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(config) << j.dump();
+  };
+
+  fresh_export(5'000'000'000);
+  rewrite_weights([](auto& ts) { std::erase_if(ts, [](auto& t) { return t.name == "model.layers.1.mlp.up_proj.weight"; }); });
+  contains(import_error(dir), weights + ": tensor model.layers.1.mlp.up_proj.weight is missing");
+
+  fresh_export(5'000'000'000);
+  rewrite_weights([](auto& ts) {
+    for (auto& t : ts) {
+      if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {16, 8}, t.data.resize(128);
+    }
+  });
+  contains(import_error(dir), weights + ": tensor model.layers.0.self_attn.k_proj.weight has shape [16, 8]");
+
+  fresh_export(5'000'000'000);
+  rewrite_weights([](auto& ts) { ts.push_back({"model.layers.0.self_attn.q_proj.bias", {16}, std::vector<float>(16)}); });
+  contains(import_error(dir), weights + ": tensor model.layers.0.self_attn.q_proj.bias has no place");
+
+  // Old conversions' rotary buffers are ignored.
+  fresh_export(5'000'000'000);
+  rewrite_weights([](auto& ts) { ts.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {2}, {1, 0.5f}}); });
+  EXPECT_NO_THROW(import_hf(dir.string()));
+
+  fresh_export(5'000'000'000);
+  {
+    // An integer tensor: the reader names the file and tensor.
+    nlohmann::ordered_json header = {{"model.norm.weight", {{"dtype", "I64"}, {"shape", {2}}, {"data_offsets", {0, 16}}}}};
+    const std::string json = header.dump();
+    const uint64_t n = json.size();
+    std::ofstream out(weights, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << json << std::string(16, '\0');
+  }
+  contains(import_error(dir), weights + ": tensor model.norm.weight: dtype \"I64\" is not supported");
+
+  for (const auto& [key, value, message] :
+       {std::tuple{"rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 2.0}}, "key rope_scaling"},
+        std::tuple{"attention_bias", nlohmann::json(true), "key attention_bias = true"},
+        std::tuple{"hidden_act", nlohmann::json("gelu"), "key hidden_act = \"gelu\""},
+        std::tuple{"head_dim", nlohmann::json(8), "key head_dim = 8: must equal hidden_size / num_attention_heads = 4"},
+        std::tuple{"num_key_value_heads", nlohmann::json(3), "key num_attention_heads = 4: must be divisible by"},
+        std::tuple{"model_type", nlohmann::json("mistral"), "key model_type = \"mistral\""}}) {
+    fresh_export(5'000'000'000);
+    edit_config([&](nlohmann::json& j) { j[key] = value; });
+    contains(import_error(dir), config + ": " + message);
+  }
+  fresh_export(5'000'000'000);
+  edit_config([](nlohmann::json& j) { j.erase("hidden_size"); });
+  contains(import_error(dir), config + ": key hidden_size: missing");
+
+  fs::remove(config);
+  contains(import_error(dir), config + ": not found");
+
+  // Sharded: a tensor the index places in a file that lacks it; a missing shard; a path outside.
+  fresh_export(4096);
+  const fs::path index = dir / "model.safetensors.index.json";
+  nlohmann::json idx;
+  {
+    std::ifstream in(index);
+    idx = nlohmann::json::parse(in);
+  }
+  const std::string shard2 = idx["weight_map"]["model.layers.0.mlp.down_proj.weight"];
+  {
+    nlohmann::json edited = idx;
+    edited["weight_map"]["model.layers.1.mlp.down_proj.weight"] = shard2;
+    std::ofstream(index) << edited.dump();
+  }
+  const std::string msg = import_error(dir);
+  EXPECT_TRUE(msg.find("model.layers.1.mlp.down_proj.weight is not listed for this file") != std::string::npos ||
+              msg.find((dir / shard2).string() + ": tensor model.layers.1.mlp.down_proj.weight is missing") !=
+                  std::string::npos)
+      << msg;
+  {
+    nlohmann::json edited = idx;
+    edited["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors";
+    std::ofstream(index) << edited.dump();
+  }
+  contains(import_error(dir), index.string() + ": names " + (dir / "model-00009-of-00009.safetensors").string());
+  {
+    nlohmann::json edited = idx;
+    edited["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors";
+    std::ofstream(index) << edited.dump();
+  }
+  contains(import_error(dir), index.string() + ": weight_map entry model.norm.weight names \"../elsewhere.safetensors\"");
+  {
+    nlohmann::json edited = idx;
+    edited["weight_map"].erase("model.norm.weight");
+    std::ofstream(index) << edited.dump();
+  }
+  contains(import_error(dir), "tensor model.norm.weight is not listed for this file in " + index.string());
+
+  // Export: a tensor missing from the input, and an earlier export in the way.
+  auto missing = tensors;
+  std::erase_if(missing, [](auto& t) { return t.name == "layers.1.ffn_norm.weight"; });
+  try {
+    export_hf(c, missing, "run/model.safetensors", fresh_dir("missing").string());
+    ADD_FAILURE() << "no error";
+  } catch (const DataError& e) {
+    contains(e.what(), "run/model.safetensors: tensor layers.1.ffn_norm.weight is missing");
+  }
+  EXPECT_THROW(export_hf(c, tensors, "test", dir.string()), ConfigError);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera::checkpoint
