@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <cerrno>
 #include <cstdio>
 #include <vector>
 
 #include "core/log.h"
+#include "core/signals.h"
 
 namespace tessera::train {
 
@@ -52,13 +54,6 @@ int shard_size_of(const config::Config& config, int world) {
   return fsdp::shard_size_for(strategy, world, group);
 }
 
-namespace {
-
-volatile sig_atomic_t g_forward_signal = 0;
-extern "C" void remember_signal(int signo) { g_forward_signal = signo; }
-
-}  // namespace
-
 int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
   std::vector<pid_t> pids;
   std::fflush(nullptr);
@@ -85,31 +80,26 @@ int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
     }
     pids.push_back(pid);
   }
-  // SIGTERM or SIGINT to this process is passed on to every worker (each finishes its step, saves
-  // and exits 0). waitpid is interrupted by them: no SA_RESTART.
-  struct sigaction sa{}, old_term{}, old_int{};
-  sa.sa_handler = remember_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGINT, &sa, &old_int);
+  // SIGTERM or SIGINT to this process is passed on to every worker still running (each finishes
+  // its step, saves and exits 0).
+  std::mutex mu;
   std::vector<bool> exited(nproc, false);
+  const StopSignals forward([&](int signo) {
+    std::lock_guard<std::mutex> lock(mu);
+    log::warn("signal {}: passing it to the workers", signo);
+    for (int r = 0; r < nproc; ++r) {
+      if (!exited[r]) kill(pids[r], signo);
+    }
+  });
   int first_failure = 0, alive = nproc;
   while (alive > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0 && errno == EINTR) {
-      if (const int signo = g_forward_signal; signo != 0) {
-        g_forward_signal = 0;
-        log::warn("signal {}: passing it to the {} worker(s)", signo, alive);
-        for (int r = 0; r < nproc; ++r) {
-          if (!exited[r]) kill(pids[r], signo);
-        }
-      }
-      continue;
-    }
+    if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) break;
     --alive;
     const int rank = static_cast<int>(std::find(pids.begin(), pids.end(), pid) - pids.begin());
+    std::lock_guard<std::mutex> lock(mu);
     if (rank < nproc) exited[rank] = true;
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (rc != 0 && first_failure == 0) {
@@ -122,8 +112,6 @@ int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {
       }
     }
   }
-  sigaction(SIGTERM, &old_term, nullptr);
-  sigaction(SIGINT, &old_int, nullptr);
   return first_failure;
 }
 

@@ -2,12 +2,10 @@
 #include "train/run.h"
 
 #include <fmt/format.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +16,7 @@
 #include "checkpoint/directory.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/signals.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
@@ -123,19 +122,6 @@ namespace {
 // Signals a rank raises in Trainer::step; all ranks act on their OR after the same step.
 enum : uint32_t { kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4 };
 
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int signo) { g_stop_signal = signo; }
-
-// SIGTERM (preemption) and SIGINT: finish the step, save a checkpoint, exit 0.
-void catch_stop_signals() {
-  struct sigaction sa{};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-}
-
 // Keeps the records of steps up to `step` (a resumed run rewrites the ones after it).
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -153,7 +139,6 @@ void truncate_metrics(const std::string& path, int64_t step) {
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
                   const std::string& resume, const Distributed& dist) {
-  catch_stop_signals();
   std::error_code ec;
   const bool leader = dist.topology.rank == 0;
   const std::string config_toml = config::to_toml(config);
@@ -234,7 +219,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   bool stopped = false;
   while (!finished()) {
     uint32_t raise = 0;
-    if (g_stop_signal != 0) raise |= kStopRequested;
+    if (StopSignals::received() != 0) raise |= kStopRequested;
     if (ckpt.interval_minutes > 0 && now_seconds() - last_save >= ckpt.interval_minutes * 60) raise |= kSaveDue;
     if (checkpointer.take_failure() && ckpt.on_failure == "stop") raise |= kSaveFailed;
     const StepStats s = trainer.step(raise);
@@ -319,6 +304,7 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
   const int nproc = static_cast<int>(config.parallel.nproc);
   if (nproc == 1) {
+    const StopSignals stop;  // before the first thread starts
     configure_threads(config);
     train_worker(config, dataset, run_dir, resume, {});
     return;
@@ -333,6 +319,7 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   const std::string store = run_dir + "/rendezvous";
   const std::string token = fmt::format("job-{}-{}", getpid(), static_cast<int64_t>(now_seconds() * 1e3));
   const int rc = run_local_workers(nproc, [&](int rank) {
+    const StopSignals stop;  // before the first thread starts
     configure_threads(worker_config);
     ProcessGroups groups(store, token, "0", rank, nproc, shard_size_of(worker_config, nproc),
                          dist::Millis(worker_config.parallel.timeout_ms));
