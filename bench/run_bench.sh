@@ -2,7 +2,11 @@
 # The one benchmark command: Tessera and its PyTorch peer on the same model, alternating, side by side.
 #
 #   bench/run_bench.sh [--preset bench|tiny] [--steps 12] [--threads 2] [--rounds 1]
-#                      [--tessera build/release/bin/tessera]
+#                      [--tessera build/release/bin/tessera] [--checkpoint]
+#
+# --checkpoint: each run then saves three checkpoints (params and AdamW state) into its temporary
+# folder and reports the step loop's stall per save: Tessera's asynchronous sharded save beside
+# PyTorch's synchronous torch.save of both state dicts (fsynced).
 #
 # Each round runs, in this order: (a) Tessera, in the environment as given; (b) the PyTorch peer
 # tuned; (c) the PyTorch peer as given. Alternating within a round keeps a slow drift of the
@@ -23,12 +27,13 @@ preset=bench
 steps=12
 threads=2
 rounds=1
+checkpoint=0
 tessera=$root/build/release/bin/tessera
 python=${PYTHON:-/usr/bin/python3}  # Debian's interpreter: the one with python3-torch
 tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 peer=$root/bench/peers/torch_llama_bench.py
 
-usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_bench: $*" >&2; exit 2; }
 
 while (($#)); do
@@ -38,6 +43,7 @@ while (($#)); do
     --threads) threads=${2:?--threads needs a value}; shift 2 ;;
     --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
     --tessera) tessera=${2:?--tessera needs a value}; shift 2 ;;
+    --checkpoint) checkpoint=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -54,6 +60,10 @@ trap 'rm -rf "$work"' EXIT
 
 tessera_cmd=("$tessera" bench --preset "$preset" --steps "$steps" --set "train.threads=$threads")
 peer_cmd=("$python" "$peer" --preset "$preset" --steps "$steps" --threads "$threads")
+if ((checkpoint)); then
+  tessera_cmd+=(--checkpoint-dir "$work/checkpoints-tessera")
+  peer_cmd+=(--save-dir "$work/checkpoints-pytorch")
+fi
 tuned_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "LD_PRELOAD=$tcmalloc"
   "OPENBLAS_NUM_THREADS=$threads")
 
@@ -164,6 +174,16 @@ for name, j in rows:
     ratio = tessera["tokens_per_s"] / j["tokens_per_s"]
     print(f"{name:<18} {j['tokens_per_s']:>10.1f} {j['model_flops_per_s'] / 1e9:>14.1f} "
           f"{j['median_step_s']:>14.4f} {j['peak_rss_bytes'] / 1e6:>12.0f} {ratio:>12.2f}x")
+if "save_stall_s" in tessera:
+    print()
+    head = (f"{'checkpoint save':<18} {'MB':>8} {'stall s':>9} {'to commit s':>12} "
+            f"{'step during s':>14} {'stall: Tessera/this':>20}")
+    print(head)
+    print("-" * len(head))
+    for name, j in rows:
+        ratio = tessera["save_stall_s"] / j["save_stall_s"]
+        print(f"{name:<18} {j['checkpoint_bytes'] / 1e6:>8.0f} {j['save_stall_s']:>9.3f} "
+              f"{j['save_commit_s']:>12.3f} {j['step_s_during_save']:>14.3f} {ratio:>19.3f}x")
 if rounds > 1:
     print()
     for name, j in rows:

@@ -49,4 +49,13 @@ echo "greedy: $g"
 [[ $a == "$b" ]] || fail "generate is not deterministic for a seed"
 [[ $a == "And God said"* ]] || fail "generate does not echo the prompt"
 [[ $a != "$c" ]] || fail "different seeds gave the same text"
+
+# The run's final sharded checkpoint holds the same weights as its model.safetensors: generate and
+# eval read it too (a step directory or the checkpoint root with `latest`).
+"$tessera" eval --checkpoint "$dir/run/checkpoints" >"$dir/eval_ckpt.json" || fail "eval of the checkpoint failed"
+/usr/bin/python3 -c 'import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:]); assert a["val_loss"] == b["val_loss"], (a, b)' \
+  "$dir/eval.json" "$dir/eval_ckpt.json" || fail "eval of the checkpoint differs"
+k=$("$tessera" generate --checkpoint "$dir/run/checkpoints/$(cat "$dir/run/checkpoints/latest")" --prompt "And God said" \
+  --max-tokens 30 --seed 7) || fail "generate from the checkpoint failed"
+[[ $k == "$a" ]] || fail "generate from the checkpoint differs: $k"
 echo "ok"

@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--preset", choices=sorted(MICRO_BATCH), default="bench")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-dir", default="",
+                    help="then time three checkpoints (torch.save of model and optimizer state, fsynced)")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -95,6 +97,21 @@ def main():
         losses.append(loss.item())  # .item() also waits for the step; CPU ops are synchronous
         times.append(time.perf_counter() - t0)
 
+    saves = []
+    if args.save_dir:
+        # The common practice with this PyTorch (1.13 has no asynchronous distributed checkpoint):
+        # a synchronous torch.save of both state dicts, written to a temporary name, fsynced and
+        # renamed. The step loop waits for all of it.
+        os.makedirs(args.save_dir, exist_ok=True)
+        path = os.path.join(args.save_dir, "checkpoint.pt")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            with open(path + ".tmp", "wb") as f:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+            saves.append(time.perf_counter() - t0)
     timed = times[2:] if len(times) > 2 else times
     median = statistics.median(timed)
     tokens_per_step = B * T
@@ -121,6 +138,10 @@ def main():
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
     }
+    if saves:
+        save_s = statistics.median(saves)
+        result.update({"checkpoint_bytes": os.path.getsize(path), "save_stall_s": save_s,
+                       "save_commit_s": save_s, "step_s_during_save": median})
     result.update(blas_info())
     print(json.dumps(result), flush=True)
     return 0

@@ -20,6 +20,9 @@
 #include "kernels/cpu/matmul.h"
 #include "model/model_config.h"
 #include "tessera/build_config.h"
+#include "checkpoint/directory.h"
+#include "core/timer.h"
+#include "train/checkpointer.h"
 #include "train/run.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
@@ -41,8 +44,9 @@ commands:
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
                  hybrid_shard, no_shard); --resume auto: continue from DIR's latest
                  checkpoint (any world size); SIGTERM saves a checkpoint and exits 0
-  bench --preset NAME --steps N [--nproc N] [--set key=value]...
-                 time N training steps on synthetic tokens; prints one JSON object
+  bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...
+                 time N training steps on synthetic tokens (and checkpoint saves into DIR);
+                 prints one JSON object
   config [CONFIG] [--set key=value]...
                  print the resolved configuration (every key) after validation
   tokenizer train --input FILE... --vocab-size N --out MODEL
@@ -197,8 +201,31 @@ double median_of_tail(std::vector<double> v) {
   return n % 2 ? tail[n / 2] : 0.5 * (tail[n / 2 - 1] + tail[n / 2]);
 }
 
+// With checkpoint_dir: after the timed steps, three checkpoints, each followed by one step that
+// overlaps its background write. Seconds: the step loop's stall, save() to commit, and the step.
+struct SaveTimes {
+  std::vector<double> stall, commit, step_during;
+  uint64_t bytes = 0;
+};
+
+SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir, const train::Distributed& dist) {
+  SaveTimes t;
+  train::Checkpointer checkpointer(trainer.config(), checkpoint_dir, dist);
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = now_seconds();
+    t.stall.push_back(checkpointer.save(trainer));
+    t.step_during.push_back(trainer.step().seconds);
+    if (!checkpointer.wait()) throw IoError(fmt::format("benchmark checkpoint in {} failed", checkpoint_dir));
+    t.commit.push_back(now_seconds() - t0);
+  }
+  const std::string dir = checkpoint_dir + "/" + checkpoint::step_dir_name(trainer.steps_done() - 1);
+  for (const auto& f : checkpoint::read_manifest(dir).files) t.bytes += f.bytes;
+  return t;
+}
+
 // Runs `steps` steps; rank 0 prints the JSON line.
-void bench_worker(const config::Config& c, long long steps, const train::Distributed& dist) {
+void bench_worker(const config::Config& c, long long steps, const train::Distributed& dist,
+                  const std::string& checkpoint_dir) {
   train::Trainer trainer(c, "", dist);
   std::vector<double> times, exposed;
   nlohmann::json losses = nlohmann::json::array();
@@ -212,6 +239,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
   }
   const double median = median_of_tail(times);
   const double tokens_per_s = static_cast<double>(c.tokens_per_step()) / median;
+  const SaveTimes saves = checkpoint_dir.empty() ? SaveTimes{} : bench_saves(trainer, checkpoint_dir, dist);
   // Peak RSS of every rank, gathered to report the largest.
   const int W = dist.topology.world;
   std::vector<float> rss(W, 0.0f);
@@ -244,6 +272,16 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"step_s", times},
       {"losses", losses},
   };
+  if (!checkpoint_dir.empty()) {
+    auto median3 = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    out["checkpoint_bytes"] = saves.bytes;
+    out["save_stall_s"] = median3(saves.stall);
+    out["save_commit_s"] = median3(saves.commit);
+    out["step_s_during_save"] = median3(saves.step_during);
+  }
   fmt::print("{}\n", out.dump());
   std::fflush(stdout);
 }
@@ -251,11 +289,14 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
 }  // namespace
 
 int cmd_bench(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc"});
+  const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc", "--checkpoint-dir"});
   if (a.help) {
-    std::fputs("usage: tessera bench --preset NAME --steps N [--nproc N] [--set key=value]...\n", stdout);
+    std::fputs("usage: tessera bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...\n"
+               "  --checkpoint-dir: then three checkpoints into DIR, timed (stall, commit, overlapped step)\n",
+               stdout);
     return kExitOk;
   }
+  const std::string checkpoint_dir = a.get("--checkpoint-dir", "");
   const long long steps = a.get_int("--steps", 12);
   if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
   const long long nproc = a.get_int("--nproc", 1);
@@ -277,7 +318,7 @@ int cmd_bench(const Args& args) {
   const int world = static_cast<int>(c.parallel.nproc);
   if (world == 1) {
     train::configure_threads(c);
-    bench_worker(c, steps, {});
+    bench_worker(c, steps, {}, checkpoint_dir);
     return kExitOk;
   }
   if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
@@ -286,7 +327,7 @@ int cmd_bench(const Args& args) {
     train::configure_threads(c);
     train::ProcessGroups groups(store, "bench", "0", rank, world, train::shard_size_of(c, world),
                                 dist::Millis(c.parallel.timeout_ms));
-    bench_worker(c, steps, groups.view());
+    bench_worker(c, steps, groups.view(), checkpoint_dir);
     return 0;
   });
   std::error_code ec;

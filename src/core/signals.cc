@@ -48,6 +48,10 @@ StopSignals::~StopSignals() {
   const timespec zero{};
   while (sigtimedwait(&set, nullptr, &zero) > 0) {
   }
+  if (g_received != 0) {  // already stopping: later requests must not kill the process mid-exit
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+  }
   pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 

@@ -18,7 +18,9 @@ class StopSignals {
  public:
   // on_signal, when set, also runs on the signal thread for each signal (e.g. to pass it on).
   explicit StopSignals(std::function<void(int)> on_signal = {});
-  ~StopSignals();  // stops the thread, drops pending requests and restores the signal mask
+  // Stops the thread, drops pending requests and restores the signal mask; after a stop request
+  // the process ignores SIGTERM and SIGINT from then on (it is already stopping).
+  ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
