@@ -1,6 +1,7 @@
 // Hugging Face interop: exact round trips, the rotary permutation against both rotations,
 // 16-bit weights, and broken directories rejected with the file and tensor or key named.
 #include "checkpoint/hf.h"
+#include "checkpoint/safetensors_test_util.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,8 @@
 
 namespace tessera::checkpoint {
 namespace {
+
+using test_util::write_16bit;
 
 namespace fs = std::filesystem;
 
@@ -213,23 +216,6 @@ TEST(HfExport, RotaryPermutationTurnsInterleavedIntoRotateHalf) {
   EXPECT_EQ(find(hf, "model.layers.0.mlp.up_proj.weight").data, find(tensors, "layers.0.feed_forward.w3.weight").data);
 }
 
-// A safetensors file of 16-bit tensors from raw element bits.
-void write_16bit(const fs::path& path, const std::string& dtype,
-                 const std::vector<std::pair<NamedTensor, std::vector<uint16_t>>>& tensors) {
-  nlohmann::ordered_json header = {{"__metadata__", {{"format", "pt"}}}};
-  size_t offset = 0;
-  for (const auto& [t, bits] : tensors) {
-    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + 2 * bits.size()}}};
-    offset += 2 * bits.size();
-  }
-  const std::string json = header.dump();
-  const uint64_t n = json.size();
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out << json;
-  for (const auto& [t, bits] : tensors) out.write(reinterpret_cast<const char*>(bits.data()), 2 * bits.size());
-}
-
 // A bf16 download (as Llama 2's are) imports to the bf16 values, widened.
 TEST(HfImport, Bfloat16DirectoryImports) {
   const model::ModelConfig c = small_config(2, false);
@@ -242,7 +228,7 @@ TEST(HfImport, Bfloat16DirectoryImports) {
     f32_to_bf16(t.data.data(), bits.data(), static_cast<int64_t>(bits.size()));
     as_bf16.push_back({t, bits});
   }
-  write_16bit(dir / "model.safetensors", "BF16", as_bf16);
+  write_16bit((dir / "model.safetensors").string(), "BF16", as_bf16, {{"format", "pt"}});
   const HfModel back = import_hf(dir.string());
   std::vector<NamedTensor> want = tensors;
   for (NamedTensor& t : want) {

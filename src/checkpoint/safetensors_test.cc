@@ -1,5 +1,6 @@
 // safetensors: exact round trip, exact widening of 16-bit floats, and hostile files rejected with the file and tensor named.
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,8 @@
 
 namespace tessera::checkpoint {
 namespace {
+
+using test_util::write_16bit;
 
 std::string path_of(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
@@ -69,23 +72,6 @@ TEST(Safetensors, HostileFilesAreRejectedWithNames) {
   EXPECT_NE(read_error(p).find("exceeds the file size"), std::string::npos);
   std::ofstream(p, std::ios::binary) << "abc";
   EXPECT_NE(read_error(p).find("too short"), std::string::npos);
-}
-
-// A safetensors file of 16-bit tensors (name, shape, raw element bits).
-void write_16bit(const std::string& path, const std::string& dtype,
-                 const std::vector<std::pair<NamedTensor, std::vector<uint16_t>>>& tensors) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  size_t offset = 0;
-  for (const auto& [t, bits] : tensors) {
-    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + 2 * bits.size()}}};
-    offset += 2 * bits.size();
-  }
-  const std::string json = header.dump();
-  const uint64_t n = json.size();
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out << json;
-  for (const auto& [t, bits] : tensors) out.write(reinterpret_cast<const char*>(bits.data()), 2 * bits.size());
 }
 
 TEST(Safetensors, HalfAndBfloat16WidenExactly) {
