@@ -129,11 +129,12 @@ double Checkpointer::save(Trainer& trainer) {
       }
     }
   }
-  for (int u = 0, v = 0; u < layout.num_units(); ++u) {
-    const float* sources[3] = {params.master_shard(u), params.adam_m_shard(u), params.adam_v_shard(u)};
-    for (const float* from : sources) {
-      ck::TensorView& to = views_[v++];
-      std::copy(from, from + to.count, const_cast<float*>(to.data));
+  size_t at = 0;  // the same order as views_
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const auto n = static_cast<size_t>(params.shard_size(u));
+    for (const float* from : {params.master_shard(u), params.adam_m_shard(u), params.adam_v_shard(u)}) {
+      std::copy(from, from + n, host_.data() + at);
+      at += n;
     }
   }
   Job job;
