@@ -15,6 +15,7 @@ packages=(
   python3 python3-torch python3-numpy
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)
   libtcmalloc-minimal4
+  clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, its libFuzzer/sanitizer runtimes, its OpenMP
 )
 
 missing=()

@@ -21,9 +21,12 @@ struct NamedTensor {
 // `metadata` goes into the header's "__metadata__" (string to string, as the format requires).
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-// Reads every tensor (F32, or BF16 and F16 widened exactly to F32) and, when `metadata` is not null, the "__metadata__" entries.
-// Throws DataError naming the file and tensor on any inconsistency, IoError when the file cannot
-// be read.
+// Reads every tensor (F32, or BF16 and F16 widened exactly to F32) and, when `metadata` is not
+// null, the "__metadata__" entries. Throws DataError naming the file and tensor on any
+// inconsistency (a header over 100 MB or past the end of the file, a shape whose product
+// overflows int64, data ranges that overlap, leave bytes unclaimed or run past the file), IoError
+// when the file cannot be read. Nothing is allocated for a tensor before every entry has been
+// checked against the file size, and all tensors together take at most twice the file's bytes.
 std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace tessera::checkpoint

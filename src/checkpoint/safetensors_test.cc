@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <climits>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -115,6 +117,71 @@ TEST(Safetensors, HalfAndBfloat16WidenExactly) {
     EXPECT_NE(std::string(e.what()).find("bad16.safetensors: tensor b: data_offsets do not match"), std::string::npos)
         << e.what();
   }
+}
+
+// Found by fuzz/safetensors_fuzz: a zero dimension let the others through unchecked, and
+// 18302063728017015298 became a negative int64 in the shape.
+TEST(Safetensors, ShapesBeyondInt64AreRejected) {
+  const std::string p = path_of("dims.safetensors");
+  write_raw(p,
+            "{\"t0\":{\"dtype\":\"F32\",\"shape\":[0,3619201952010731520,18302063728017015298,1],"
+            "\"data_offsets\":[0,0]}}",
+            0);
+  EXPECT_NE(read_error(p).find("tensor t0: shape product overflows int64"), std::string::npos);
+  write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808,0],\"data_offsets\":[0,0]}}", 0);
+  EXPECT_NE(read_error(p).find("overflows int64"), std::string::npos);
+  write_raw(p, "{\"t\":{\"dtype\":\"F32\",\"shape\":[0,9223372036854775807],\"data_offsets\":[0,0]}}", 0);
+  const auto ok = read_safetensors(p);  // the largest dimension an int64 holds is fine
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].shape, (std::vector<int64_t>{0, INT64_MAX}));
+}
+
+// Tensors sharing bytes would let a small file claim (and allocate) its data many times over.
+TEST(Safetensors, DataMustBeTiledExactly) {
+  const std::string p = path_of("tiling.safetensors");
+  write_raw(p,
+            "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+            "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+            8);
+  EXPECT_NE(read_error(p).find("overlap"), std::string::npos);
+  write_raw(p,
+            "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+            "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+            12);
+  EXPECT_NE(read_error(p).find("tensor b: data_offsets [4, 12) overlap"), std::string::npos);
+  write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8);
+  EXPECT_NE(read_error(p).find("no tensor holds data bytes [0, 4)"), std::string::npos);
+  write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8);
+  EXPECT_NE(read_error(p).find("no tensor holds data bytes [4, 8)"), std::string::npos);
+  // Out of order in the header, empty tensors anywhere: fine.
+  write_raw(p,
+            "{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+            "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+            "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+            8);
+  EXPECT_EQ(read_safetensors(p).size(), 3u);
+}
+
+TEST(Safetensors, OversizedHeaderIsRejectedBeforeAllocation) {
+  const std::string p = path_of("big-header.safetensors");
+  {
+    std::ofstream out(p, std::ios::binary);
+    const uint64_t n = 100'000'001;
+    out.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  std::filesystem::resize_file(p, 8 + 100'000'001);  // sparse: costs no disk
+  EXPECT_NE(read_error(p).find("exceeds the format's limit"), std::string::npos);
+}
+
+// A dtype nested 200000 deep used to be echoed with dump(), which recursed off the stack.
+TEST(Safetensors, DeeplyNestedDtypeIsRejected) {
+  const std::string p = path_of("deep.safetensors");
+  const size_t depth = 200000;
+  write_raw(p,
+            "{\"t\":{\"dtype\":" + std::string(depth, '[') + std::string(depth, ']') +
+                ",\"shape\":[],\"data_offsets\":[0,4]}}",
+            4);
+  EXPECT_NE(read_error(p).find("tensor t: dtype is not a string"), std::string::npos);
 }
 
 TEST(Safetensors, UnwritableDirectoryIsAnIoError) {

@@ -72,6 +72,36 @@ T convert(const Assignment& a) {
   fail(a, fmt::format("expected {}", kNames[kIndex]));
 }
 
+// A TOML basic string: quotes, backslashes and control characters escaped (the text itself is
+// UTF-8, as toml++ accepted it).
+std::string toml_string(const std::string& v) {
+  std::string out = "\"";
+  for (const char ch : v) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\u{:04X}", u);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The shortest text that reads back as the same double, and as a TOML float rather than an
+// integer: "2" becomes "2.0", while "1e+20", "inf" and "0.5" already are floats.
+std::string toml_float(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_not_of("-0123456789") == std::string::npos) s += ".0";
+  return s;
+}
+
 struct Key {
   std::string name;
   std::function<void(Config&, const Assignment&)> set;
@@ -85,10 +115,15 @@ Key make_key(std::string name, T& (*field)(Config&)) {
   k.set = [field](Config& c, const Assignment& a) { field(c) = convert<T>(a); };
   k.get = [field](const Config& c) {
     const T& v = field(const_cast<Config&>(c));
-    if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", v);
-    else if constexpr (std::is_same_v<T, bool>) return std::string(v ? "true" : "false");
-    else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", v) + (std::isfinite(v) && v == std::floor(v) ? ".0" : "");
-    else return fmt::format("{}", v);
+    if constexpr (std::is_same_v<T, std::string>) {
+      return toml_string(v);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return std::string(v ? "true" : "false");
+    } else if constexpr (std::is_same_v<T, double>) {
+      return toml_float(v);
+    } else {
+      return fmt::format("{}", v);
+    }
   };
   return k;
 }
@@ -243,8 +278,23 @@ void validate(const Config& c) {
   require(m.norm_eps > 0 && m.norm_eps < 1, "model.norm_eps", fmt::format("{}", m.norm_eps), "must be in (0, 1)");
   require(m.init_std > 0 && m.init_std < 1, "model.init_std", fmt::format("{}", m.init_std), "must be in (0, 1)");
 
+  // Sizes derived from the shape (parameter counts, FLOPs, tokens per step) are int64 products of
+  // these positive keys: bounding the totals, in double, keeps every partial product in range.
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  constexpr double kMaxCount = 0x1p62;
+  const double qkv = (d(m.n_heads) + 2 * d(m.n_kv_heads)) * d(m.head_dim());
+  const double block = d(m.dim) * qkv + d(m.dim) * d(m.dim) + 3 * d(m.dim) * d(m.ffn_hidden) + 2 * d(m.dim);
+  const double params = d(m.n_layers) * block + d(m.dim) + 2 * d(m.vocab_size) * d(m.dim);
+  require(params < kMaxCount, "model.dim", fmt::format("{}", m.dim),
+          fmt::format("{:.3g} parameters: too many to count in an int64", params));
+  require(d(m.n_layers) * d(m.seq_len) * d(m.dim) < kMaxCount, "model.seq_len", fmt::format("{}", m.seq_len),
+          "model.n_layers x model.seq_len x model.dim must fit in an int64");
+
   const TrainConfig& t = c.train;
   positive("train.batch_size", t.batch_size);
+  require(d(t.batch_size) * d(m.seq_len) < kMaxCount, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("tokens per step train.batch_size x model.seq_len = {} x {} must fit in an int64", t.batch_size,
+                      m.seq_len));
   positive("parallel.nproc", c.parallel.nproc);
   require(c.parallel.nproc <= 1024, "parallel.nproc", fmt::format("{}", c.parallel.nproc), "must be <= 1024");
   const ParallelConfig& p = c.parallel;
@@ -264,6 +314,10 @@ void validate(const Config& c) {
           "must be >= 0 (0 derives it from train.batch_size)");
   require(t.batch_size % c.parallel.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),
           fmt::format("must be divisible by parallel.nproc = {}", c.parallel.nproc));
+  // Also keeps nproc x micro_batch_size (below, and in accumulation_steps()) inside int64.
+  require(t.micro_batch_size <= t.batch_size / c.parallel.nproc, "train.micro_batch_size",
+          fmt::format("{}", t.micro_batch_size),
+          fmt::format("must be <= train.batch_size / parallel.nproc = {}", t.batch_size / c.parallel.nproc));
   require(t.batch_size % (c.parallel.nproc * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
           fmt::format("must be divisible by parallel.nproc x train.micro_batch_size = {} x {}", c.parallel.nproc,
                       c.micro_batch()));

@@ -110,6 +110,41 @@ TEST(Config, ResolvedTomlRoundTrips) {
   EXPECT_EQ(to_toml(load(path, {})), to_toml(c));
 }
 
+// Found by fuzz/config_fuzz: to_toml wrote lr = 1e300 as "1e+300.0", which does not parse, so
+// the config a checkpoint saved could not be loaded back; strings were not escaped either.
+TEST(Config, ResolvedTomlRoundTripsEdgeValues) {
+  const std::string text =
+      "[train]\nlr = 1e300\nmin_lr = 2.0\n"
+      "[model]\nrope_theta = inf\ninit_std = 5e-324\n"
+      "[data]\ndataset = \"dir \\\"q\\\" \\\\ back\\nslash \\u0007 \u00e9\"\n";
+  const Config c = load_text(text, "edge.toml", {});
+  EXPECT_EQ(c.train.lr, 1e300);
+  EXPECT_EQ(c.data.dataset, "dir \"q\" \\ back\nslash \a \u00e9");
+  const std::string resolved = to_toml(c);
+  const Config again = load_text(resolved, "resolved.toml", {});
+  EXPECT_EQ(again.train.lr, 1e300);
+  EXPECT_EQ(again.train.min_lr, 2.0);
+  EXPECT_EQ(again.model.rope_theta, c.model.rope_theta);
+  EXPECT_EQ(again.model.init_std, 5e-324);
+  EXPECT_EQ(again.data.dataset, c.data.dataset);
+  EXPECT_EQ(to_toml(again), resolved);
+}
+
+// Found by fuzz/config_fuzz (UBSan): nproc x micro_batch_size overflowed int64 in validate().
+// Sizes derived from the model shape are bounded the same way.
+TEST(Config, DerivedSizesCannotOverflow) {
+  EXPECT_NE(
+      load_error(
+          "", {{"parallel.nproc", "2"}, {"train.batch_size", "16"}, {"train.micro_batch_size", "9223372036854775807"}})
+          .find("train.micro_batch_size = 9223372036854775807: must be <= train.batch_size / parallel.nproc = 8"),
+      std::string::npos);
+  EXPECT_NE(load_error("", {{"model.dim", "1099511627776"}}).find("too many to count in an int64"), std::string::npos);
+  EXPECT_NE(load_error("", {{"model.seq_len", "4611686018427387904"}}).find("model.seq_len"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.batch_size", "4611686018427387904"}}).find("tokens per step"), std::string::npos);
+  const Config big = load("", {{"model.preset", "llama2-70b"}});  // the largest preset stays valid
+  EXPECT_GT(model::parameter_count(big.model), 0);
+}
+
 TEST(Config, ShippedConfigsLoad) {
   const std::filesystem::path dir = std::filesystem::path(TESSERA_SOURCE_DIR) / "configs";
   int n = 0;

@@ -91,8 +91,11 @@ SplitManifest read_split(const Reader& r, const nlohmann::json& splits, const st
     e.tokens = r.u64(shards[i], "tokens", w);
     e.documents = r.u64(shards[i], "documents", w);
     e.checksum = r.hex(shards[i], "checksum", w);
-    tokens += e.tokens;
-    documents += e.documents;
+    // A wrapped sum could match the split's totals while the shards claim more than 2^64 tokens.
+    if (__builtin_add_overflow(tokens, e.tokens, &tokens) ||
+        __builtin_add_overflow(documents, e.documents, &documents)) {
+      throw r.fail(w + "tokens", "the split's shards hold more than 2^64 tokens or documents");
+    }
     s.shards.push_back(std::move(e));
   }
   if (tokens != s.tokens || documents != s.documents) {

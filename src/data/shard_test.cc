@@ -338,6 +338,19 @@ TEST_F(ShardTest, TokenStreamRejectsShardsTheManifestDoesNotDescribe) {
   write_manifest(dir_.string(), h.manifest);
   EXPECT_NE(stream_error().find("splits.train.tokens"), std::string::npos) << stream_error();
   h.manifest.train.tokens -= 1;
+  {  // counts that add up only modulo 2^64
+    const SplitManifest train = h.manifest.train;
+    ShardEntry wrap = train.shards[0];
+    wrap.tokens = UINT64_MAX;
+    h.manifest.train.shards.push_back(wrap);
+    h.manifest.train.tokens -= 1;
+    h.manifest.train.documents += wrap.documents;
+    write_manifest(dir_.string(), h.manifest);
+    msg = stream_error();
+    EXPECT_NE(msg.find(fmt::format("splits.train.shards[{}].tokens", train.shards.size())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("more than 2^64"), std::string::npos) << msg;
+    h.manifest.train = train;
+  }
   h.manifest.train.shards[0].file = "../escape.bin";
   write_manifest(dir_.string(), h.manifest);
   EXPECT_NE(stream_error().find("splits.train.shards[0].file"), std::string::npos) << stream_error();
