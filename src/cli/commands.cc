@@ -44,6 +44,9 @@ commands:
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
                  hybrid_shard, no_shard); --resume auto: continue from DIR's latest
                  checkpoint (any world size); SIGTERM saves a checkpoint and exits 0
+  launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv file://DIR --run-id ID [CONFIG] [options]
+                 one agent per node: rendezvous, workers, hang watchdog, restarts from the
+                 latest checkpoint (tessera launch --help)
   bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...
                  time N training steps on synthetic tokens (and checkpoint saves into DIR);
                  prints one JSON object
@@ -184,6 +187,11 @@ int cmd_train(const Args& args) {
   if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
   const config::Config c = load_config(a);
   const std::string resume = a.get("--resume", "");
+  if (train::WorkerEnv env; train::worker_env(&env)) {  // one rank of a launched job
+    if (!a.flags.count("--run-dir")) throw ConfigError("a launched worker needs --run-dir (shared by every rank)");
+    train::run_worker(c, a.get("--run-dir", ""), env, resume.empty() ? "auto" : resume);
+    return kExitOk;
+  }
   std::string run_dir = a.get("--run-dir", "");
   if (run_dir.empty()) run_dir = resume.empty() ? new_run_dir() : "runs/latest";
   log::info("run directory {}", run_dir);
@@ -352,6 +360,7 @@ int run(int argc, char** argv) {
     if (command == "generate") return cmd_generate(args);
     if (command == "eval") return cmd_eval(args);
     if (command == "checkpoint") return cmd_checkpoint(args);
+    if (command == "launch") return cmd_launch(args);
     if (command == "--version" || command == "version") {
       fmt::print("tessera {}\n", TESSERA_VERSION);
       return kExitOk;

@@ -21,6 +21,9 @@ int cmd_eval(const Args& args);
 // Saved weights (cli/checkpoint_commands.cc): tessera checkpoint export|import|verify|reshard ...
 int cmd_checkpoint(const Args& args);
 
+// The per-node agent (cli/launch_command.cc).
+int cmd_launch(const Args& args);
+
 // Dispatches argv[1]; prints usage on no or unknown command.
 int run(int argc, char** argv);
 

@@ -1,4 +1,5 @@
 // Entry point of the `tessera` binary.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,5 +14,8 @@ int main(int argc, char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
     execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
   }
+  // A write to a connection whose peer died must fail with EPIPE (a collective error naming the
+  // operation and rank, exit 12), not kill the process with SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   return tessera::cli::run(argc, argv);
 }

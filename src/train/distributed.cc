@@ -7,24 +7,26 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <mutex>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <vector>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "core/signals.h"
 
 namespace tessera::train {
 
 ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round,
-                             int rank, int world, int shard_size, dist::Millis timeout) {
+                             int rank, int world, int shard_size, dist::Millis timeout, const std::string& host) {
   topology_ = {world, rank, shard_size};
   if (world == 1) return;
   // Each group rendezvouses under its own key prefix, so the meshes never mix.
   auto group = [&](const std::string& name, int group_rank, int group_size) {
     stores_.push_back(dist::make_file_store(store_dir, token, round + "." + name));
-    return dist::make_gloo_group(*stores_.back(), group_rank, group_size, "127.0.0.1", timeout);
+    return dist::make_gloo_group(*stores_.back(), group_rank, group_size, host, timeout);
   };
   world_ = group("world", rank, world);
   checkpoint_store_ = dist::make_file_store(store_dir, token, round + ".checkpoint");
@@ -45,6 +47,58 @@ Distributed ProcessGroups::view() const {
   d.shard = S == 1 ? nullptr : S == W ? world_.get() : shard_.get();
   d.replica = W / S == 1 ? nullptr : S == 1 ? world_.get() : replica_.get();
   return d;
+}
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+int env_int(const char* name, int min, int max) {
+  const std::string text = env_or(name, "");
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min || v > max) {
+    throw ConfigError(fmt::format("environment variable {}=\"{}\": expected an integer in [{}, {}]", name, text, min, max));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::string file_store_dir(const std::string& url) {
+  if (url.rfind("file://", 0) != 0 || url.size() == 7) {
+    throw ConfigError(fmt::format("rendezvous \"{}\": expected file://DIR", url));
+  }
+  return url.substr(7);
+}
+
+bool worker_env(WorkerEnv* out) {
+  const char *rank_var, *world_var, *local_var;
+  if (std::getenv("TESSERA_RANK") != nullptr) {
+    rank_var = "TESSERA_RANK", world_var = "TESSERA_WORLD_SIZE", local_var = "TESSERA_LOCAL_RANK";
+  } else if (std::getenv("SLURM_PROCID") != nullptr && std::getenv("TESSERA_RDZV") != nullptr) {
+    rank_var = "SLURM_PROCID", world_var = "SLURM_NTASKS", local_var = "SLURM_LOCALID";
+  } else if (std::getenv("RANK") != nullptr && std::getenv("TESSERA_RDZV") != nullptr) {
+    rank_var = "RANK", world_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
+  } else {
+    return false;
+  }
+  WorkerEnv e;
+  e.world = env_int(world_var, 1, 1 << 20);
+  e.rank = env_int(rank_var, 0, e.world - 1);
+  e.local_rank = std::getenv(local_var) != nullptr ? env_int(local_var, 0, e.world - 1) : 0;
+  e.restart_count = std::getenv("TESSERA_RESTART_COUNT") != nullptr ? env_int("TESSERA_RESTART_COUNT", 0, 1 << 20) : 0;
+  e.rdzv_dir = file_store_dir(env_or("TESSERA_RDZV", ""));
+  e.job_token = env_or("TESSERA_JOB_TOKEN", "");
+  if (e.job_token.empty()) throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");
+  e.round = env_or("TESSERA_ROUND", env_or("SLURM_JOB_ID", "0") + "." + std::to_string(e.restart_count));
+  e.heartbeat = env_or("TESSERA_HEARTBEAT", "");
+  e.host = env_or("TESSERA_HOST", "127.0.0.1");
+  *out = e;
+  return true;
 }
 
 int shard_size_of(const config::Config& config, int world) {

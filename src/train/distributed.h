@@ -18,7 +18,7 @@ class ProcessGroups {
   // Rank `rank` of `world` joins round `round` of job `token` through the file store in
   // store_dir. Shard group k is ranks [k S, (k+1) S); replica group j is ranks j, j+S, ...
   ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
-                int world, int shard_size, dist::Millis timeout);
+                int world, int shard_size, dist::Millis timeout, const std::string& host = "127.0.0.1");
   ~ProcessGroups();
   Distributed view() const;
 
@@ -28,6 +28,25 @@ class ProcessGroups {
   std::unique_ptr<dist::ProcessGroup> world_, shard_, replica_;
   std::unique_ptr<dist::Store> checkpoint_store_;  // used by the checkpoint writer thread only
 };
+
+// A worker of a job started by something else: `tessera launch` (TESSERA_RANK, TESSERA_WORLD_SIZE,
+// TESSERA_LOCAL_RANK, TESSERA_RDZV, TESSERA_JOB_TOKEN, TESSERA_ROUND, TESSERA_RESTART_COUNT,
+// TESSERA_HEARTBEAT, TESSERA_HOST), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or
+// torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK); the last two need TESSERA_RDZV naming
+// a store all ranks see (file://DIR on a shared file system) and TESSERA_JOB_TOKEN.
+struct WorkerEnv {
+  int rank = 0, local_rank = 0, world = 1, restart_count = 0;
+  std::string rdzv_dir;            // the file store's directory
+  std::string job_token;
+  std::string round = "0";         // the rendezvous round the worker's keys live under
+  std::string heartbeat;           // a file the worker rewrites after every step ("" for none)
+  std::string host = "127.0.0.1";  // this node's address for collectives
+};
+// Reads the worker environment; false when this process is not such a worker. Throws
+// ConfigError naming the variable that is missing or malformed.
+bool worker_env(WorkerEnv* out);
+// "file://DIR" -> DIR; throws ConfigError naming the URL for anything else.
+std::string file_store_dir(const std::string& url);
 
 // Shard group size a config asks for at `world` ranks.
 int shard_size_of(const config::Config& config, int world);

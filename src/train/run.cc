@@ -1,6 +1,7 @@
 // `tessera train`: the step loop.
 #include "train/run.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -16,9 +17,9 @@
 #include "checkpoint/directory.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "core/signals.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/signals.h"
 #include "core/timer.h"
 #include "train/bundled.h"
 #include "train/checkpointer.h"
@@ -136,9 +137,31 @@ void truncate_metrics(const std::string& path, int64_t step) {
   write_file_atomic(path, kept);
 }
 
+// The step a worker has reached, for its agent's hang watchdog: "STEP\n" rewritten in place after
+// every step (no fsync: the agent reads it through the page cache). Inert without a path.
+class Heartbeat {
+ public:
+  explicit Heartbeat(const std::string& path) {
+    if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (!path.empty() && fd_ < 0) log::warn("cannot write the heartbeat file {}: {}", path, std::strerror(errno));
+  }
+  ~Heartbeat() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void beat(int64_t step) {
+    if (fd_ < 0) return;
+    const std::string text = fmt::format("{:<20}\n", step);
+    if (::pwrite(fd_, text.data(), text.size(), 0) < 0) log::debug("heartbeat write failed: {}", std::strerror(errno));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
-                  const std::string& resume, const Distributed& dist) {
+                  const std::string& resume, const Distributed& dist, const std::string& heartbeat_path = "") {
+  Heartbeat heartbeat(heartbeat_path);
   std::error_code ec;
   const bool leader = dist.topology.rank == 0;
   const std::string config_toml = config::to_toml(config);
@@ -223,6 +246,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     if (ckpt.interval_minutes > 0 && now_seconds() - last_save >= ckpt.interval_minutes * 60) raise |= kSaveDue;
     if (checkpointer.take_failure() && ckpt.on_failure == "stop") raise |= kSaveFailed;
     const StepStats s = trainer.step(raise);
+    heartbeat.beat(s.step);
     const int64_t tokens = trainer.state().tokens;
     const bool last = finished();
     const bool eval = config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last);
@@ -332,6 +356,27 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
                             rc),
                 static_cast<ExitCode>(rc));
   }
+}
+
+void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env,
+                const std::string& resume) {
+  const StopSignals stop;  // before the first thread starts
+  log::set_rank(env.rank);
+  if (config.parallel.nproc != env.world) {
+    throw ConfigError(fmt::format("parallel.nproc = {} but this job has {} ranks (set parallel.nproc = {})",
+                                  config.parallel.nproc, env.world, env.world));
+  }
+  if (env.rank == 0) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
+    open_for_write(run_dir + "/config.toml") << config::to_toml(config);
+  }
+  const std::string dataset = resolve_dataset(config);
+  configure_threads(config);
+  ProcessGroups groups(env.rdzv_dir, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
+                       dist::Millis(config.parallel.timeout_ms), env.host);
+  train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
 }
 
 }  // namespace tessera::train

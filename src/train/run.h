@@ -7,6 +7,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
+#include "train/distributed.h"
 
 namespace tessera::train {
 
@@ -19,6 +20,12 @@ namespace tessera::train {
 // SIGINT finishes the step, saves a checkpoint and returns normally. Throws tessera::Error
 // subclasses for faults.
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume = "");
+
+// One rank of a job that something else started (`tessera launch`, Slurm, torchrun-style
+// variables: see WorkerEnv): joins the job's store round, trains, checkpoints. parallel.nproc
+// must equal the job's world size.
+void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env,
+                const std::string& resume);
 
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.

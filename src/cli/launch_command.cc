@@ -1,0 +1,88 @@
+// `tessera launch`: the per-node agent (src/launch/agent.h).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "launch/agent.h"
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr const char* kLaunchUsage =
+    "usage: tessera launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv file://DIR --run-id ID\n"
+    "                      [--max-restarts R] [--monitor-interval S] [--hang-timeout S]\n"
+    "                      [--rdzv-timeout S] [--host ADDR] [--run-dir DIR] [CONFIG] [--set key=value]...\n"
+    "  one agent per node; every agent of a job has the same --rdzv, --run-id and TESSERA_JOB_TOKEN\n"
+    "  (environment). Workers train CONFIG into --run-dir (default runs/ID; on a file system all\n"
+    "  nodes see), resuming from its latest checkpoint after a failure, up to R restarts (default 3).\n"
+    "  --hang-timeout: seconds without a new step before a worker is killed (default 1800).\n"
+    "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
+    "  SIGTERM or SIGINT: the workers checkpoint and exit; the agent exits 0.\n";
+
+}  // namespace
+
+int cmd_launch(const Args& args) {
+  const ParsedArgs a = parse_args(args, {"--nnodes", "--nproc-per-node", "--rdzv", "--run-id", "--max-restarts",
+                                         "--monitor-interval", "--hang-timeout", "--rdzv-timeout", "--host",
+                                         "--run-dir", "--last-call"});
+  if (a.help) {
+    std::fputs(kLaunchUsage, stdout);
+    return kExitOk;
+  }
+  for (const char* required : {"--nnodes", "--nproc-per-node", "--rdzv", "--run-id"}) {
+    if (!a.flags.count(required)) throw ConfigError(fmt::format("missing {}\n{}", required, kLaunchUsage));
+  }
+  if (a.positional.size() > 1) throw ConfigError(fmt::format("expected at most one CONFIG\n{}", kLaunchUsage));
+  launch::LaunchOptions o;
+  const std::string nnodes = a.get("--nnodes", "");
+  std::smatch m;
+  if (!std::regex_match(nnodes, m, std::regex(R"((\d{1,6})(?::(\d{1,6}))?)"))) {
+    throw ConfigError(fmt::format("--nnodes {}: expected MIN or MIN:MAX", nnodes));
+  }
+  o.min_nodes = std::stoi(m[1]);
+  o.max_nodes = m[2].matched ? std::stoi(m[2]) : o.min_nodes;
+  if (o.min_nodes < 1 || o.max_nodes < o.min_nodes) {
+    throw ConfigError(fmt::format("--nnodes {}: need 1 <= MIN <= MAX", nnodes));
+  }
+  o.nproc_per_node = static_cast<int>(a.get_int("--nproc-per-node", 1));
+  if (o.nproc_per_node < 1 || o.nproc_per_node > 1024) {
+    throw ConfigError(fmt::format("--nproc-per-node {}: expected 1 to 1024", o.nproc_per_node));
+  }
+  o.rdzv = a.get("--rdzv", "");
+  o.run_id = a.get("--run-id", "");
+  if (!std::regex_match(o.run_id, std::regex("[A-Za-z0-9_-]{1,64}"))) {
+    throw ConfigError(fmt::format("--run-id \"{}\": use 1 to 64 of [A-Za-z0-9_-]", o.run_id));
+  }
+  const char* token = std::getenv("TESSERA_JOB_TOKEN");
+  if (token == nullptr || *token == '\0') {
+    throw ConfigError("TESSERA_JOB_TOKEN is not set: every agent and worker of a job needs the job's secret token "
+                      "(e.g. export TESSERA_JOB_TOKEN=$(head -c 12 /dev/urandom | base64 | tr '+/' '-_'))");
+  }
+  o.job_token = token;
+  if (!std::regex_match(o.job_token, std::regex("[A-Za-z0-9_.-]{1,128}"))) {
+    throw ConfigError("TESSERA_JOB_TOKEN: use 1 to 128 of [A-Za-z0-9_.-]");
+  }
+  o.max_restarts = static_cast<int>(a.get_int("--max-restarts", 3));
+  o.monitor_interval_s = a.get_double("--monitor-interval", 1.0);
+  o.hang_timeout_s = a.get_double("--hang-timeout", 1800);
+  o.rdzv_timeout_s = a.get_double("--rdzv-timeout", 600);
+  o.last_call_s = a.get_double("--last-call", 2);
+  if (o.max_restarts < 0 || o.monitor_interval_s <= 0 || o.hang_timeout_s <= 0 || o.rdzv_timeout_s <= 0 ||
+      o.last_call_s < 0) {
+    throw ConfigError("--max-restarts must be >= 0 and the intervals and timeouts > 0");
+  }
+  o.host = a.get("--host", "127.0.0.1");
+  o.run_dir = a.get("--run-dir", "runs/" + o.run_id);
+  o.config_path = a.positional.empty() ? "" : a.positional[0];
+  o.overrides = a.overrides;
+  return launch::run_agent(o);
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,409 @@
+// The per-node agent of `tessera launch`: rendezvous rounds, workers, watchdog, restarts.
+#include "launch/agent.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "core/signals.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "train/distributed.h"
+#include "train/run.h"
+
+extern char** environ;
+
+namespace tessera::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  const int sig = WTERMSIG(status);
+  return fmt::format("signal {} ({})", sig, sigabbrev_np(sig) != nullptr ? sigabbrev_np(sig) : "?");
+}
+int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+// Configuration and data errors fail the same way every time.
+bool restartable(int code) { return code != kExitConfig && code != kExitData; }
+
+struct Worker {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+  std::string heartbeat;  // file path
+  std::string last_beat;  // its last content
+  Clock::time_point progress;
+  bool term_sent = false;
+  Clock::time_point term_at;
+};
+
+class Agent {
+ public:
+  explicit Agent(const LaunchOptions& o) : o_(o) {}
+  int run();
+
+ private:
+  enum class Outcome { kDone, kFailed, kRejoin, kStopped };
+  struct Round {
+    int index = 0, node_rank = 0, nodes = 0;
+  };
+
+  std::string key(int r, const char* what) const { return fmt::format("rdzv.{}.{}", r, what); }
+  int64_t counter(int r, const char* what) { return store_->add(key(r, what), 0); }
+  bool join(int r, Round* out);
+  void start_workers(const Round& round, int restart_count);
+  Outcome monitor(const Round& round);
+  void kill_workers(int signo);
+  void record_failure(const Worker& w, const Round& round);
+  std::pair<int, std::string> read_failure(int r);  // exit code and summary of round r's cause
+  void reap_all();
+  std::string worker_summary(const Worker& w, const Round& round) const;
+
+  LaunchOptions o_;
+  std::unique_ptr<dist::Store> store_;
+  std::string heartbeat_dir_;
+  std::vector<Worker> workers_;
+  Clock::time_point round_start_;
+  bool forwarded_stop_ = false;
+};
+
+bool Agent::join(int r, Round* out) {
+  const int64_t index = store_->add(key(r, "joined"), 1) - 1;
+  store_->set("current", dist::Bytes(std::to_string(r).begin(), std::to_string(r).end()));
+  const dist::Millis timeout(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
+  const Clock::time_point t0 = Clock::now();
+  if (index == 0) {  // the first agent closes the round
+    while (counter(r, "joined") < o_.min_nodes) {
+      if (seconds_since(t0) > o_.rdzv_timeout_s) {
+        throw dist::StoreError(fmt::format("rendezvous round {}: only {} of at least {} nodes joined within {:.0f} s "
+                                           "(--nnodes {}:{}); start the other agents with the same --rdzv, --run-id "
+                                           "and TESSERA_JOB_TOKEN",
+                                           r, counter(r, "joined"), o_.min_nodes, o_.rdzv_timeout_s, o_.min_nodes,
+                                           o_.max_nodes));
+      }
+      if (StopSignals::received() != 0) return false;
+      sleep_s(0.05);
+    }
+    const Clock::time_point enough = Clock::now();
+    while (counter(r, "joined") < o_.max_nodes && seconds_since(enough) < o_.last_call_s) sleep_s(0.05);
+    const int64_t nodes = std::min<int64_t>(counter(r, "joined"), o_.max_nodes);
+    const std::string text = std::to_string(nodes);
+    store_->set(key(r, "nodes"), dist::Bytes(text.begin(), text.end()));
+  }
+  const dist::Bytes nodes = store_->get(key(r, "nodes"), timeout);
+  out->index = r;
+  out->node_rank = static_cast<int>(index);
+  out->nodes = std::stoi(std::string(nodes.begin(), nodes.end()));
+  return index < out->nodes;
+}
+
+void Agent::start_workers(const Round& round, int restart_count) {
+  const int world = round.nodes * o_.nproc_per_node;
+  // Validated for this world size before any worker starts: a bad config is exit 2 here.
+  config::Overrides overrides = o_.overrides;
+  overrides.emplace_back("parallel.nproc", std::to_string(world));
+  config::Config c = config::load(o_.config_path, overrides);
+  if (c.train.threads == 0) {
+    set_num_threads(0);
+    overrides.emplace_back("train.threads", std::to_string(std::max(1, num_threads() / o_.nproc_per_node)));
+  }
+  std::vector<std::string> args = {"tessera", "train"};
+  if (!o_.config_path.empty()) args.push_back(o_.config_path);
+  for (const auto& [k, v] : overrides) args.insert(args.end(), {"--set", k + "=" + v});
+  args.insert(args.end(), {"--run-dir", o_.run_dir, "--resume", "auto"});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  workers_.clear();
+  round_start_ = Clock::now();
+  for (int local = 0; local < o_.nproc_per_node; ++local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = round.node_rank * o_.nproc_per_node + local;
+    w.heartbeat = fmt::format("{}/rank{}", heartbeat_dir_, w.rank);
+    std::ofstream(w.heartbeat, std::ios::trunc) << "0\n";
+    w.last_beat = "0\n";
+    w.progress = Clock::now();
+    // The environment is built before fork: the child may only call async-signal-safe functions.
+    const std::vector<std::pair<std::string, std::string>> vars = {
+        {"TESSERA_RANK", std::to_string(w.rank)},
+        {"TESSERA_LOCAL_RANK", std::to_string(local)},
+        {"TESSERA_WORLD_SIZE", std::to_string(world)},
+        {"TESSERA_NODE_RANK", std::to_string(round.node_rank)},
+        {"TESSERA_RDZV", o_.rdzv},
+        {"TESSERA_JOB_TOKEN", o_.job_token},
+        {"TESSERA_ROUND", fmt::format("{}.{}", o_.run_id, round.index)},
+        {"TESSERA_RESTART_COUNT", std::to_string(restart_count)},
+        {"TESSERA_HEARTBEAT", w.heartbeat},
+        {"TESSERA_HOST", o_.host}};
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      bool replaced = false;
+      for (const auto& [k, v] : vars) replaced = replaced || entry.rfind(k + "=", 0) == 0;
+      if (!replaced) env.push_back(entry);
+    }
+    for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const pid_t agent = getpid();
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) throw Error(fmt::format("cannot start worker {}: fork failed: {}", w.rank, std::strerror(errno)), kExitFailure);
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives its agent
+      if (getppid() != agent) _exit(kExitPeer);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks TERM/INT for its signal thread
+      execve("/proc/self/exe", argv.data(), envp.data());
+      _exit(127);
+    }
+    w.pid = pid;
+    workers_.push_back(w);
+  }
+}
+
+std::string Agent::worker_summary(const Worker& w, const Round& round) const {
+  std::ifstream in(w.heartbeat);
+  std::string step((std::istreambuf_iterator<char>(in)), {});
+  while (!step.empty() && (step.back() == '\n' || step.back() == ' ')) step.pop_back();
+  return fmt::format("rank {} (node {}, local rank {}, pid {}): {} after step {}, {} ({:.1f} s into round {})", w.rank,
+                     round.node_rank, w.local_rank, w.pid, describe_status(w.status), step, utc_now(),
+                     seconds_since(round_start_), round.index);
+}
+
+void Agent::record_failure(const Worker& w, const Round& round) {
+  // A worker that lost a peer (exit 12) is a consequence; the summary that counts is the first
+  // other failure (a kill, a hang, an error), which its agent may record a moment later.
+  const int r = round.index;
+  const std::string summary = worker_summary(w, round);
+  log::error("round {}: worker {}", r, summary);
+  const int code = exit_code_of(w.status);
+  const char* kind = code == kExitPeer ? "peer" : "cause";
+  if (store_->add(key(r, kind), 1) == 1) {
+    const std::string record = fmt::format("{} {}", code, summary);
+    store_->set(key(r, kind == std::string("peer") ? "peer_failure" : "failure"),
+                dist::Bytes(record.begin(), record.end()));
+  }
+  store_->add(key(r, "failed"), 1);
+}
+
+std::pair<int, std::string> Agent::read_failure(int r) {
+  const Clock::time_point t0 = Clock::now();
+  const double wait_s = std::max(1.0, 3 * o_.monitor_interval_s);
+  std::string record;
+  for (;;) {
+    const bool cause = store_->check({key(r, "failure")});
+    if (cause || (seconds_since(t0) > wait_s && store_->check({key(r, "peer_failure")}))) {
+      const dist::Bytes b = store_->get(key(r, cause ? "failure" : "peer_failure"), dist::Millis(1000));
+      record.assign(b.begin(), b.end());
+      break;
+    }
+    if (seconds_since(t0) > o_.rdzv_timeout_s) return {kExitFailure, "(no failure was recorded)"};
+    sleep_s(0.05);
+  }
+  const size_t space = record.find(' ');
+  return {std::atoi(record.substr(0, space).c_str()), record.substr(space + 1)};
+}
+
+void Agent::kill_workers(int signo) {
+  for (Worker& w : workers_) {
+    if (!w.exited) kill(w.pid, signo);
+  }
+}
+
+void Agent::reap_all() {
+  for (Worker& w : workers_) {
+    if (w.exited) continue;
+    waitpid(w.pid, &w.status, 0);
+    w.exited = true;
+  }
+}
+
+Agent::Outcome Agent::monitor(const Round& round) {
+  const int r = round.index;
+  for (;;) {
+    sleep_s(o_.monitor_interval_s);
+    // Workers: exits and heartbeats. Of the failures seen in one tick, a worker that lost a peer
+    // (exit 12) is the consequence of another's; the other is recorded as the cause.
+    Worker* failed = nullptr;
+    for (Worker& w : workers_) {
+      if (w.exited || waitpid(w.pid, &w.status, WNOHANG) != w.pid) continue;
+      w.exited = true;
+      if (w.status == 0 || forwarded_stop_) continue;
+      if (failed == nullptr || (exit_code_of(failed->status) == kExitPeer && exit_code_of(w.status) != kExitPeer)) {
+        failed = &w;
+      }
+    }
+    if (failed != nullptr) {
+      for (const Worker& w : workers_) {
+        if (&w != failed && w.exited && w.status != 0) log::error("round {}: worker {}", r, worker_summary(w, round));
+      }
+      record_failure(*failed, round);
+      kill_workers(SIGKILL);
+      reap_all();
+      return Outcome::kFailed;
+    }
+    for (Worker& w : workers_) {
+      if (w.exited) continue;
+      std::ifstream in(w.heartbeat);
+      std::string beat((std::istreambuf_iterator<char>(in)), {});
+      if (beat != w.last_beat) {
+        w.last_beat = beat;
+        w.progress = Clock::now();
+      } else if (!w.term_sent && seconds_since(w.progress) > o_.hang_timeout_s) {
+        log::error("round {}: rank {} (pid {}) made no progress for {:.0f} s (--hang-timeout): SIGTERM", r, w.rank,
+                   w.pid, seconds_since(w.progress));
+        kill(w.pid, SIGTERM);
+        w.term_sent = true;
+        w.term_at = Clock::now();
+      } else if (w.term_sent && seconds_since(w.term_at) > o_.kill_grace_s) {
+        log::error("round {}: rank {} (pid {}) still there {:.0f} s after SIGTERM: SIGKILL", r, w.rank, w.pid,
+                   o_.kill_grace_s);
+        kill(w.pid, SIGKILL);
+        w.term_at = Clock::now() + std::chrono::hours(24);  // once
+      }
+    }
+    bool all_exited = true, all_ok = true;
+    for (const Worker& w : workers_) {
+      all_exited = all_exited && w.exited;
+      all_ok = all_ok && w.exited && w.status == 0;
+    }
+    if (forwarded_stop_ && all_exited) {
+      if (!all_ok) log::warn("stopped, but not every worker exited 0 (see above)");
+      return Outcome::kStopped;
+    }
+    if (all_ok) return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
+    // Another node's failure, a late node to take in, or a stop request for this node.
+    if (counter(r, "failed") > 0) {
+      log::warn("round {}: another node failed; stopping this node's workers", r);
+      kill_workers(SIGKILL);
+      reap_all();
+      return Outcome::kFailed;
+    }
+    if (!forwarded_stop_ && StopSignals::received() != 0) {
+      log::warn("stop requested (signal {}): the workers checkpoint and exit", StopSignals::received());
+      kill_workers(SIGTERM);
+      forwarded_stop_ = true;
+    }
+    if (!forwarded_stop_ && round.nodes < o_.max_nodes && counter(r, "late") > 0 && counter(r, "rejoin") == 0) {
+      // A node arrived after the round closed: every node checkpoints and all rejoin with it.
+      store_->add(key(r, "rejoin"), 1);
+    }
+    if (!forwarded_stop_ && counter(r, "rejoin") > 0 && !workers_.empty() && !workers_[0].term_sent) {
+      log::info("round {}: a new node is waiting; checkpointing to take it in", r);
+      for (Worker& w : workers_) {
+        if (!w.exited) kill(w.pid, SIGTERM);
+        w.term_sent = true;
+        w.term_at = Clock::now() + std::chrono::hours(24);  // a planned stop, not a hang
+      }
+    }
+  }
+}
+
+int Agent::run() {
+  const StopSignals stop;  // before any thread: workers and the store run alongside
+  const std::string dir = train::file_store_dir(o_.rdzv);
+  store_ = dist::make_file_store(dir, o_.job_token, "launch." + o_.run_id);
+  heartbeat_dir_ = fmt::format("{}/heartbeats.{}.{}", fs::temp_directory_path().string(), o_.run_id, getpid());
+  fs::create_directories(heartbeat_dir_);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{heartbeat_dir_};
+  // Validated and the dataset prepared once here, before any rendezvous or worker.
+  const config::Config base = config::load(o_.config_path, o_.overrides);
+  train::resolve_dataset(base);
+
+  int r = 0;
+  if (store_->check({"current"})) {
+    const dist::Bytes b = store_->get("current", dist::Millis(1000));
+    r = std::stoi(std::string(b.begin(), b.end()));
+  }
+  int restarts = 0, first_code = 0;
+  std::string first_failure;
+  for (;;) {
+    Round round;
+    while (!join(r, &round)) {
+      if (StopSignals::received() != 0) return kExitOk;
+      log::info("round {} closed with {} nodes before this agent joined; waiting for the next round", r, round.nodes);
+      store_->add(key(r, "late"), 1);
+      while (!store_->check({key(r + 1, "joined")})) {
+        if (StopSignals::received() != 0) return kExitOk;
+        if (counter(r, "done") > 0) {
+          log::info("the job finished without this node");
+          return kExitOk;
+        }
+        sleep_s(0.1);
+      }
+      ++r;
+    }
+    log::info("round {}: node {} of {}, {} worker(s) per node, world size {}, restart {}/{}", r, round.node_rank,
+              round.nodes, o_.nproc_per_node, round.nodes * o_.nproc_per_node, restarts, o_.max_restarts);
+    start_workers(round, restarts);
+    const Outcome outcome = monitor(round);
+    if (outcome == Outcome::kDone || outcome == Outcome::kStopped) {
+      store_->add(key(r, "done"), 1);
+      log::info("{}: this node's workers exited 0", outcome == Outcome::kDone ? "done" : "stopped");
+      return kExitOk;
+    }
+    if (outcome == Outcome::kFailed) {
+      const auto [code, summary] = read_failure(r);
+      if (first_failure.empty()) first_failure = summary, first_code = code;
+      if (!restartable(code)) {
+        log::error("not restarting: exit code {} (configuration or data) fails the same way again; {}", code, summary);
+        return code;
+      }
+      if (restarts == o_.max_restarts) {
+        log::error("giving up: {} restart(s) used (--max-restarts {}); first failure: {}; last: {}", restarts,
+                   o_.max_restarts, first_failure, summary);
+        return first_code != 0 ? first_code : kExitFailure;
+      }
+      ++restarts;
+      log::warn("round {} failed ({}); restarting every worker from the latest checkpoint, restart {}/{}", r, summary,
+                restarts, o_.max_restarts);
+    }
+    ++r;  // kFailed or kRejoin: every agent moves to the next round
+  }
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& options) { return Agent(options).run(); }
+
+}  // namespace tessera::launch

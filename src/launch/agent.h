@@ -1,0 +1,50 @@
+// `tessera launch`: one agent per node (ARCHITECTURE.md, "Launcher and resilience").
+//
+// Agents meet in rendezvous rounds in a store (file:// today; the key layout is the same for any
+// Store): round r's agents take node ranks in the order they join, the first one closes the round
+// once MIN nodes have joined and either MAX have or `last_call` has passed, and every agent
+// starts nproc_per_node workers (`tessera train` processes with TESSERA_RANK, TESSERA_WORLD_SIZE,
+// ... in their environment, resuming from the run's latest checkpoint). The agent then watches
+// its workers (exit status, heartbeat), the round's failure flag and its own stop signals:
+//   - a worker fails or hangs (no new step within hang_timeout: TERM, then KILL after a grace
+//     period): the agent names it in the store, stops its other workers, and every agent moves
+//     to round r + 1, restarting from the latest checkpoint, up to max_restarts;
+//   - an agent joins after a round closed: the others restart into a round that includes it
+//     (not counted as a failure), up to MAX nodes;
+//   - SIGTERM or SIGINT to an agent: preemption; its workers get SIGTERM, every rank stops after
+//     the same step and checkpoints, and the agents exit 0 when their workers have.
+// Beyond max_restarts the agent exits with the first failure's exit code and prints a summary
+// (rank, signal or exit code, step, time). Exit codes 2 (configuration) and 3 (data) are never
+// restarted: they would fail again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace tessera::launch {
+
+struct LaunchOptions {
+  int min_nodes = 1, max_nodes = 1;  // --nnodes MIN[:MAX]
+  int nproc_per_node = 1;
+  std::string rdzv;                  // file://DIR
+  std::string run_id;                // names the job in the store
+  std::string job_token;             // TESSERA_JOB_TOKEN
+  int max_restarts = 3;
+  double monitor_interval_s = 1.0;
+  double hang_timeout_s = 1800;      // no new step for this long: the worker is hung
+  double kill_grace_s = 10;          // between TERM and KILL
+  double rdzv_timeout_s = 600;       // for MIN nodes to join
+  double last_call_s = 2;            // after MIN nodes joined, how long to wait for more
+  std::string host = "127.0.0.1";    // this node's address for the workers' connections
+  std::string run_dir;
+  std::string config_path;           // passed on to the workers, with the overrides
+  config::Overrides overrides;
+};
+
+// Runs the agent to the end of the job; returns the process exit code.
+int run_agent(const LaunchOptions& options);
+
+}  // namespace tessera::launch
