@@ -12,7 +12,7 @@ packages=(
   libsentencepiece-dev libxxhash-dev libzstd-dev
   libfmt-dev
   libgloo-dev  # CPU collectives (dist/gloo)
-  python3 python3-torch python3-numpy
+  python3 python3-torch python3-numpy python3-yaml  # python3-yaml: tests/deploy_test.py
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)
   libtcmalloc-minimal4
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, its libFuzzer/sanitizer runtimes, its OpenMP
