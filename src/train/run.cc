@@ -239,6 +239,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                                      {"tokens_per_s", tokens_per_s},
                                      {"model_flops_per_s", tokens_per_s * flops_per_token}};
     if (eval) record["val_loss"] = val_loss;
+    if (s.skipped_total > 0) record["skipped_steps"] = s.skipped_total;
+    if (s.skipped) record["skipped"] = true;
     if (leader) {
       metrics << record.dump() << '\n';
       metrics.flush();
