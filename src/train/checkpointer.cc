@@ -145,8 +145,8 @@ double Checkpointer::save(Trainer& trainer) {
     const float* p = views_[v].data;
     for (uint64_t i = 0; i < views_[v].count; ++i) {
       if (!std::isfinite(p[i])) {
-        job.refused = fmt::format("rank {} refuses to save step {}: {}[{}] is {}", dist_.topology.rank,
-                                  trainer.steps_done(), views_[v].name, i, p[i]);
+        job.refused = fmt::format("not saving step {}: {}[{}] of this rank's shard is {}", trainer.steps_done(),
+                                  views_[v].name, i, p[i]);
         log::error("{}", job.refused);
         break;
       }
