@@ -25,8 +25,8 @@ constexpr KindInfo kKinds[] = {{"kill", Kind::kKill, nullptr}, {"exit", Kind::kE
                                {"hang", Kind::kHang, nullptr}, {"slow", Kind::kSlow, nullptr},
                                {"io", Kind::kIo, nullptr},     {"nan", Kind::kNan, "backward"},
                                {"fail", Kind::kFail, "health"}};
-constexpr const char* kPhases[] = {"health",           "forward",             "backward",         "optimizer",
-                                   "checkpoint.shard", "checkpoint.manifest", "checkpoint.commit"};
+constexpr const char* kPhases[] = {
+    "health", "forward", "backward", "optimizer", "checkpoint.shard", "checkpoint.manifest", "checkpoint.commit"};
 
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty() || s.size() > 18) return false;

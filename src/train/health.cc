@@ -72,9 +72,10 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
   HealthFigures f;
   f.gemm_ok = check_gemm(fault::point("health", rank, 0) == fault::Kind::kFail, &f.gemm_worst);
   if (!f.gemm_ok) {
-    log::error("health check: rank {}: GEMM {}x{}x{} differs from the reference (worst error {:.3g} x the "
-               "tolerance)",
-               rank, kM, kN, kK, f.gemm_worst);
+    log::error(
+        "health check: rank {}: GEMM {}x{}x{} differs from the reference (worst error {:.3g} x the "
+        "tolerance)",
+        rank, kM, kN, kK, f.gemm_worst);
   }
   std::vector<float> all(3 * static_cast<size_t>(world));
   if (dist.world != nullptr && world > 1) {
@@ -94,7 +95,8 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
     std::vector<float> b(n, 1.0f);
     dist.world->all_reduce(b.data(), n, dist::DType::kF32, options)->wait();  // warm: buffers, scratch
     const double tb = now_seconds();
-    for (int it = 0; it < kBandwidthIters; ++it) dist.world->all_reduce(b.data(), n, dist::DType::kF32, options)->wait();
+    for (int it = 0; it < kBandwidthIters; ++it)
+      dist.world->all_reduce(b.data(), n, dist::DType::kF32, options)->wait();
     const double per = (now_seconds() - tb) / kBandwidthIters;
     f.bus_gbps = 2.0 * (world - 1) / world * kBandwidthBytes / per / 1e9;
     const float mine[3] = {f.all_reduce_ok ? 1.0f : 0.0f, f.gemm_ok ? 1.0f : 0.0f, static_cast<float>(f.bus_gbps)};
@@ -116,17 +118,18 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
   if (!failures.empty()) {
     std::string list;
     for (const std::string& s : failures) list += (list.empty() ? "" : ", ") + s;
-    throw HealthError(fmt::format("health check before step 0 failed on {} of {} rank(s): {}; the job stops "
-                                  "before training (exit code {}: a restart on the same machines would fail again)",
-                                  failures.size(), world, list, static_cast<int>(kExitHealth)));
+    throw HealthError(
+        fmt::format("health check before step 0 failed on {} of {} rank(s): {}; the job stops "
+                    "before training (exit code {}: a restart on the same machines would fail again)",
+                    failures.size(), world, list, static_cast<int>(kExitHealth)));
   }
   if (world > 1) {
     const auto [lo, hi] = std::minmax_element(gbps.begin(), gbps.end());
-    log::info("health check passed on {} ranks in {:.0f} ms: all-reduce of {} known values exact; all-reduce of "
-              "{} MiB at {:.2f} GB/s bus bandwidth (ranks {:.2f}..{:.2f}); GEMM {}x{}x{} within tolerance (worst "
-              "{:.3f} of it)",
-              world, f.seconds * 1e3, kCheckCount, kBandwidthBytes >> 20, f.bus_gbps, *lo, *hi, kM, kN, kK,
-              f.gemm_worst);
+    log::info(
+        "health check passed on {} ranks in {:.0f} ms: all-reduce of {} known values exact; all-reduce of "
+        "{} MiB at {:.2f} GB/s bus bandwidth (ranks {:.2f}..{:.2f}); GEMM {}x{}x{} within tolerance (worst "
+        "{:.3f} of it)",
+        world, f.seconds * 1e3, kCheckCount, kBandwidthBytes >> 20, f.bus_gbps, *lo, *hi, kM, kN, kK, f.gemm_worst);
   } else {
     log::info("health check passed in {:.0f} ms: GEMM {}x{}x{} within tolerance (worst {:.3f} of it)", f.seconds * 1e3,
               kM, kN, kK, f.gemm_worst);

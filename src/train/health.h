@@ -13,11 +13,11 @@ namespace tessera::train {
 
 // What one rank found.
 struct HealthFigures {
-  bool all_reduce_ok = true;   // integer-valued all-reduce exactly equal to its known sum
-  bool gemm_ok = true;         // cpu GEMM within the K-derived bound of the ref GEMM
-  double gemm_worst = 0.0;     // largest |cpu - ref| / tolerance over the GEMM's outputs
-  double bus_gbps = 0.0;       // all-reduce bus bandwidth, 2 (W-1)/W x bytes / time (0 at W = 1)
-  double seconds = 0.0;        // the whole check
+  bool all_reduce_ok = true;  // integer-valued all-reduce exactly equal to its known sum
+  bool gemm_ok = true;        // cpu GEMM within the K-derived bound of the ref GEMM
+  double gemm_worst = 0.0;    // largest |cpu - ref| / tolerance over the GEMM's outputs
+  double bus_gbps = 0.0;      // all-reduce bus bandwidth, 2 (W-1)/W x bytes / time (0 at W = 1)
+  double seconds = 0.0;       // the whole check
 };
 
 // Runs the checks on this rank; a collective over dist.world (every rank calls it once; a single

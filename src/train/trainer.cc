@@ -148,8 +148,8 @@ StepStats Trainer::step(uint32_t signals) {
     tokens_ += config_.tokens_per_step();
     log::warn("{}: update skipped (train.on_nonfinite = skip; {} in a row, {} in all)", what, skipped_in_a_row_,
               skipped_total_);
-    return {step_,   loss, schedule_.at(step_), grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals,
-            true, skipped_total_};
+    return {step_, loss, schedule_.at(step_), grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals, true,
+            skipped_total_};
   }
   skipped_in_a_row_ = 0;
   ++step_;
