@@ -71,8 +71,8 @@ commands:
                  check a sharded checkpoint's checksums; re-cut it for another world size
   info           version, build options, CPU features, GEMM library, threads, CUDA devices
 
-exit codes: 0 done, 2 bad command line or config, 3 bad data, 10 I/O error,
-            11 non-finite loss, 12 lost peer or collective timeout
+exit codes: 0 done, 2 bad command line or config, 3 bad data, 4 health check failed
+            before step 0, 10 I/O error, 11 non-finite loss, 12 lost peer or collective timeout
 )";
 
 std::string cpu_model_and_flags(std::string* flags_out) {

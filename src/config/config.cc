@@ -138,7 +138,8 @@ const std::vector<Key>& schema() {
       KEY(model, norm_eps), KEY(model, tied_embeddings), KEY(model, init_std),
       KEY(train, batch_size), KEY(train, micro_batch_size), KEY(train, max_steps), KEY(train, max_tokens),
       KEY(train, lr), KEY(train, min_lr), KEY(train, warmup_steps), KEY(train, weight_decay), KEY(train, beta1),
-      KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, seed), KEY(train, threads),
+      KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, on_nonfinite),
+      KEY(train, max_skipped_steps), KEY(train, seed), KEY(train, threads),
       KEY(train, eval_interval), KEY(train, eval_batches), KEY(train, init_from),
       KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
       KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
@@ -332,6 +333,9 @@ void validate(const Config& c) {
   require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", fmt::format("{}", t.beta2), "must be in [0, 1)");
   require(t.eps > 0, "train.eps", fmt::format("{}", t.eps), "must be > 0");
   require(t.grad_clip >= 0, "train.grad_clip", fmt::format("{}", t.grad_clip), "must be >= 0 (0: no clipping)");
+  require(t.on_nonfinite == "stop" || t.on_nonfinite == "skip", "train.on_nonfinite", t.on_nonfinite,
+          "must be stop or skip");
+  positive("train.max_skipped_steps", t.max_skipped_steps);
   require(t.seed >= 0, "train.seed", fmt::format("{}", t.seed), "must be >= 0");
   require(t.threads >= 0 && t.threads <= 1024, "train.threads", fmt::format("{}", t.threads),
           "must be in [0, 1024] (0: one per core)");

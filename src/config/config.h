@@ -25,6 +25,10 @@ struct TrainConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;        // global grad-norm clip; 0 disables
+  // A step whose global loss or gradient norm is not finite: "stop" the run (exit 11), or
+  // "skip" its update (parameters and optimizer state unchanged; the batch is dropped).
+  std::string on_nonfinite = "stop";
+  int64_t max_skipped_steps = 5;  // with skip: the next non-finite step after this many in a row stops
   int64_t seed = 1234;
   int64_t threads = 0;           // per process; 0: one per available core
   int64_t eval_interval = 100;   // steps between validation losses (and at the end); 0: never

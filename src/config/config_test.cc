@@ -89,6 +89,10 @@ TEST(Config, RangesAndConsistencyAreChecked) {
   EXPECT_NE(load_error("", {{"train.beta2", "1"}}).find("train.beta2"), std::string::npos);
   EXPECT_NE(load_error("", {{"metrics.log_level", "loud"}}).find("metrics.log_level"), std::string::npos);
   EXPECT_NE(load_error("", {{"model.dim", "0"}}).find("model.dim = 0: must be > 0"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.on_nonfinite", "ignore"}}).find("train.on_nonfinite = ignore: must be stop or skip"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"train.max_skipped_steps", "0"}}).find("train.max_skipped_steps = 0"), std::string::npos);
+  EXPECT_EQ(load_error("", {{"train.on_nonfinite", "skip"}}), "");
 }
 
 TEST(Config, MalformedTomlNamesFileAndLine) {

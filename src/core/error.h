@@ -6,12 +6,14 @@
 
 namespace tessera {
 
-// Process exit codes. 2 and 3 are never restarted; 10 and above a restart can cure.
+// Process exit codes. 2 to 4 are never restarted; 10 and above a restart can cure.
 enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,     // unexpected internal error (a bug)
   kExitConfig = 2,      // bad command line or configuration
   kExitData = 3,        // bad input data (corrupt shard, wrong tokenizer, ...)
+  kExitHealth = 4,      // the health check before step 0 failed on some rank (a broken machine
+                        // or network: a restart on the same hardware would fail again)
   kExitIo = 10,         // I/O error (checkpoint write, disk full)
   kExitNonFinite = 11,  // loss or gradient norm not finite
   kExitPeer = 12,       // lost peer or collective timeout
@@ -40,6 +42,12 @@ class DataError : public Error {
 class IoError : public Error {
  public:
   explicit IoError(const std::string& what) : Error(what, kExitIo) {}
+};
+
+// The health check before step 0 failed; the message names the failing rank(s) and checks.
+class HealthError : public Error {
+ public:
+  explicit HealthError(const std::string& what) : Error(what, kExitHealth) {}
 };
 
 class NonFiniteError : public Error {

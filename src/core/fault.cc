@@ -7,22 +7,39 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/log.h"
 
 namespace tessera::fault {
 namespace {
 
-struct Spec {
-  bool active = false;
-  int rank = -1;      // -1: any
-  int64_t step = -1;  // -1: any
-  std::string phase;
-  Kind kind = Kind::kNone;
-  std::string kind_name;
+// Kinds that only make sense where a caller acts on them name their phases; the others may
+// stand anywhere a point is.
+struct KindInfo {
+  const char* name;
+  Kind kind;
+  const char* only_phase;  // nullptr: any phase
 };
+constexpr KindInfo kKinds[] = {{"kill", Kind::kKill, nullptr}, {"exit", Kind::kExit, nullptr},
+                               {"hang", Kind::kHang, nullptr}, {"slow", Kind::kSlow, nullptr},
+                               {"io", Kind::kIo, nullptr},     {"nan", Kind::kNan, "backward"},
+                               {"fail", Kind::kFail, "health"}};
+constexpr const char* kPhases[] = {
+    "health", "forward", "backward", "optimizer", "checkpoint.shard", "checkpoint.manifest", "checkpoint.commit"};
 
-Spec parse() {
+bool parse_int(const std::string& s, int64_t* out) {
+  if (s.empty() || s.size() > 18) return false;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+Spec from_environment() {
   Spec s;
   const char* env = std::getenv("TESSERA_FAULT");
   if (env == nullptr || *env == '\0') return s;
@@ -30,36 +47,75 @@ Spec parse() {
   const char* always = std::getenv("TESSERA_FAULT_ALWAYS");
   const bool first_attempt = restarts == nullptr || std::string(restarts) == "0";
   if (!first_attempt && !(always != nullptr && std::string(always) == "1")) return s;
-  std::string parts[4];
-  int n = 0;
-  for (const char* p = env; *p != '\0'; ++p) {
-    if (*p == ':' && n < 3) {
-      ++n;
-    } else {
-      parts[n] += *p;
-    }
-  }
-  static const std::pair<const char*, Kind> kKinds[] = {
-      {"kill", Kind::kKill}, {"exit", Kind::kExit}, {"hang", Kind::kHang}, {"slow", Kind::kSlow}, {"io", Kind::kIo}};
-  for (const auto& [name, kind] : kKinds) {
-    if (parts[3] == name) s.kind = kind;
-  }
-  if (n != 3 || s.kind == Kind::kNone || parts[2].empty()) {
-    std::fprintf(stderr, "TESSERA_FAULT=%s: expected RANK:STEP:PHASE:KIND (kind kill, exit, hang, slow or io)\n", env);
+  std::string error;
+  if (!parse(env, &s, &error)) {
+    std::fprintf(stderr, "TESSERA_FAULT=%s: %s\n", env, error.c_str());
     std::exit(2);
   }
-  s.rank = parts[0] == "*" ? -1 : std::atoi(parts[0].c_str());
-  s.step = parts[1] == "*" ? -1 : std::atoll(parts[1].c_str());
-  s.phase = parts[2];
-  s.kind_name = parts[3];
-  s.active = true;
   return s;
 }
 
 }  // namespace
 
+bool parse(const std::string& text, Spec* spec, std::string* error) {
+  std::string parts[4];
+  int n = 0;
+  for (char c : text) {
+    if (c == ':' && n < 3) {
+      ++n;
+    } else {
+      parts[n] += c;
+    }
+  }
+  Spec s;
+  if (n != 3) {
+    *error = "expected RANK:STEP:PHASE:KIND";
+    return false;
+  }
+  int64_t v = 0;
+  if (parts[0] != "*") {
+    if (!parse_int(parts[0], &v) || v > 1 << 20) {
+      *error = "RANK '" + parts[0] + "' is not a rank number or *";
+      return false;
+    }
+    s.rank = static_cast<int>(v);
+  }
+  if (parts[1] != "*") {
+    if (!parse_int(parts[1], &v)) {
+      *error = "STEP '" + parts[1] + "' is not a step number or *";
+      return false;
+    }
+    s.step = v;
+  }
+  bool known_phase = false;
+  for (const char* p : kPhases) known_phase = known_phase || parts[2] == p;
+  if (!known_phase) {
+    *error = "PHASE '" + parts[2] +
+             "' is not one of health, forward, backward, optimizer, checkpoint.shard, checkpoint.manifest, "
+             "checkpoint.commit";
+    return false;
+  }
+  s.phase = parts[2];
+  for (const KindInfo& k : kKinds) {
+    if (parts[3] != k.name) continue;
+    if (k.only_phase != nullptr && s.phase != k.only_phase) {
+      *error = "KIND " + parts[3] + " acts at phase " + k.only_phase + " only, not at " + s.phase;
+      return false;
+    }
+    s.kind = k.kind;
+  }
+  if (s.kind == Kind::kNone) {
+    *error = "KIND '" + parts[3] + "' is not one of kill, exit, hang, slow, io, nan, fail";
+    return false;
+  }
+  s.kind_name = parts[3];
+  s.active = true;
+  *spec = std::move(s);
+  return true;
+}
+
 Kind point(const char* phase, int rank, int64_t step) {
-  static const Spec spec = parse();
+  static const Spec spec = from_environment();
   if (!spec.active || spec.phase != phase || (spec.rank >= 0 && spec.rank != rank) ||
       (spec.step >= 0 && spec.step != step)) {
     return Kind::kNone;
@@ -79,7 +135,9 @@ Kind point(const char* phase, int rank, int64_t step) {
       ::sleep(2);
       return Kind::kNone;
     case Kind::kIo:
-      return Kind::kIo;
+    case Kind::kNan:
+    case Kind::kFail:
+      return spec.kind;
     case Kind::kNone:
       break;
   }

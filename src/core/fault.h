@@ -1,25 +1,49 @@
 // Built-in fault injection for the reliability tests (RELIABILITY.md), inert unless the
 // environment sets TESSERA_FAULT=RANK:STEP:PHASE:KIND, e.g. "0:4:checkpoint.shard:kill".
 //   RANK   the global rank that acts (or * for every rank)
-//   STEP   the 1-based optimizer step at which it acts (or * for any step)
-//   PHASE  where in the code: checkpoint.shard (half-way through writing this rank's shard
-//          file), checkpoint.manifest (before the manifest is renamed into place),
-//          checkpoint.commit (after the manifest rename, before `latest` is replaced)
+//   STEP   the 1-based optimizer step at which it acts (or * for any step); the health check
+//          runs before the first step and counts as step 0
+//   PHASE  where in the code:
+//          health               the health check before step 0 (train/health.h)
+//          forward              before the step's first micro-batch
+//          backward             after the step's last micro-batch, before its gradients are
+//                               finished (waited for, norm taken)
+//          optimizer            before the optimizer update
+//          checkpoint.shard     half-way through writing this rank's shard file
+//          checkpoint.manifest  before the manifest is renamed into place
+//          checkpoint.commit    after the manifest rename, before `latest` is replaced
 //   KIND   kill (SIGKILL itself), exit (exit code 1 at once), hang (stop forever), slow (sleep
-//          2 s), io (the write at that point fails as on a full disk)
+//          2 s), io (the write at that point fails as on a full disk; checkpoint phases),
+//          nan (the caller sets one of this rank's gradient values to NaN; backward only),
+//          fail (this rank's health check fails: its GEMM result is corrupted; health only)
 // The fault acts in the first attempt only (TESSERA_RESTART_COUNT unset or 0) unless
-// TESSERA_FAULT_ALWAYS=1.
+// TESSERA_FAULT_ALWAYS=1. A malformed TESSERA_FAULT ends the process with exit code 2.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tessera::fault {
 
-enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo };
+enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo, kNan, kFail };
+
+// A parsed TESSERA_FAULT.
+struct Spec {
+  bool active = false;
+  int rank = -1;      // -1: any
+  int64_t step = -1;  // -1: any
+  std::string phase;
+  Kind kind = Kind::kNone;
+  std::string kind_name;
+};
+
+// Parses RANK:STEP:PHASE:KIND; false with a message naming the part at fault.
+bool parse(const std::string& text, Spec* spec, std::string* error);
 
 // Acts on the configured fault if it matches (rank, step, phase); kill, exit and hang never
-// return. Returns kIo when the caller must fail the operation as an I/O error, else kNone.
-// Cheap when nothing is configured.
+// return. Returns the kind the caller must act on (kIo: fail the operation as an I/O error;
+// kNan: poison a gradient; kFail: fail the health check), else kNone. Cheap when nothing is
+// configured.
 Kind point(const char* phase, int rank, int64_t step);
 
 }  // namespace tessera::fault

@@ -22,6 +22,14 @@
 //   broadcast       k c elem, k = this rank's children in Gloo's binomial tree rooted at root
 //                   (root: ceil(log2 W) when W is a power of two; leaves 0)
 //   barrier         0 (Gloo's dissemination barrier sends ceil(log2 W) empty messages)
+//
+// Ranks whose collectives are out of step (one skipped a call) must fail, not crash or mix up
+// data. Gloo matches messages by tag, and two calls of different sizes under one tag end in an
+// assertion on Gloo's I/O thread that terminates the process ("op.preamble.length <=
+// op.nbytes"). So the tag carries the call's signature (kind, count, dtype, root) beside its
+// sequence number: calls that differ never meet, every rank waits at its own call and fails at
+// its timeout, naming the operation, its sequence number and its shape. Calls of the same
+// signature still match each other; only a header exchanged per call could tell them apart.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -229,7 +237,7 @@ class GlooGroup final : public ProcessGroup {
                                    const CollectiveOptions& options) override {
     CHECK(count >= 0);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kAllGather, uint64_t(size_ - 1) * nbytes, count == 0,
+    return enqueue(OpKind::kAllGather, count, dtype, 0, uint64_t(size_ - 1) * nbytes, count == 0,
                    [=, this](uint32_t tag) {
                      uint8_t* o = static_cast<uint8_t*>(out);
                      uint8_t* mine = o + static_cast<size_t>(rank_) * nbytes;
@@ -251,7 +259,7 @@ class GlooGroup final : public ProcessGroup {
                                        const CollectiveOptions& options) override {
     CHECK(count >= 0);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kReduceScatter, uint64_t(size_ - 1) * nbytes, count == 0,
+    return enqueue(OpKind::kReduceScatter, count, dtype, 0, uint64_t(size_ - 1) * nbytes, count == 0,
                    [=, this](uint32_t tag) {
                      const uint8_t* src = static_cast<const uint8_t*>(in);
                      if (size_ == 1) {
@@ -273,7 +281,7 @@ class GlooGroup final : public ProcessGroup {
     if (count > 0 && size_ > 1)
       bytes = dtype == DType::kF32 ? ring_allreduce_bytes(c * elem, elem, rank_, size_)
                                    : 2 * uint64_t(size_ - 1) * chunk * elem;
-    return enqueue(OpKind::kAllReduce, bytes, count == 0, [=, this](uint32_t tag) {
+    return enqueue(OpKind::kAllReduce, count, dtype, 0, bytes, count == 0, [=, this](uint32_t tag) {
       if (size_ == 1) return;
       if (dtype == DType::kF32) {
         gloo::AllreduceOptions opts(context_);
@@ -308,7 +316,8 @@ class GlooGroup final : public ProcessGroup {
     CHECK(count >= 0);
     CHECK(root >= 0 && root < size_);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kBroadcast, uint64_t(broadcast_sends(rank_, root, size_)) * nbytes, count == 0,
+    return enqueue(OpKind::kBroadcast, count, dtype, root, uint64_t(broadcast_sends(rank_, root, size_)) * nbytes,
+                   count == 0,
                    [=, this](uint32_t tag) {
                      if (size_ == 1) return;
                      gloo::BroadcastOptions opts(context_);
@@ -321,7 +330,7 @@ class GlooGroup final : public ProcessGroup {
   }
 
   std::unique_ptr<Work> barrier(const CollectiveOptions& options) override {
-    return enqueue(OpKind::kBarrier, 0, false, [=, this](uint32_t tag) {
+    return enqueue(OpKind::kBarrier, 0, DType::kF32, 0, 0, false, [=, this](uint32_t tag) {
       if (size_ == 1) return;
       gloo::BarrierOptions opts(context_);
       opts.setTag(tag);
@@ -353,6 +362,8 @@ class GlooGroup final : public ProcessGroup {
   struct Op {
     OpKind kind;
     uint64_t seq;
+    std::string shape;  // e.g. "1000 x f32", for messages
+    uint32_t tag;       // the low 16 bits of seq, and a 16-bit hash of the signature above them
     uint64_t bytes;
     std::function<void(uint32_t)> body;
     std::shared_ptr<WorkState> state;
@@ -360,11 +371,21 @@ class GlooGroup final : public ProcessGroup {
 
   // A count-0 call (`empty`) moves nothing and completes at once, but still takes a sequence
   // number so that the ranks' numbering stays aligned.
-  std::unique_ptr<Work> enqueue(OpKind kind, uint64_t bytes, bool empty, std::function<void(uint32_t)> body) {
+  std::unique_ptr<Work> enqueue(OpKind kind, int64_t count, DType dtype, int root, uint64_t bytes, bool empty,
+                                std::function<void(uint32_t)> body) {
     auto state = std::make_shared<WorkState>();
+    std::string shape = std::to_string(count) + " x " + (dtype == DType::kF32 ? "f32" : "bf16");
+    if (kind == OpKind::kBroadcast) shape += " from rank " + std::to_string(root);
+    if (kind == OpKind::kBarrier) shape = "no data";
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the signature
+    for (uint64_t v : {uint64_t(kind), uint64_t(count), uint64_t(dtype), uint64_t(root)}) {
+      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      Op op{kind, next_seq_++, bytes, std::move(body), state};
+      const uint64_t seq = next_seq_++;
+      const uint32_t tag = static_cast<uint32_t>(seq & 0xffff) | static_cast<uint32_t>((h ^ (h >> 32)) & 0xffff) << 16;
+      Op op{kind, seq, std::move(shape), tag, bytes, std::move(body), state};
       if (empty) {
         state->finish();
       } else {
@@ -376,8 +397,13 @@ class GlooGroup final : public ProcessGroup {
   }
 
   std::string failure(const Op& op, const std::string& what) const {
+    std::string hint;
+    if (what.find("Timed out") != std::string::npos) {
+      hint = " (a peer is slow, hung or gone, or called another operation here: the ranks' collectives are out "
+             "of step; compare the operation and sequence number each rank names)";
+    }
     return std::string(op_name(op.kind)) + " #" + std::to_string(op.seq) + " on rank " + std::to_string(rank_) +
-           " of " + std::to_string(size_) + " failed: " + what;
+           " of " + std::to_string(size_) + " failed (" + op.shape + "): " + what + hint;
   }
 
   void run() {
@@ -398,7 +424,7 @@ class GlooGroup final : public ProcessGroup {
       }
       std::string error;
       try {
-        op.body(static_cast<uint32_t>(op.seq));
+        op.body(op.tag);
         bytes_[static_cast<int>(op.kind)].fetch_add(op.bytes, std::memory_order_relaxed);
       } catch (const std::exception& e) {
         error = failure(op, e.what());

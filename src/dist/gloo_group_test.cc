@@ -313,6 +313,40 @@ TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {
   }));
 }
 
+// RELIABILITY.md row 3: rank 1 skips one all-reduce, so from then on the ranks' sequences are
+// out of step (rank 0's #1 meets rank 1's #1, which is rank 0's #2, of another size). Every rank
+// must fail, with a message naming the operation and its sequence number, within about the
+// timeout, whatever Gloo sees first (a size mismatch or a timeout).
+TEST(GlooGroup, CollectivesOutOfStepFailOnEveryRankNamingOpAndSequence) {
+  TempDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = join(dir.path, rank, 2);
+    CollectiveOptions opt;
+    pg->barrier(opt)->wait();  // #0
+    opt.timeout = std::chrono::milliseconds(1500);
+    std::vector<float> small(1000, 1.f), large(5000, 2.f);
+    auto t0 = Clock::now();
+    std::string what;
+    try {
+      if (rank == 0) pg->all_reduce(small.data(), 1000, DType::kF32, opt)->wait();  // rank 1 skips it
+      pg->all_reduce(large.data(), 5000, DType::kF32, opt)->wait();
+      pg->barrier(opt)->wait();
+    } catch (const CollectiveError& e) {
+      what = e.what();
+      REQUIRE(e.exit_code() == kExitPeer);
+    }
+    const double s = seconds_since(t0);
+    std::fprintf(stderr, "[rank %d] after %.3f s: %s\n", rank, s, what.c_str());
+    REQUIRE(!what.empty());  // no rank may finish as if nothing happened
+    const std::string me = " on rank " + std::to_string(rank) + " of 2 failed";
+    REQUIRE(what.find(me) != std::string::npos);
+    REQUIRE(what.find("all_reduce #1") != std::string::npos || what.find("all_reduce #2") != std::string::npos ||
+            what.find("barrier #2") != std::string::npos || what.find("barrier #3") != std::string::npos);
+    REQUIRE(s < 4.0);
+    return 0;
+  }));
+}
+
 TEST(GlooGroup, RendezvousWithMissingPeerTimesOut) {
   TempDir dir;
   expect_all_ok(run_ranks(1, [&](int rank) {

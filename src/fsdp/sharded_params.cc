@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "core/bf16.h"
@@ -242,8 +243,9 @@ void ShardedParams::begin_step() {
   micro_ = 0;
 }
 
-double ShardedParams::finish_step() {
+double ShardedParams::finish_step(bool poison) {
   while (!pending_.empty()) complete_oldest_reduction();
+  if (poison && !units_.empty() && units_[0]->shard > 0) units_[0]->grad[0] = std::numeric_limits<float>::quiet_NaN();
   if (replica_group_ != nullptr) {
     std::vector<std::unique_ptr<dist::Work>> works;
     for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->shard, dist::DType::kF32, options_));

@@ -70,7 +70,9 @@ class ShardedParams final : public model::ParamSource {
   // Before each micro-batch; gradients are reduced during the last one (index accumulation - 1).
   void begin_micro_batch(int64_t index) { micro_ = index; }
   // After the last micro-batch: waits for every reduction; returns the global gradient norm.
-  double finish_step();
+  // poison (fault injection, core/fault.h kind nan): once this rank's reductions are done, its
+  // first gradient value becomes NaN, so the replica reduction and the norm spread it.
+  double finish_step(bool poison = false);
   // Clip factor, then AdamW on this rank's shards.
   void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double clip);
 

@@ -51,8 +51,8 @@ std::string describe_status(int status) {
   return fmt::format("signal {} ({})", sig, sigabbrev_np(sig) != nullptr ? sigabbrev_np(sig) : "?");
 }
 int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
-// Configuration and data errors fail the same way every time.
-bool restartable(int code) { return code != kExitConfig && code != kExitData; }
+// Configuration, data and health-check failures (2 to 4) fail the same way every time.
+bool restartable(int code) { return code < kExitConfig || code > kExitHealth; }
 
 struct Worker {
   int rank = 0, local_rank = 0;
@@ -386,7 +386,8 @@ int Agent::run() {
       const auto [code, summary] = read_failure(r);
       if (first_failure.empty()) first_failure = summary, first_code = code;
       if (!restartable(code)) {
-        log::error("not restarting: exit code {} (configuration or data) fails the same way again; {}", code, summary);
+        log::error("not restarting: exit code {} (configuration, data or health check) fails the same way again; {}",
+                   code, summary);
         return code;
       }
       if (restarts == o_.max_restarts) {

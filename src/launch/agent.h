@@ -14,8 +14,8 @@
 //   - SIGTERM or SIGINT to an agent: preemption; its workers get SIGTERM, every rank stops after
 //     the same step and checkpoints, and the agents exit 0 when their workers have.
 // Beyond max_restarts the agent exits with the first failure's exit code and prints a summary
-// (rank, signal or exit code, step, time). Exit codes 2 (configuration) and 3 (data) are never
-// restarted: they would fail again.
+// (rank, signal or exit code, step, time). Exit codes 2 (configuration), 3 (data) and 4 (health
+// check) are never restarted: they would fail again.
 #pragma once
 
 #include <cstdint>

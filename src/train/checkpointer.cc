@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -138,6 +139,19 @@ double Checkpointer::save(Trainer& trainer) {
     }
   }
   Job job;
+  // No checkpoint may hold a non-finite value (RELIABILITY.md row 14): this rank refuses, and
+  // the save fails on every rank as an I/O error does (the previous checkpoint stays latest).
+  for (size_t v = 0; v < views_.size() && job.refused.empty(); ++v) {
+    const float* p = views_[v].data;
+    for (uint64_t i = 0; i < views_[v].count; ++i) {
+      if (!std::isfinite(p[i])) {
+        job.refused = fmt::format("not saving step {}: {}[{}] of this rank's shard is {}", trainer.steps_done(),
+                                  views_[v].name, i, p[i]);
+        log::error("{}", job.refused);
+        break;
+      }
+    }
+  }
   const TrainingState state = trainer.state();
   ck::Manifest& m = job.manifest;
   job.step = m.step = state.step;
@@ -219,6 +233,7 @@ bool Checkpointer::write_and_commit(const Job& job) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+    if (!job.refused.empty()) throw IoError(job.refused);
     if (rank < S) {  // the first replica writes; the others hold the same shards
       const std::string path = dir + "/" + ck::shard_file_name(rank);
       const size_t half = views_.size() / 2;

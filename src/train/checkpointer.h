@@ -51,6 +51,7 @@ class Checkpointer {
   struct Job {
     int64_t step = -1;
     checkpoint::Manifest manifest;  // everything but the files
+    std::string refused;            // why this rank will not write it (a non-finite value); "" to write
   };
   void writer_loop();
   bool write_and_commit(const Job& job);  // on the writer thread; returns the agreed outcome

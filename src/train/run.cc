@@ -24,6 +24,7 @@
 #include "train/bundled.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
+#include "train/health.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -167,6 +168,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const std::string config_toml = config::to_toml(config);
   Trainer trainer(config, dataset, dist);
   if (!leader) log::set_level(std::max(log::level(), log::Level::kWarn));
+  health_check(dist, config);  // every rank, before any time goes into training
   const model::ModelConfig& m = config.model;
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
@@ -261,6 +263,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                                      {"tokens_per_s", tokens_per_s},
                                      {"model_flops_per_s", tokens_per_s * flops_per_token}};
     if (eval) record["val_loss"] = val_loss;
+    if (s.skipped_total > 0) record["skipped_steps"] = s.skipped_total;
+    if (s.skipped) record["skipped"] = true;
     if (leader) {
       metrics << record.dump() << '\n';
       metrics.flush();

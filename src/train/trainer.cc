@@ -8,6 +8,8 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/fault.h"
+#include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "optim/adamw.h"
@@ -105,7 +107,8 @@ StepStats Trainer::step(uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
-  const int world = dist_.topology.world;
+  const int world = dist_.topology.world, rank = dist_.topology.rank;
+  fault::point("forward", rank, step_ + 1);
   params_->begin_step();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
@@ -117,6 +120,7 @@ StepStats Trainer::step(uint32_t signals) {
                                     1.0f / static_cast<float>(accum * world));
   }
   loss /= static_cast<double>(accum);
+  const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
   if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss and signals
     constexpr int kBits = kSignalBits;
     float sums[1 + kBits] = {static_cast<float>(loss / world)};
@@ -126,12 +130,28 @@ StepStats Trainer::step(uint32_t signals) {
     signals = 0;
     for (int b = 0; b < kBits; ++b) signals |= sums[1 + b] > 0.0f ? 1u << b : 0u;
   }
-  const double grad_norm = params_->finish_step();
+  const double grad_norm = params_->finish_step(poison);
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-    throw NonFiniteError(fmt::format("step {}: loss {} and gradient norm {}; parameters are unchanged (try a lower "
-                                     "train.lr or train.grad_clip)",
-                                     step_ + 1, loss, grad_norm));
+    const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
+    if (config_.train.on_nonfinite != "skip") {
+      throw NonFiniteError(what + "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
+                                  "train.on_nonfinite = \"skip\")");
+    }
+    if (++skipped_in_a_row_ > config_.train.max_skipped_steps) {
+      throw NonFiniteError(fmt::format("{}: {} steps in a row were not finite (train.max_skipped_steps = {}); "
+                                       "parameters are unchanged (try a lower train.lr or train.grad_clip)",
+                                       what, skipped_in_a_row_, config_.train.max_skipped_steps));
+    }
+    // The gradients are dropped (begin_step zeroes them); the schedule and data move on.
+    ++skipped_total_;
+    ++step_;
+    tokens_ += config_.tokens_per_step();
+    log::warn("{}: update skipped (train.on_nonfinite = skip; {} in a row, {} in all)", what, skipped_in_a_row_,
+              skipped_total_);
+    return {step_, loss, schedule_.at(step_), grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals, true,
+            skipped_total_};
   }
+  skipped_in_a_row_ = 0;
   ++step_;
   tokens_ += config_.tokens_per_step();
   const double lr = schedule_.at(step_);
@@ -140,8 +160,9 @@ StepStats Trainer::step(uint32_t signals) {
   adam.beta2 = config_.train.beta2;
   adam.eps = config_.train.eps;
   adam.weight_decay = config_.train.weight_decay;
+  fault::point("optimizer", rank, step_);
   params_->apply_update(adam, lr, step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
-  return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals};
+  return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals, false, skipped_total_};
 }
 
 double Trainer::evaluate() {

@@ -29,6 +29,8 @@ struct StepStats {
   double seconds = 0.0;
   int64_t tokens = 0;       // tokens in this step (global)
   uint32_t signals = 0;     // the OR over ranks of the signals passed to step()
+  bool skipped = false;     // non-finite loss or gradient norm, update skipped (train.on_nonfinite = skip)
+  int64_t skipped_total = 0;  // steps skipped so far in this process
 };
 
 // Where training stands after a step: what a checkpoint records besides parameters and moments.
@@ -54,8 +56,11 @@ class Trainer {
   // single process is the same code as rank 0 of 1.
   Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist = {});
 
-  // One optimizer step over the next global batch. Throws NonFiniteError on a non-finite loss or
-  // gradient norm (parameters are left as they were before the step). `signals`: bits this rank
+  // One optimizer step over the next global batch. On a non-finite loss or gradient norm (seen
+  // by every rank in the same step: both are all-reduced) parameters and optimizer state are
+  // left as they were, and with train.on_nonfinite = stop it throws NonFiniteError; with skip
+  // the step counts as taken (its batch is dropped, StepStats::skipped is set) unless more than
+  // train.max_skipped_steps steps in a row were non-finite, which throws. `signals`: bits this rank
   // raises (e.g. "stop requested"); every rank gets their OR over ranks in StepStats::signals,
   // carried by the step's loss all-reduce, so all ranks act on them after the same step.
   StepStats step(uint32_t signals = 0);
@@ -99,6 +104,7 @@ class Trainer {
   std::vector<int32_t> eval_inputs_, eval_targets_;  // one micro-batch
   int64_t step_ = 0;
   int64_t tokens_ = 0;
+  int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
 };
 
 // Sets the process's thread count from the config and returns it.

@@ -1,0 +1,48 @@
+// A save refuses non-finite values (RELIABILITY.md row 14): the rank holding one reports it, every
+// rank agrees the save failed, and the previous checkpoint stays latest.
+#include "train/checkpointer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "checkpoint/directory.h"
+#include "dist/test_util.h"
+#include "train/distributed.h"
+#include "train/trainer.h"
+
+namespace tessera::train {
+namespace {
+
+TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
+  dist::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = config::load("", {{"model.preset", "tiny"},
+                                             {"data.synthetic", "true"},
+                                             {"train.batch_size", "8"},
+                                             {"train.threads", "1"},
+                                             {"parallel.nproc", "2"},
+                                             {"parallel.timeout_ms", "20000"},
+                                             {"checkpoint.interval_minutes", "0"}});
+  // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
+  const int rc = run_local_workers(2, [&](int rank) {
+    ProcessGroups groups(dir.path + "/store", "job", "0", rank, 2, 2, dist::Millis(20000));
+    Trainer trainer(c, "", groups.view());
+    Checkpointer checkpointer(c, root, groups.view());
+    trainer.step();
+    checkpointer.save(trainer);
+    if (!checkpointer.wait()) return 1;
+    trainer.step();
+    if (rank == 1) trainer.params().adam_v_shard(1)[3] = std::numeric_limits<float>::infinity();
+    checkpointer.save(trainer);
+    return checkpointer.wait() ? 2 : 0;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(checkpoint::read_latest(root), 1);
+  EXPECT_FALSE(std::filesystem::exists(root + "/" + checkpoint::step_dir_name(2)));
+}
+
+}  // namespace
+}  // namespace tessera::train

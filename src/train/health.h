@@ -1,0 +1,31 @@
+// The health check every rank runs before step 0 (ARCHITECTURE.md, launcher and resilience):
+// a known all-reduce checked exactly, its bandwidth, and a small GEMM against the reference
+// kernels, so that a broken rank is named before the job spends time training.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "train/trainer.h"
+
+namespace tessera::train {
+
+// What one rank found.
+struct HealthFigures {
+  bool all_reduce_ok = true;  // integer-valued all-reduce exactly equal to its known sum
+  bool gemm_ok = true;        // cpu GEMM within the K-derived bound of the ref GEMM
+  double gemm_worst = 0.0;    // largest |cpu - ref| / tolerance over the GEMM's outputs
+  double bus_gbps = 0.0;      // all-reduce bus bandwidth, 2 (W-1)/W x bytes / time (0 at W = 1)
+  double seconds = 0.0;       // the whole check
+};
+
+// Runs the checks on this rank; a collective over dist.world (every rank calls it once; a single
+// process checks the GEMM only). Every rank learns every rank's verdict through an all-gather,
+// so all of them throw the same HealthError naming the failing rank(s) and checks (exit code 4,
+// never restarted); rank 0 logs the figures. Fault point "health" (kind fail) corrupts this
+// rank's GEMM result. Returns this rank's figures and, in `bus_gbps_per_rank`, every rank's.
+HealthFigures health_check(const Distributed& dist, const config::Config& config,
+                           std::vector<double>* bus_gbps_per_rank = nullptr);
+
+}  // namespace tessera::train

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# `tessera launch` under faults (RELIABILITY.md rows 1, 2, 9, 10, 11, 12, 16), end to end: agents
+# on this machine rendezvous through a file store, tiny model, synthetic tokens, one thread per
+# worker (deterministic), checkpoints every 4 steps. Each recovered run must end bitwise equal to
+# an uninterrupted one (per-step losses and final parameters). Prints detection and recovery times.
+# usage: launch_test.sh TESSERA_BINARY
+set -euo pipefail
+tessera=$1
+py=/usr/bin/python3
+dir=$(mktemp -d)
+export TESSERA_JOB_TOKEN=launch-test-token
+cleanup() {
+  pkill -KILL -f "$dir" 2>/dev/null || true  # any agent or worker of this test (their args name $dir)
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+steps=40
+train_args=(--set model.preset=tiny --set data.synthetic=true --set train.max_steps=$steps --set train.eval_interval=0
+            --set train.threads=1 --set train.batch_size=12 --set checkpoint.interval_steps=4
+            --set checkpoint.interval_minutes=0 --set parallel.timeout_ms=4000)
+# launch NAME NNODES NPROC [more launch flags]: one agent. It execs, so `launch ... &` gives the
+# agent's own pid in $!; in the foreground call it in a subshell: (launch ...).
+launch() {
+  local name=$1 nnodes=$2 nproc=$3
+  shift 3
+  exec "$tessera" launch --nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv "file://$dir/rdzv-$name" --run-id "$name" \
+    --run-dir "$dir/$name" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "$@" "${train_args[@]}"
+}
+losses() { $py -c 'import json,sys
+for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
+same_run() {
+  diff <(losses "$1") <(losses "$2") >/dev/null || { diff <(losses "$1") <(losses "$2") | head -5; fail "$3: losses differ"; }
+  cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: final parameters differ"
+}
+wait_step() {  # wait_step RUN STEP: until metrics.jsonl has STEP records
+  for _ in $(seq 600); do
+    [[ -s $1/metrics.jsonl ]] && (($(wc -l <"$1/metrics.jsonl") >= $2)) && return 0
+    sleep 0.05
+  done
+  fail "$1 never reached step $2"
+}
+workers_of() { pgrep -P "$1" || true; }
+until_logged() {  # until_logged FILE PATTERN: waits (at most 120 s) for PATTERN in FILE
+  for _ in $(seq 2400); do grep -q "$2" "$1" && return 0; sleep 0.05; done
+  grep -v "info: step" "$1" | tail -20
+  fail "$1 never logged '$2'"
+}
+no_leftovers() {
+  sleep 0.3
+  if pgrep -f "$dir/$1" >/dev/null; then pgrep -af "$dir/$1"; fail "$1: processes left behind"; fi
+}
+
+# The reference: 2 workers, no fault.
+(launch ref 1 2) 2>"$dir/ref.log" || { cat "$dir/ref.log"; fail "reference run"; }
+same_ref() { same_run "$dir/ref" "$dir/$1" "$1"; }
+
+# --- row 1: kill -9 one worker mid-step
+launch kill 1 2 2>"$dir/kill.log" &
+agent=$!
+wait_step "$dir/kill" 10
+victim=$(workers_of $agent | tail -1)
+t0=$(now)
+kill -9 "$victim"
+until_logged "$dir/kill.log" "round 0: worker rank"
+t1=$(now)
+until_logged "$dir/kill.log" "round 1: node 0"
+t2=$(now)
+wait "$agent" || { cat "$dir/kill.log"; fail "kill: the agent did not recover"; }
+grep -q "signal 9 (KILL)" "$dir/kill.log" || fail "kill: the summary does not name the signal"
+resumed=$(sed -n 's/.*resumed from .*step_0*\([0-9]*\) in.*/\1/p' "$dir/kill.log" | head -1)
+same_ref kill
+no_leftovers kill
+echo "ok: row 1, kill -9 of a worker mid-step: detected in $(elapsed "$t0" "$t1") s, new round after $(elapsed "$t0" "$t2") s, resumed from step $resumed; bitwise equal"
+
+# --- row 2: SIGSTOP one worker (a hang): peers time out (parallel.timeout_ms 4 s), the stopped worker
+# is killed, everything restarts; nothing is left behind
+launch hang 1 2 --hang-timeout 30 2>"$dir/hang.log" &
+agent=$!
+wait_step "$dir/hang" 10
+victim=$(workers_of $agent | tail -1)
+t0=$(now)
+kill -STOP "$victim"
+until_logged "$dir/hang.log" "round 1: node 0"
+t1=$(now)
+wait "$agent" || { cat "$dir/hang.log"; fail "hang: the agent did not recover"; }
+grep -q "timed out\|timeout" "$dir/hang.log" || { grep -v "info: step" "$dir/hang.log" | tail; fail "hang: no collective timeout reported"; }
+same_ref hang
+no_leftovers hang
+echo "ok: row 2, SIGSTOP of a worker: peers' collectives timed out (4 s configured), restarted after $(elapsed "$t0" "$t1") s; bitwise equal, no process left"
+
+# The watchdog alone: a single worker stopped has no peer to time out; --hang-timeout 2 kills it.
+launch watchdog 1 1 --hang-timeout 2 2>"$dir/watchdog.log" &
+agent=$!
+wait_step "$dir/watchdog" 10
+victim=$(workers_of $agent | tail -1)
+t0=$(now)
+kill -STOP "$victim"
+until_logged "$dir/watchdog.log" "round 1: node 0"
+t1=$(now)
+wait "$agent" || fail "watchdog: the agent did not recover"
+grep -q "made no progress for" "$dir/watchdog.log" || fail "watchdog: no hang reported"
+echo "ok: watchdog: a stopped worker got TERM then KILL after the 2 s hang timeout; restarted after $(elapsed "$t0" "$t1") s"
+
+# --- row 10: two nodes (agents) on one machine; one agent killed and replaced
+launch ref2 2 1 2>"$dir/ref2.log" & a=$!
+(launch ref2 2 1) 2>"$dir/ref2.b.log" || fail "two-node reference (agent b)"
+wait $a || fail "two-node reference (agent a)"
+launch two 2 1 2>"$dir/two.a.log" & agent_a=$!
+launch two 2 1 2>"$dir/two.b.log" & agent_b=$!
+wait_step "$dir/two" 10
+t0=$(now)
+kill -9 $agent_b  # its worker dies with it (PR_SET_PDEATHSIG)
+until_logged "$dir/two.a.log" "round 0: worker rank\|another node failed"
+t1=$(now)
+launch two 2 1 2>"$dir/two.c.log" & agent_c=$!  # the replacement
+wait $agent_a || { cat "$dir/two.a.log"; fail "two nodes: agent a failed"; }
+wait $agent_c || { cat "$dir/two.c.log"; fail "two nodes: the replacement agent failed"; }
+t2=$(now)
+grep -q "round 1: node .* of 2, .* restart 1/3" "$dir/two.a.log" || fail "two nodes: restart budget not used once"
+same_run "$dir/ref2" "$dir/two" "agent replaced"
+echo "ok: row 10, an agent killed and replaced: survivor detected it in $(elapsed "$t0" "$t1") s, re-rendezvoused with the replacement (restart 1/3); bitwise equal"
+
+# --- row 11: restart budget used up: a worker killed in every attempt
+set +e
+(TESSERA_FAULT=1:6:checkpoint.shard:kill TESSERA_FAULT_ALWAYS=1 launch budget 1 2 --max-restarts 2) 2>"$dir/budget.log"
+rc=$?
+set -e
+((rc != 0)) || fail "budget: exit 0"
+grep -q "giving up: 2 restart(s) used (--max-restarts 2); first failure: rank 1 .*signal 9 (KILL) after step" "$dir/budget.log" ||
+  { grep -v "info: step" "$dir/budget.log" | tail -5; fail "budget: no summary naming rank, signal and step"; }
+echo "ok: row 11, restart budget used up: exit $rc with the first failure's rank, signal and step"
+
+# --- row 9: too few nodes: a clear timeout error naming the count
+set +e
+t0=$(now)
+"$tessera" launch --nnodes 2 --nproc-per-node 1 --rdzv "file://$dir/rdzv-alone" --run-id alone --run-dir "$dir/alone" \
+  --rdzv-timeout 2 "${train_args[@]}" 2>"$dir/alone.log"
+rc=$?
+t1=$(now)
+set -e
+((rc != 0)) || fail "too few nodes: exit 0"
+grep -q "only 1 of at least 2 nodes joined within 2 s" "$dir/alone.log" || { cat "$dir/alone.log"; fail "too few nodes: unclear error"; }
+echo "ok: row 9, too few nodes: exit $rc after $(elapsed "$t0" "$t1") s naming 1 of at least 2 nodes"
+
+# --- row 12: a bad config is rejected before any rendezvous or worker
+for bad in "train.batch_size=-3" "train.lr=fast" "parallel.nproc=0" "train.batch_size=7" "model.no_such_key=1"; do
+  set +e
+  t0=$(now)
+  "$tessera" launch --nnodes 1 --nproc-per-node 2 --rdzv "file://$dir/rdzv-bad" --run-id bad --run-dir "$dir/bad" \
+    "${train_args[@]}" --set "$bad" 2>"$dir/bad.log"
+  rc=$?
+  t1=$(now)
+  set -e
+  [[ $rc == 2 ]] || { cat "$dir/bad.log"; fail "bad config $bad: exit $rc, expected 2"; }
+  grep -q "${bad%%=*}" "$dir/bad.log" || { cat "$dir/bad.log"; fail "bad config $bad: the key is not named"; }
+  [[ -e $dir/bad/metrics.jsonl ]] && fail "bad config $bad: a worker started"
+  echo "ok: row 12, --set $bad rejected with exit 2 naming the key in $(elapsed "$t0" "$t1") s, no worker started"
+done
+
+# --- row 16: an agent with another job token is refused; nothing listens beyond loopback
+launch guarded 1 2 --set train.max_steps=400 2>"$dir/guarded.log" &
+agent=$!
+wait_step "$dir/guarded" 5
+set +e
+TESSERA_JOB_TOKEN=intruder "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/rdzv-guarded" \
+  --run-id guarded --run-dir "$dir/intruder" "${train_args[@]}" 2>"$dir/intruder.log"
+rc=$?
+set -e
+((rc != 0)) || fail "a stray agent without the job token was accepted"
+grep -q "belongs to job token" "$dir/intruder.log" || { cat "$dir/intruder.log"; fail "stray agent: unclear refusal"; }
+listeners=$(ss -ltnpH 2>/dev/null | grep -F "pid=$(workers_of $agent | head -1)," | awk '{print $4}' | sort -u | tr '\n' ' ')
+for l in $listeners; do [[ $l == 127.0.0.1:* ]] || fail "a worker listens on $l"; done
+kill -TERM $agent
+wait $agent || fail "guarded: SIGTERM to the agent did not end in exit 0"
+grep -q "stop requested" "$dir/guarded.log" || fail "guarded: the agent did not pass the stop on"
+echo "ok: row 16, a stray agent with another token refused (exit $rc); workers listen only on loopback ($listeners); SIGTERM to the agent: workers checkpointed, exit 0"
+echo "launch tests passed"
