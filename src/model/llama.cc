@@ -31,8 +31,8 @@ int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
   return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
 }
 
-void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
-                 int64_t checkpoint_every, bool bf16) {
+void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t checkpoint_every,
+                 bool bf16) {
   const ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
   const int64_t Q = c.qkv_dim();
@@ -129,8 +129,8 @@ void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset
   }
 }
 
-void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p,
-                            int64_t offset, int64_t M, int64_t N, int64_t K) {
+void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
+                            int64_t M, int64_t N, int64_t K) {
   if (p.bf16 != nullptr) {
     k::to_bf16(b_.dy16, dy, M * N);
     k::to_bf16(b_.x16, x, M * K);
@@ -276,8 +276,8 @@ void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* lo
   const UnitParams w = acquire(params, head);
   const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
   const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
-  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_,
-                      c.dim, static_cast<float>(c.norm_eps));
+  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_, c.dim,
+                      static_cast<float>(c.norm_eps));
   linear(logits, b_.xn_final, w_out, out_offset, N_, c.vocab_size, c.dim, 0.0f);
   if (c.tied_embeddings) params.release(emb);
   params.release(head);

@@ -34,9 +34,9 @@ struct ModelAndParams {
 
 ModelAndParams make(const ModelLayout& layout, bool bf16_params, bool bf16_model) {
   ModelAndParams r;
-  r.params = std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, fsdp::Topology{}, nullptr,
-                                                   nullptr, 1, dist::Millis(0),
-                                                   bf16_params ? dist::DType::kBF16 : dist::DType::kF32);
+  r.params =
+      std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, fsdp::Topology{}, nullptr, nullptr, 1,
+                                            dist::Millis(0), bf16_params ? dist::DType::kBF16 : dist::DType::kF32);
   r.model = std::make_unique<Llama>(layout, kB, num_threads(), 0, bf16_model);
   return r;
 }

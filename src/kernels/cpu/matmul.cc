@@ -93,8 +93,8 @@ std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine
 
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // as BLAS: C = beta C (oneDNN has no empty reductions)
     for (int64_t m = 0; m < M; ++m) {
