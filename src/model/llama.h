@@ -27,7 +27,6 @@ class Llama {
 
   const ModelLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
-  bool bf16() const { return bf16_; }
   size_t activation_bytes() const { return arena_.capacity(); }
   // Activation bytes the constructor would allocate, without allocating them.
   static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
@@ -74,9 +73,9 @@ class Llama {
     float* dg;        // (N, F)
     float* recompute_out;  // (N, C) where a recomputed block writes its (already known) output
     // bf16 only (null otherwise): a GEMM's activation input and its output gradient rounded to
-    // bf16 just before the GEMM (rounded again in backward rather than kept: half the memory of
-    // saving them, for a pass that costs ~1/K of the GEMM's), and norm gains widened from a
-    // bf16 image.
+    // bf16 just before the GEMM (rounded again in backward rather than saved per block: no
+    // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
+    // and norm gains widened from a bf16 image.
     uint16_t* x16;    // (N, max(C, H*D, F))
     uint16_t* dy16;   // (max(N max(C, qkv_dim, 2F), chunk V))
     float* norm_w;    // (2, C)
