@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"no_shard", 3, 0, 4, false}, Case{"no_shard", 4, 0, 3, false},
                       Case{"full_shard", 2, 0, 6, false, true}, Case{"hybrid_shard", 4, 2, 3, false, true},
                       Case{"full_shard", 2, 0, 6, false, false, true}, Case{"full_shard", 2, 0, 6, true, false, true},
-                      Case{"shard_grad_op", 2, 0, 3, false, false, true}),
+                      Case{"shard_grad_op", 2, 0, 3, false, false, true},
+                      Case{"no_shard", 2, 0, 6, false, false, true}, Case{"hybrid_shard", 4, 2, 3, false, false, true}),
     [](const auto& p) {
       return fmt::format("{}_w{}_mb{}{}{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
                          p.param.tied ? "_tied" : "", p.param.bf16 ? "_bf16" : "",
