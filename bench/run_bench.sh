@@ -2,7 +2,7 @@
 # The one benchmark command: Tessera and its PyTorch peer on the same model, alternating, side by side.
 #
 #   bench/run_bench.sh [--preset bench|tiny] [--steps 12] [--threads 2] [--rounds 1]
-#                      [--tessera build/release/bin/tessera] [--checkpoint]
+#                      [--dtype fp32|bf16] [--tessera build/release/bin/tessera] [--checkpoint]
 #
 # --checkpoint: each run then saves three checkpoints (params and AdamW state) into its temporary
 # folder and reports the step loop's stall per save: Tessera's asynchronous sharded save beside
@@ -12,6 +12,10 @@
 # tuned; (c) the PyTorch peer as given. Alternating within a round keeps a slow drift of the
 # machine (thermal, a neighbour's build) from landing on one implementation only. With several
 # rounds each implementation's figures come from its median round by tokens/s.
+#
+# --dtype bf16 is mixed precision on both sides: Tessera with parallel.param_dtype=bf16 (bf16
+# weight GEMMs, fp32 masters and optimizer) against the peer under torch.autocast("cpu",
+# dtype=torch.bfloat16). Both keep norms, softmax and the loss in fp32 and accumulate in fp32.
 #
 # Tuned (BENCHMARKS.md): OpenBLAS picks its own core type (this machine's OPENBLAS_CORETYPE
 # forces the slower Haswell kernel) and tcmalloc keeps PyTorch's activation buffers instead of
@@ -28,6 +32,7 @@ steps=12
 threads=2
 rounds=1
 checkpoint=0
+dtype=fp32
 tessera=$root/build/release/bin/tessera
 python=${PYTHON:-/usr/bin/python3}  # Debian's interpreter: the one with python3-torch
 tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -42,6 +47,7 @@ while (($#)); do
     --steps) steps=${2:?--steps needs a value}; shift 2 ;;
     --threads) threads=${2:?--threads needs a value}; shift 2 ;;
     --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
+    --dtype) dtype=${2:?--dtype needs a value}; shift 2 ;;
     --tessera) tessera=${2:?--tessera needs a value}; shift 2 ;;
     --checkpoint) checkpoint=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -51,6 +57,7 @@ done
 [[ $steps =~ ^[0-9]+$ && $threads =~ ^[0-9]+$ && $rounds =~ ^[0-9]+$ ]] ||
   die "--steps, --threads and --rounds take positive integers"
 ((steps > 0 && threads > 0 && rounds > 0)) || die "--steps, --threads and --rounds must be > 0"
+[[ $dtype == fp32 || $dtype == bf16 ]] || die "--dtype takes fp32 or bf16"
 [[ -x $tessera ]] || die "Tessera binary '$tessera' not found or not executable (build it, or pass --tessera)"
 [[ -x $python ]] || die "Python '$python' not found (set PYTHON to an interpreter with torch)"
 [[ -r $tcmalloc ]] || die "$tcmalloc missing: the tuned peer needs Debian's libtcmalloc-minimal4 (scripts/setup.sh)"
@@ -58,8 +65,9 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera_bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-tessera_cmd=("$tessera" bench --preset "$preset" --steps "$steps" --set "train.threads=$threads")
-peer_cmd=("$python" "$peer" --preset "$preset" --steps "$steps" --threads "$threads")
+tessera_cmd=("$tessera" bench --preset "$preset" --steps "$steps" --set "train.threads=$threads"
+  --set "parallel.param_dtype=$dtype")
+peer_cmd=("$python" "$peer" --preset "$preset" --steps "$steps" --threads "$threads" --dtype "$dtype")
 if ((checkpoint)); then
   tessera_cmd+=(--checkpoint-dir "$work/checkpoints-tessera")
   peer_cmd+=(--save-dir "$work/checkpoints-pytorch")
@@ -96,7 +104,7 @@ if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
 
-WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads COMMIT=$commit \
+WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads DTYPE=$dtype COMMIT=$commit \
   CPU="${cpu:-unknown} ($(nproc) CPUs available)" \
   TESSERA_CMD="${tessera_cmd[*]}" TUNED_CMD="${tuned_env[*]} ${peer_cmd[*]}" \
   GIVEN_CMD="${peer_cmd[*]}" "$python" - <<'EOF'
@@ -152,6 +160,11 @@ rows = [("Tessera", tessera), ("PyTorch tuned", tuned), ("PyTorch as given", giv
 print()
 print(f"Tessera vs PyTorch: preset {env['PRESET']}, {env['STEPS']} steps per run (median step "
       f"time of steps 3..{env['STEPS']}), {rounds} round(s), alternating")
+if env["DTYPE"] == "bf16":
+    print("precision bf16 mixed: Tessera parallel.param_dtype=bf16; PyTorch torch.autocast(\"cpu\", "
+          "dtype=torch.bfloat16)")
+else:
+    print("precision fp32")
 print(f"date     {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
 print(f"machine  {env['CPU']}")
 print(f"commit   {env['COMMIT']}")
@@ -191,6 +204,11 @@ if rounds > 1:
         print(f"{name} tokens/s per round: {spread}")
 
 warnings = []
+for name, j in rows:
+    if "first_loss" in j or "losses" in j:
+        first = j["losses"][0] if "losses" in j else j["first_loss"]
+        last = j["losses"][-1] if "losses" in j else j["last_loss"]
+        print(f"{name} loss: first {first:.6f}, last {last:.6f}")
 for key in ("params", "tokens_per_step"):
     if tessera[key] != tuned[key]:
         warnings.append(f"{key} differs: Tessera {tessera[key]}, PyTorch {tuned[key]} "

@@ -2,13 +2,16 @@
 """PyTorch peer for Tessera's training benchmark: same model, same step, one JSON line out.
 
     /usr/bin/python3 bench/peers/torch_llama_bench.py [--preset bench|tiny] [--steps 12]
-                                                      [--threads 2]
+                                                      [--threads 2] [--dtype fp32|bf16]
 
 Method (BENCHMARKS.md): fp32, random tokens from a fixed seed, AdamW lr 3e-4, betas 0.9/0.95,
 weight decay 0.1 (2-D tensors), grad-norm clip 1.0; one step = forward, backward, clip, update;
 the figure is the median step time of steps 3..N (1-based), so that the first steps' allocator
 warm-up and lazy initialisation are left out. The model is tests/torch_ref/llama.py, the same
 code that checks Tessera's numerics, so the peer cannot quietly compute something cheaper.
+--dtype bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's
+mixed precision on CPU (fp32 parameters, optimizer and gradients; bf16 GEMMs), the peer of
+Tessera's parallel.param_dtype = bf16.
 
 The environment is deliberately left alone: bench/run_bench.sh runs this script twice, once as
 given and once tuned (tcmalloc, OpenBLAS core type auto-detected), and the difference is the
@@ -70,6 +73,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-dir", default="",
                     help="then time three checkpoints (torch.save of model and optimizer state, fsynced)")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -90,7 +94,8 @@ def main():
     for _ in range(args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = llama.loss_fn(model(inputs), targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            loss = llama.loss_fn(model(inputs), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -130,6 +135,7 @@ def main():
         "model_flops_per_token": flops_per_token,
         "model_flops_per_s": flops_per_token * tokens_per_s,
         "threads": args.threads,
+        "dtype": args.dtype,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "torch_version": torch.__version__,
         "step_times_s": [round(t, 4) for t in times],

@@ -270,6 +270,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"model_flops_per_s", tokens_per_s * model::flops_per_token(c.model)},
       {"nproc", W},
       {"strategy", W > 1 ? c.parallel.strategy : "single process"},
+      {"param_dtype", c.parallel.param_dtype},
       {"threads", num_threads()},
       {"exposed_comm_s", median_of_tail(exposed)},
       {"peak_rss_bytes", peak_rss_bytes()},

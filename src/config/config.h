@@ -55,7 +55,10 @@ struct ParallelConfig {
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
   int64_t timeout_ms = 300000;   // every collective
   // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).
-  // Master weights, optimizer state and compute stay fp32.
+  // param_dtype = bf16 is also mixed-precision compute (PyTorch FSDP's MixedPrecision with
+  // param_dtype bf16, at any world size, 1 included): every weight GEMM reads bf16 weights and
+  // bf16-rounded activations and accumulates in fp32; norms, RoPE, attention, SwiGLU, the loss,
+  // gradients, master weights and optimizer state stay fp32.
   std::string param_dtype = "fp32";
   std::string reduce_dtype = "fp32";
   // 0: keep every block's activations; k: keep only the inputs of blocks 0, k, 2k, ... and

@@ -58,10 +58,11 @@ struct ShardedParams::Unit {
   bool backward_done = false;     // shard_grad_op frees after the unit's backward
   float* full_grad = nullptr;     // full-size gradient being accumulated (S > 1)
   std::unique_ptr<dist::Work> reduce;
-  // bf16 communication: the master shard rounded for sending; the reduced gradient shard
-  // before widening.
+  // bf16 communication: the master shard rounded for sending (S = 1 with param_dtype bf16: the
+  // bf16 image that acquire_bf16 hands out); the reduced gradient shard before widening.
   uint16_t* send16 = nullptr;
   uint16_t* recv16 = nullptr;
+  bool widened = false;           // bf16 gather: full holds the companion widened to fp32
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
@@ -87,8 +88,10 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     max_padded = std::max(max_padded, u.padded);
   }
   const bool bf16 = S > 1 && (param_dtype_ == dist::DType::kBF16 || reduce_dtype_ == dist::DType::kBF16);
+  const bool image16 = S == 1 && param_dtype_ == dist::DType::kBF16;  // nothing gathered: only the image
   state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 6 * Arena::kAlign +
-                 (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
+                 (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0) +
+                 (image16 ? sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
   for (int i = 0; i < layout_.num_units(); ++i) {
     auto u = std::make_unique<Unit>();
     u->padded = layout_.units()[i].padded;
@@ -104,6 +107,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       u->send16 = state_.take<uint16_t>(u->shard);
       u->recv16 = state_.take<uint16_t>(u->shard);
     }
+    if (image16) u->send16 = state_.take<uint16_t>(u->shard);
     units_.push_back(std::move(u));
   }
   if (S > 1) {
@@ -144,6 +148,7 @@ void ShardedParams::issue_gather(int unit) {
   u.full = free_param_buffers_.back();
   free_param_buffers_.pop_back();
   u.backward_done = false;
+  u.widened = false;
   if (param_dtype_ == dist::DType::kBF16) {
     f32_to_bf16(u.master, u.send16, u.shard);
     u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.shard, dist::DType::kBF16, options_);
@@ -156,7 +161,6 @@ void ShardedParams::finish_gather(Unit& u) {
   if (!u.gather) return;
   wait(*u.gather);
   u.gather.reset();
-  if (param_dtype_ == dist::DType::kBF16) bf16_to_f32(companion_.at(u.full), u.full, u.padded);
 }
 
 void ShardedParams::free_params(int unit) {
@@ -175,6 +179,29 @@ void ShardedParams::maybe_free_params(int unit) {
 
 const float* ShardedParams::acquire(int unit) {
   Unit& u = *units_[unit];
+  acquire_unit(unit);
+  // A bf16 gather lands in the buffer's companion; widened for fp32 readers, once per gather
+  // (bf16 compute reads the companion itself, through acquire_bf16).
+  if (topo_.shard_size > 1 && param_dtype_ == dist::DType::kBF16 && !u.widened) {
+    bf16_to_f32(companion_.at(u.full), u.full, u.padded);
+    u.widened = true;
+  }
+  return u.full;
+}
+
+const uint16_t* ShardedParams::acquire_bf16(int unit) {
+  if (param_dtype_ != dist::DType::kBF16) return nullptr;
+  Unit& u = *units_[unit];
+  // S = 1 gathers nothing: the image is the master rounded, rounded again whenever the unit is
+  // acquired afresh, since masters change between steps (and through master_shard()). That
+  // costs ~1/(B T) of the unit's GEMMs.
+  if (topo_.shard_size == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.shard);
+  acquire_unit(unit);
+  return topo_.shard_size == 1 ? u.send16 : companion_.at(u.full);
+}
+
+void ShardedParams::acquire_unit(int unit) {
+  Unit& u = *units_[unit];
   if (recording_) order_.push_back(unit);
   ++cursor_;
   if (u.full == nullptr) issue_gather(unit);
@@ -186,7 +213,6 @@ const float* ShardedParams::acquire(int unit) {
     Unit& next = *units_[order_[cursor_]];
     if (next.full == nullptr && !free_param_buffers_.empty()) issue_gather(order_[cursor_]);
   }
-  return u.full;
 }
 
 void ShardedParams::release(int unit) {

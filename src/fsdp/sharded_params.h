@@ -53,7 +53,9 @@ class ShardedParams final : public model::ParamSource {
   // ranks holding the same shard (null when W/S = 1). layout must be padded to 16 x S.
   // accumulation: micro-batches per step; gradients are communicated after the last one only.
   // param_dtype: what parameters are all-gathered in; reduce_dtype: what gradients are reduced in
-  // (bf16 halves the bytes; masters, moments and compute stay fp32).
+  // (bf16 halves the bytes; masters, gradient shards and moments stay fp32). With param_dtype bf16
+  // acquire_bf16 hands out the bf16 image for bf16 compute: the gathered bf16 buffer itself, or
+  // with S = 1 the master rounded to bf16.
   ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const Topology& topology,
                 dist::ProcessGroup* shard_group, dist::ProcessGroup* replica_group, int64_t accumulation,
                 dist::Millis timeout, dist::DType param_dtype = dist::DType::kF32,
@@ -61,6 +63,8 @@ class ShardedParams final : public model::ParamSource {
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
+  // With param_dtype bf16: the unit's parameters as gathered, not widened; nullptr otherwise.
+  const uint16_t* acquire_bf16(int unit) override;
   void release(int unit) override;
   float* grads(int unit) override;
   void grads_ready(int unit) override;
@@ -95,6 +99,7 @@ class ShardedParams final : public model::ParamSource {
  private:
   struct Unit;
   void issue_gather(int unit);
+  void acquire_unit(int unit);  // gathers (or waits for) the unit, counts the reference, prefetches
   void free_params(int unit);
   void maybe_free_params(int unit);
   void complete_oldest_reduction();

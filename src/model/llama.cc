@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "core/parallel.h"
 #include "kernels/cpu/attention.h"
@@ -13,6 +14,7 @@
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cpu/vector.h"
 
 namespace tessera::model {
 
@@ -29,8 +31,8 @@ int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
   return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
 }
 
-void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
-                 int64_t checkpoint_every) {
+void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t checkpoint_every,
+                 bool bf16) {
   const ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
   const int64_t Q = c.qkv_dim();
@@ -80,79 +82,126 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   b.datt = take(N * H * D);
   b.dh13 = take(N * 2 * F);
   b.dg = take(N * F);
+  if (bf16) {
+    b.x16 = arena.take<uint16_t>(static_cast<size_t>(N * std::max({C, H * D, F})));
+    b.dy16 = arena.take<uint16_t>(static_cast<size_t>(std::max(N * std::max({C, Q, 2 * F}), chunk * c.vocab_size)));
+    b.norm_w = take(2 * C);
+  }
 }
 
 size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                       int64_t checkpoint_every) {
+                                       int64_t checkpoint_every, bool bf16) {
   Arena measure;
   Buffers b;
-  plan(measure, b, layout, micro_batch, threads, checkpoint_every);
+  plan(measure, b, layout, micro_batch, threads, checkpoint_every, bf16);
   return measure.used();
 }
 
-Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every)
+Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every, bool bf16)
     : layout_(layout),
       B_(micro_batch),
       T_(layout.config().seq_len),
       N_(micro_batch * layout.config().seq_len),
       threads_(threads),
       checkpoint_every_(checkpoint_every),
-      arena_(planned_activation_bytes(layout, micro_batch, threads, checkpoint_every)) {
+      bf16_(bf16),
+      arena_(planned_activation_bytes(layout, micro_batch, threads, checkpoint_every, bf16)) {
   CHECK(micro_batch > 0 && threads > 0 && checkpoint_every >= 0);
-  plan(arena_, b_, layout_, B_, threads_, checkpoint_every_);
+  plan(arena_, b_, layout_, B_, threads_, checkpoint_every_, bf16_);
   const ModelConfig& c = layout_.config();
   k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
 }
 
-void Llama::block_forward(const float* w, const BlockActs& a, float* out) {
+Llama::UnitParams Llama::acquire(ParamSource& params, int unit) const {
+  UnitParams p;
+  if (bf16_) p.bf16 = params.acquire_bf16(unit);
+  if (p.bf16 == nullptr) p.f32 = params.acquire(unit);
+  return p;
+}
+
+void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
+                   float beta) {
+  if (p.bf16 != nullptr) {
+    k::to_bf16(b_.x16, x, M * K);
+    k::gemm_bf16(false, true, M, N, K, 1.0f, b_.x16, K, p.bf16 + offset, K, beta, y, N);
+  } else {
+    k::gemm(false, true, M, N, K, 1.0f, x, K, p.f32 + offset, K, beta, y, N);
+  }
+}
+
+void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
+                            int64_t M, int64_t N, int64_t K) {
+  if (p.bf16 != nullptr) {
+    k::to_bf16(b_.dy16, dy, M * N);
+    k::to_bf16(b_.x16, x, M * K);
+    k::linear_backward_bf16(dx, dw, b_.dy16, b_.x16, p.bf16 + offset, M, N, K, false);
+  } else {
+    k::linear_backward(dx, dw, dy, x, p.f32 + offset, M, N, K, false);
+  }
+}
+
+const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
+  if (p.bf16 == nullptr) return p.f32 + offset;
+  const int64_t C = layout_.config().dim;
+  float* w = b_.norm_w + slot * C;
+  bf16_to_f32(p.bf16 + offset, w, C);
+  return w;
+}
+
+void Llama::block_forward(const UnitParams& w, const BlockActs& a, float* out) {
   const ModelConfig& c = layout_.config();
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
   const float eps = static_cast<float>(c.norm_eps);
-  k::rms_norm_forward(a.xn1, a.rstd1, a.x, w + o.attention_norm, N_, C, eps);
-  k::linear_forward(a.qkv, a.xn1, w + o.wqkv, N_, Q, C);
+  k::rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), N_, C, eps);
+  linear(a.qkv, a.xn1, w, o.wqkv, N_, Q, C, 0.0f);
   k::rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
   k::rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   k::attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
   // Residual adds ride on the GEMMs (beta = 1) instead of a separate pass.
   copy(a.xmid, a.x, N_ * C);
-  k::gemm(false, true, N_, C, H * D, 1.0f, a.att, H * D, w + o.wo, H * D, 1.0f, a.xmid, C);
-  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, w + o.ffn_norm, N_, C, eps);
-  k::linear_forward(a.h13, a.xn2, w + o.w13, N_, 2 * F, C);
+  linear(a.xmid, a.att, w, o.wo, N_, C, H * D, 1.0f);
+  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), N_, C, eps);
+  linear(a.h13, a.xn2, w, o.w13, N_, 2 * F, C, 0.0f);
   k::swiglu_forward(a.g, a.h13, N_, F);
   copy(out, a.xmid, N_ * C);
-  k::gemm(false, true, N_, C, F, 1.0f, a.g, F, w + o.w2, F, 1.0f, out, C);
+  linear(out, a.g, w, o.w2, N_, C, F, 1.0f);
 }
 
-void Llama::block_backward(const float* w, float* dw, const BlockActs& a) {
+void Llama::block_backward(const UnitParams& w, float* dw, const BlockActs& a) {
   const ModelConfig& c = layout_.config();
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
   float* dx = b_.dx;
   // MLP branch; dx enters as d(out) = d(xmid) through the residual, and the norm adds its part.
-  k::linear_backward(b_.dg, dw + o.w2, dx, a.g, w + o.w2, N_, C, F, false);
+  linear_backward(b_.dg, dw + o.w2, dx, a.g, w, o.w2, N_, C, F);
   k::swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
-  k::linear_backward(b_.dxn, dw + o.w13, b_.dh13, a.xn2, w + o.w13, N_, 2 * F, C, false);
-  k::rms_norm_backward(dx, dw + o.ffn_norm, b_.dxn, a.xmid, w + o.ffn_norm, a.rstd2, N_, C);
+  linear_backward(b_.dxn, dw + o.w13, b_.dh13, a.xn2, w, o.w13, N_, 2 * F, C);
+  k::rms_norm_backward(dx, dw + o.ffn_norm, b_.dxn, a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2, N_, C);
   // Attention branch.
-  k::linear_backward(b_.datt, dw + o.wo, dx, a.att, w + o.wo, N_, C, H * D, false);
+  linear_backward(b_.datt, dw + o.wo, dx, a.att, w, o.wo, N_, C, H * D);
   k::attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
   k::rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
   k::rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  k::linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, a.xn1, w + o.wqkv, N_, Q, C, false);
-  k::rms_norm_backward(dx, dw + o.attention_norm, b_.dxn, a.x, w + o.attention_norm, a.rstd1, N_, C);
+  linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, a.xn1, w, o.wqkv, N_, Q, C);
+  k::rms_norm_backward(dx, dw + o.attention_norm, b_.dxn, a.x, norm_weight(w, o.attention_norm, 0), a.rstd1, N_, C);
 }
 
 void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   CHECK(num_threads() <= threads_);
   const ModelConfig& c = layout_.config();
   const int emb = layout_.embedding_unit();
-  k::embedding_forward(b_.blocks[0].x, inputs, params.acquire(emb), N_, c.dim);
+  const UnitParams table = acquire(params, emb);
+  if (table.bf16 != nullptr) {
+    k::embedding_forward_bf16(b_.blocks[0].x, inputs, table.bf16, N_, c.dim);
+  } else {
+    k::embedding_forward(b_.blocks[0].x, inputs, table.f32, N_, c.dim);
+  }
   params.release(emb);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const int unit = layout_.block_unit(l);
     float* out = l + 1 < c.n_layers ? b_.blocks[l + 1].x : b_.x_final;
-    block_forward(params.acquire(unit), b_.blocks[l], out);
+    block_forward(acquire(params, unit), b_.blocks[l], out);
     params.release(unit);
   }
 }
@@ -161,9 +210,11 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   const ModelConfig& c = layout_.config();
   const int64_t C = c.dim, V = c.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  const float* w = params.acquire(head);
-  const float* norm_w = w + layout_.head_norm_offset();
-  const float* w_out = c.tied_embeddings ? params.acquire(emb) : w + layout_.head_weight_offset();
+  const UnitParams w = acquire(params, head);
+  const float* norm_w = norm_weight(w, layout_.head_norm_offset(), 0);
+  // The output projection: the head's own weight, or the embedding table when tied.
+  const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
+  const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
   float* dw_out = nullptr;
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
@@ -176,10 +227,10 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
     const float* xn = b_.xn_final + r0 * C;
-    k::linear_forward(b_.logits, xn, w_out, rows, V, C);
+    linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, dscale);
     for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
-    if (with_grads) k::linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, rows, V, C, false);
+    if (with_grads) linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
   }
   if (with_grads) {
     std::memset(b_.dx, 0, sizeof(float) * N_ * C);
@@ -199,7 +250,7 @@ double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const
   const ModelConfig& c = layout_.config();
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
-    const float* w = params.acquire(unit);
+    const UnitParams w = acquire(params, unit);
     // A checkpointed block recomputes its activations from its saved input; the same kernels on
     // the same inputs give the same bits, so gradients do not change.
     if (b_.blocks[l].recompute) block_forward(w, b_.blocks[l], b_.recompute_out);
@@ -222,11 +273,12 @@ void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* lo
   forward_blocks(params, inputs);
   const ModelConfig& c = layout_.config();
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
-  const float* w = params.acquire(head);
-  const float* w_out = c.tied_embeddings ? params.acquire(emb) : w + layout_.head_weight_offset();
-  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, w + layout_.head_norm_offset(), N_, c.dim,
+  const UnitParams w = acquire(params, head);
+  const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
+  const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
+  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_, c.dim,
                       static_cast<float>(c.norm_eps));
-  k::linear_forward(logits, b_.xn_final, w_out, N_, c.vocab_size, c.dim);
+  linear(logits, b_.xn_final, w_out, out_offset, N_, c.vocab_size, c.dim, 0.0f);
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
 }

@@ -18,14 +18,19 @@ class Llama {
   // checkpoint_every: 0 keeps every block's activations; k > 0 keeps only the input of blocks
   // 0, k, 2k, ... and recomputes the rest of their activations in backward (activation
   // checkpointing). Results are bitwise identical either way.
-  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every = 0);
+  // bf16: mixed precision. The model asks the source for bf16 images of its units
+  // (ParamSource::acquire_bf16) and, for each unit it gets one of, runs the unit's weight GEMMs
+  // (fused qkv, wo, fused w1|w3, w2, LM head) on bf16 weights and bf16 copies of their inputs,
+  // accumulating in fp32, forward and backward; everything else stays fp32 (PyTorch's autocast
+  // to bf16 draws the same line). Off, or with a source that offers no bf16, the model is fp32.
+  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every = 0, bool bf16 = false);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   size_t activation_bytes() const { return arena_.capacity(); }
   // Activation bytes the constructor would allocate, without allocating them.
   static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                         int64_t checkpoint_every = 0);
+                                         int64_t checkpoint_every = 0, bool bf16 = false);
 
   // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
   // grad_scale x (mean loss over valid targets) to the source's gradient buffers and returns the
@@ -67,16 +72,39 @@ class Llama {
     float* dh13;      // (N, 2F)
     float* dg;        // (N, F)
     float* recompute_out;  // (N, C) where a recomputed block writes its (already known) output
+    // bf16 only (null otherwise): a GEMM's activation input and its output gradient rounded to
+    // bf16 just before the GEMM (rounded again in backward rather than saved per block: no
+    // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
+    // and norm gains widened from a bf16 image.
+    uint16_t* x16;    // (N, max(C, H*D, F))
+    uint16_t* dy16;   // (max(N max(C, qkv_dim, 2F), chunk V))
+    float* norm_w;    // (2, C)
+  };
+  // One acquired unit as the kernels read it: its fp32 buffer, or (bf16) its bf16 image.
+  struct UnitParams {
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
-                   int64_t checkpoint_every);
+                   int64_t checkpoint_every, bool bf16);
   static int64_t loss_chunk_rows(const ModelConfig& c, int64_t N);
+
+  UnitParams acquire(ParamSource& params, int unit) const;
+  // y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit; bf16 inputs
+  // when the unit is a bf16 image.
+  void linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
+              float beta);
+  // Its backward: dx (M, K) = dy . W (skipped when null), dw (N, K) += dy^T . x, in fp32.
+  void linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
+                       int64_t M, int64_t N, int64_t K);
+  // The C norm gains at `offset` in fp32: in place, or widened into norm_w row `slot`.
+  const float* norm_weight(const UnitParams& p, int64_t offset, int slot);
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
-  void block_forward(const float* w, const BlockActs& acts, float* out);
+  void block_forward(const UnitParams& w, const BlockActs& acts, float* out);
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
-  void block_backward(const float* w, float* dw, const BlockActs& acts);
+  void block_backward(const UnitParams& w, float* dw, const BlockActs& acts);
   // Final norm, head and loss over all rows; with grads, also their backward into b_.dx.
   double head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
 
@@ -84,6 +112,7 @@ class Llama {
   int64_t B_, T_, N_;
   int threads_;
   int64_t checkpoint_every_;
+  bool bf16_;
   Arena arena_;
   Buffers b_{};
 };

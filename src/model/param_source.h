@@ -4,6 +4,8 @@
 // implementations of this one interface.
 #pragma once
 
+#include <cstdint>
+
 namespace tessera::model {
 
 class ParamSource {
@@ -11,6 +13,11 @@ class ParamSource {
   virtual ~ParamSource() = default;
   // Full parameters of `unit` (the unit's padded flat buffer); may block on a prefetched gather.
   virtual const float* acquire(int unit) = 0;
+  // Mixed precision: the unit's full parameters rounded to bf16 (bit patterns, core/bf16.h), when
+  // the source hands out a bf16 image; then the model reads nothing else of the unit until its
+  // release. Acquires as acquire() does. Returns nullptr, acquiring nothing, when the source has
+  // no bf16 image, and the model then calls acquire().
+  virtual const uint16_t* acquire_bf16(int /*unit*/) { return nullptr; }
   // The model no longer reads `unit`'s parameters until the next acquire.
   virtual void release(int unit) = 0;
   // Full-size gradient buffer of `unit`; the model adds into it (it is zeroed by the source).

@@ -52,11 +52,12 @@ config::Config tiny(const config::Overrides& extra = {}) {
   return u.ru_minflt;
 }
 
-TEST(Trainer, StepDoesNotAllocateAfterStartup) {
+void expect_steps_do_not_allocate(const char* param_dtype) {
 #if !TESSERA_COUNTS_ALLOCATIONS
+  (void)param_dtype;
   GTEST_SKIP() << "allocation counting is not possible under AddressSanitizer";
 #else
-  Trainer t(tiny({{"train.micro_batch_size", "4"}}), "");
+  Trainer t(tiny({{"train.micro_batch_size", "4"}, {"parallel.param_dtype", param_dtype}}), "");
   t.step();
   const int64_t allocations = g_allocations.load(), faults = minor_page_faults();
   for (int i = 0; i < 3; ++i) t.step();
@@ -66,6 +67,9 @@ TEST(Trainer, StepDoesNotAllocateAfterStartup) {
   EXPECT_LT(minor_page_faults() - faults, 50);
 #endif
 }
+TEST(Trainer, StepDoesNotAllocateAfterStartup) { expect_steps_do_not_allocate("fp32"); }
+// bf16 compute builds its oneDNN primitives (and allocates their scratchpads) in the first step.
+TEST(Trainer, Bf16StepDoesNotAllocateAfterStartup) { expect_steps_do_not_allocate("bf16"); }
 
 TEST(Trainer, RunsAreBitwiseIdenticalForTheSameThreads) {
   Trainer a(tiny(), ""), b(tiny(), "");
@@ -119,6 +123,23 @@ TEST(Trainer, ActivationCheckpointingIsBitwiseIdenticalAndSavesMemory) {
     const auto ta = reference.params().gather_named_tensors(), tb = on.params().gather_named_tensors();
     for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
   }
+}
+
+TEST(Trainer, Bf16ComputeIsDeterministicWithAndWithoutCheckpointing) {
+  // bf16 compute rounds activations afresh in recomputation and backward: the same inputs give
+  // the same bits, so a checkpointed run is the plain run, bit for bit.
+  const config::Overrides bf16 = {{"model.n_layers", "4"}, {"parallel.param_dtype", "bf16"}};
+  config::Overrides o = bf16;
+  o.emplace_back("parallel.activation_checkpointing", "2");
+  Trainer plain(tiny(bf16), ""), checkpointed(tiny(o), "");
+  for (int i = 0; i < 3; ++i) {
+    const StepStats a = plain.step(), b = checkpointed.step();
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  EXPECT_EQ(plain.evaluate(), checkpointed.evaluate());
+  const auto ta = plain.params().gather_named_tensors(), tb = checkpointed.params().gather_named_tensors();
+  for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
 }
 
 TEST(Trainer, ClippingBoundsTheUpdate) {

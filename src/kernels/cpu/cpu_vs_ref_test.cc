@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "kernels/cpu/adamw.h"
@@ -383,6 +384,165 @@ TEST_P(CpuVsRef, GemmTransposesStridesBeta) {
       expect_within("gemm C", got[0], want, tol);
     }
   }
+}
+
+// ---- bf16 GEMM ----
+// A product of two bf16 values (8 significant bits each) is exact in fp32 (24 bits), so a GEMM on
+// bf16 inputs with fp32 accumulation errs only in its sums, and the fp32 GEMM's tolerance applies
+// against the double result on the same bf16 values. (avx512_bf16's dot-product instruction
+// flushes denormals; normal random inputs have none.)
+using Halves = std::vector<uint16_t>;
+
+Halves round_bf16(const Floats& x) {
+  Halves h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
+  return h;
+}
+
+Floats widen(const Halves& h) {
+  Floats x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = bf16_to_f32(h[i]);
+  return x;
+}
+
+TEST_P(CpuVsRef, GemmBf16TransposesStridesBeta) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  struct Scale {
+    float alpha, beta;
+  };
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{13, 7, 33}, Shape{67, 130, 257}, Shape{5, 131, 1023}}) {
+    for (const Scale& sc : {Scale{1.0f, 0.0f}, Scale{1.0f, 1.0f}, Scale{0.7f, 0.3f}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int64_t M = s.M, N = s.N, K = s.K, pad = 3;
+          SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                       " alpha=" + std::to_string(sc.alpha) + " beta=" + std::to_string(sc.beta) + (ta ? " A^T" : " A") +
+                       (tb ? " B^T" : " B"));
+          const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+          const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+          const Halves A = round_bf16(randn(a_rows * lda, 135)), B = round_bf16(randn(b_rows * ldb, 136));
+          const Floats Af = widen(A), Bf = widen(B);
+          // beta = 0 must not read C: NaN there would show.
+          Floats C0 = sc.beta == 0.0f ? nans(M * ldc) : randn(M * ldc, 137);
+          if (sc.beta == 0.0f) {
+            for (int64_t m = 0; m < M; ++m) {
+              for (int64_t n = N; n < ldc; ++n) C0[m * ldc + n] = 1.5f;  // padding: not NaN, so it compares
+            }
+          }
+          auto a = [&](int64_t m, int64_t k) -> double { return ta ? Af[k * lda + m] : Af[m * lda + k]; };
+          auto b = [&](int64_t k, int64_t n) -> double { return tb ? Bf[n * ldb + k] : Bf[k * ldb + n]; };
+          const auto got = run_twice("gemm_bf16", [&] {
+            Floats C = C0;
+            cpu::gemm_bf16(ta, tb, M, N, K, sc.alpha, A.data(), lda, B.data(), ldb, sc.beta, C.data(), ldc);
+            return std::vector<Floats>{C};
+          });
+          Floats want = C0;
+          Vec tol(M * ldc, 0.0);  // the padding between rows must come back untouched
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              double sum = 0.0, sq = 0.0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double t = sc.alpha * a(m, k) * b(k, n);
+                sum += t;
+                sq += t * t;
+              }
+              const double ab = sum;
+              const double c = sc.beta == 0.0f ? 0.0 : static_cast<double>(sc.beta) * C0[m * ldc + n];
+              sum += c;
+              sq += c * c;
+              want[m * ldc + n] = static_cast<float>(sum);
+              tol[m * ldc + n] = reduction_tol(K + 1, sum, std::sqrt(sq)) +
+                                 kU * (2 * std::fabs(ab) + std::fabs(c) + std::fabs(sum)) + kTiny;
+            }
+          }
+          expect_within("gemm_bf16 C", got[0], want, tol);
+        }
+      }
+    }
+  }
+}
+
+// linear_*_bf16 against the fp32 ref on the same bf16 values, with the fp32 linear's tolerances.
+TEST_P(CpuVsRef, LinearBf16) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{7, 13, 33}, Shape{130, 67, 257}, Shape{5, 131, 1023}}) {
+    const int64_t M = s.M, N = s.N, K = s.K;
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+    const Halves x16 = round_bf16(randn(M * K, 140)), w16 = round_bf16(randn(N * K, 141)),
+                 dy16 = round_bf16(randn(M * N, 142));
+    const Floats x = widen(x16), w = widen(w16), dy = widen(dy16), dx0 = randn(M * K, 143), dw0 = randn(N * K, 144);
+    const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy), dx02 = squared(dx0), dw02 = squared(dw0);
+
+    Floats ref_y(M * N), y_sq(M * N);
+    ref::linear_forward(ref_y.data(), x.data(), w.data(), M, N, K);
+    ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
+    const auto fwd = run_twice("linear_forward_bf16", [&] {
+      Floats y = nans(M * N);
+      cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), M, N, K);
+      return std::vector<Floats>{y};
+    });
+    Vec tol_y(M * N);
+    for (int64_t i = 0; i < M * N; ++i) {
+      tol_y[i] = reduction_tol(K, ref_y[i], std::sqrt(y_sq[i])) + kU * std::fabs(ref_y[i]) + kTiny;
+    }
+    expect_within("linear_bf16 y", fwd[0], ref_y, tol_y);
+
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(accumulate ? "accumulate_dx" : "overwrite dx");
+      Floats ref_dx = dx0, ref_dw = dw0;
+      ref::linear_backward(ref_dx.data(), ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
+      Floats dx_sq = dx02, dw_sq = dw02;
+      ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
+      const auto bwd = run_twice("linear_backward_bf16", [&] {
+        Floats dx = accumulate ? dx0 : nans(M * K), dw = dw0;
+        cpu::linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), w16.data(), M, N, K, accumulate);
+        return std::vector<Floats>{dx, dw};
+      });
+      Vec tol_dx(M * K), tol_dw(N * K);
+      for (int64_t i = 0; i < M * K; ++i) {
+        tol_dx[i] = reduction_tol(N + accumulate, ref_dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(ref_dx[i]) + kTiny;
+      }
+      for (int64_t i = 0; i < N * K; ++i) {
+        tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
+      }
+      expect_within("linear_bf16 dx", bwd[0], ref_dx, tol_dx);
+      expect_within("linear_bf16 dw", bwd[1], ref_dw, tol_dw);
+    }
+  }
+}
+
+// The threaded conversion is the scalar rounding of core/bf16.h, bit for bit, including ties,
+// infinities, NaN, denormals and signed zeros.
+TEST_P(CpuVsRef, ToBf16MatchesScalarRounding) {
+  for (int64_t n : {1, 7, 130, 100003}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    Floats x = randn(n, 150);
+    const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::denorm_min(), 1.0f + 0x1.0p-8f, 1.0f + 0x1.8p-7f,
+                              std::numeric_limits<float>::max()};
+    for (size_t i = 0; i < std::size(specials) && static_cast<int64_t>(i) < n; ++i) x[i * (n / 9 + 1) % n] = specials[i];
+    Halves got(n), want(n);
+    cpu::to_bf16(got.data(), x.data(), n);
+    for (int64_t i = 0; i < n; ++i) want[i] = f32_to_bf16(x[i]);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(uint16_t)));
+  }
+}
+
+TEST_P(CpuVsRef, EmbeddingBf16IsTheWidenedLookup) {
+  const int64_t V = 37, C = 19, n = 53;
+  const Halves table16 = round_bf16(randn(V * C, 160));
+  const Floats table = widen(table16);
+  std::vector<int32_t> tokens(n);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7 + 3) % V);
+  Floats want(n * C), got = nans(n * C);
+  ref::embedding_forward(want.data(), tokens.data(), table.data(), n, C);
+  cpu::embedding_forward_bf16(got.data(), tokens.data(), table16.data(), n, C);
+  expect_bitwise("embedding_forward_bf16", got, want);
 }
 
 // ---- RoPE ----
@@ -810,6 +970,11 @@ TEST_P(CpuVsRef, EmptyInputs) {
   cpu::rms_norm_backward(&none, dw.data(), &none, &none, w.data(), &none, 0, C);
   cpu::linear_forward(&none, &none, lw.data(), 0, N, K);
   cpu::linear_backward(&none, ldw.data(), &none, &none, lw.data(), 0, N, K, false);
+  const uint16_t none16 = 0;
+  const Halves lw16 = round_bf16(lw);
+  cpu::linear_forward_bf16(&none, &none16, lw16.data(), 0, N, K);
+  cpu::linear_backward_bf16(&none, ldw.data(), &none16, &none16, lw16.data(), 0, N, K, false);
+  cpu::embedding_forward_bf16(&none, nullptr, &none16, 0, C);
   cpu::swiglu_forward(&none, &none, 0, C);
   cpu::swiglu_backward(&none, &none, &none, 0, C);
   cpu::softmax_cross_entropy(&none, &none, &none, nullptr, 0, V, 1.0f);

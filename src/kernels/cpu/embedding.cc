@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/bf16.h"
 #include "core/parallel.h"
 
 namespace tessera::kernels::cpu {
@@ -11,6 +12,12 @@ namespace tessera::kernels::cpu {
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) std::memcpy(out + i * C, table + int64_t{tokens[i]} * C, C * sizeof(float));
+  });
+}
+
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* table, int64_t n, int64_t C) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) bf16_to_f32(table + int64_t{tokens[i]} * C, out + i * C, C);
   });
 }
 

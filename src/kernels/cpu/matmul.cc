@@ -1,7 +1,17 @@
-// CPU GEMM through oneDNN's sgemm (JIT AVX-512 kernels; threads from OpenMP).
+// CPU GEMM through oneDNN: sgemm for fp32 (JIT AVX-512 kernels; threads from OpenMP), and the
+// matmul primitive for bf16 inputs (avx512_bf16 or AMX kernels where the CPU has them).
 #include "kernels/cpu/matmul.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
 
 #include "core/check.h"
 
@@ -26,11 +36,108 @@ void linear_backward(float* dx, float* dw, const float* dy, const float* x, cons
   gemm(true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
 }
 
+namespace {
+
+// oneDNN 2.x has no bf16 counterpart of dnnl_sgemm in its API, so bf16 goes through the matmul
+// primitive. Building one JIT-compiles its kernels (milliseconds), so each shape's primitive is
+// built once and kept, with memory objects whose data handles are swapped per call and its own
+// scratchpad: in oneDNN's default (library) scratchpad mode every execution would allocate and
+// free the scratchpad, and the training step allocates nothing.
+struct Bf16Gemm {
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c, scratchpad;
+  std::vector<uint8_t> scratch_bytes;
+};
+
+using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
+
+struct Bf16Cache {
+  std::mutex mutex;  // held through execution: entries own their scratchpad
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<Bf16Key, std::unique_ptr<Bf16Gemm>> entries;
+};
+
+Bf16Cache& bf16_cache() {
+  static Bf16Cache* cache = new Bf16Cache;  // never destroyed: no teardown order with oneDNN's statics
+  return *cache;
+}
+
+std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine& engine) {
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, threads] = key;
+  using md = dnnl::memory::desc;
+  using dims = dnnl::memory::dims;
+  using dt = dnnl::memory::data_type;
+  // Row-major with row strides; a transpose is the same matrix with its strides swapped.
+  const md a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
+  const md b_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+  const md c_md({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);  // C = alpha A B + beta C, C read before it is written
+    attr.set_post_ops(ops);
+  }
+  auto g = std::make_unique<Bf16Gemm>();
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+  g->primitive = dnnl::matmul(pd);
+  g->a = dnnl::memory(a_md, engine, nullptr);
+  g->b = dnnl::memory(b_md, engine, nullptr);
+  g->c = dnnl::memory(c_md, engine, nullptr);
+  g->scratch_bytes.resize(pd.scratchpad_desc().get_size());
+  g->scratchpad = dnnl::memory(pd.scratchpad_desc(), engine, g->scratch_bytes.data());
+  return g;
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // as BLAS: C = beta C (oneDNN has no empty reductions)
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = C + m * ldc;
+      for (int64_t n = 0; n < N; ++n) row[n] = beta == 0.0f ? 0.0f : beta * row[n];
+    }
+    return;
+  }
+  CHECK_MSG(!omp_in_parallel(), "gemm_bf16 inside a parallel region");
+  Bf16Cache& cache = bf16_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  // The thread count is part of the key: a primitive partitions its work when it is built.
+  const Bf16Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
+  auto it = cache.entries.find(key);
+  if (it == cache.entries.end()) it = cache.entries.emplace(key, build_bf16_gemm(key, cache.engine)).first;
+  Bf16Gemm& g = *it->second;
+  g.a.set_data_handle(const_cast<uint16_t*>(A));
+  g.b.set_data_handle(const_cast<uint16_t*>(B));
+  g.c.set_data_handle(C);
+  // A plain array of arguments: the C++ execute() would build an unordered_map per call.
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, g.a.get()},
+                                  {DNNL_ARG_WEIGHTS, g.b.get()},
+                                  {DNNL_ARG_DST, g.c.get()},
+                                  {DNNL_ARG_SCRATCHPAD, g.scratchpad.get()}};
+  CHECK(dnnl_primitive_execute(g.primitive.get(), cache.stream.get(), 4, args) == dnnl_success);
+  CHECK(dnnl_stream_wait(cache.stream.get()) == dnnl_success);
+}
+
+void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K) {
+  gemm_bf16(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+}
+
+void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
+                          int64_t N, int64_t K, bool accumulate_dx) {
+  if (dx != nullptr) gemm_bf16(false, false, M, K, N, 1.0f, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
+  gemm_bf16(true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
+}
+
 const char* gemm_library() {
   static char name[64];
   if (name[0] == 0) {
     const dnnl_version_t* v = dnnl_version();
-    std::snprintf(name, sizeof(name), "oneDNN %d.%d.%d (sgemm, %s)", v->major, v->minor, v->patch,
+    std::snprintf(name, sizeof(name), "oneDNN %d.%d.%d (sgemm, bf16 matmul, %s)", v->major, v->minor, v->patch,
                   v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime");
   }
   return name;

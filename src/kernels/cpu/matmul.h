@@ -1,4 +1,4 @@
-// CPU GEMM through oneDNN. Contract of linear_*: ref/matmul.h.
+// CPU GEMM through oneDNN, in fp32 and with bf16 inputs. Contract of linear_*: ref/matmul.h.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,17 @@ void linear_backward(float* dx, float* dw, const float* dy, const float* x, cons
 // lda/ldb/ldc are row strides. Runs on the calling thread when called inside a parallel region.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// gemm with A and B in bf16 (bit patterns, core/bf16.h); products and sums in fp32, C fp32.
+// Threads over OpenMP; not for use inside a parallel region. The first call with a shape (and
+// thread count) builds and keeps a oneDNN primitive; later calls with it allocate nothing.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// linear_* with bf16 x, w and dy; y, dx and dw fp32 (dw is added to in fp32).
+void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K);
+void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
+                          int64_t N, int64_t K, bool accumulate_dx);
 
 // Name of the GEMM library and version, for `tessera info` and benchmark reports.
 const char* gemm_library();

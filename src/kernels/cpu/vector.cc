@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/bf16.h"
 #include "core/parallel.h"
 
 namespace tessera::kernels::cpu {
@@ -19,6 +20,10 @@ void scale_inplace(float* x, int64_t n, float s) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) x[i] *= s;
   });
+}
+
+void to_bf16(uint16_t* out, const float* in, int64_t n) {
+  parallel_for(n, [&](int64_t begin, int64_t end) { f32_to_bf16(in + begin, out + begin, end - begin); });
 }
 
 double sum_squares(const float* x, int64_t n) {

@@ -8,5 +8,8 @@ namespace tessera::kernels::cpu {
 void add_inplace(float* y, const float* x, int64_t n);
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
+// out (n) = in (n) rounded to bf16, bitwise as core/bf16.h's f32_to_bf16 (nearest even; NaN stays
+// NaN); threads over the buffer. Feeds the bf16 GEMMs their activations.
+void to_bf16(uint16_t* out, const float* in, int64_t n);
 
 }  // namespace tessera::kernels::cpu
