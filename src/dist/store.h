@@ -27,6 +27,9 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   // Whether every key exists now.
   virtual bool check(const std::vector<std::string>& keys) = 0;
+  // The keys of this round that start with `prefix` ("" for all), sorted bytewise. With leased
+  // keys (EtcdStore::set_with_lease) this answers "which agents are alive".
+  virtual std::vector<std::string> list(const std::string& prefix) = 0;
 };
 
 // A store in a directory of a local (or shared) file system: one file per key under
