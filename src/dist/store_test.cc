@@ -185,9 +185,11 @@ class EtcdEnvironment : public ::testing::Environment {
 };
 [[maybe_unused]] auto* const kEtcdEnvironment = ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
 
+// A prefix no earlier test of this etcd used (the shared etcd outlives --gtest_repeat rounds).
 std::string test_prefix() {
+  static int runs = 0;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = std::string(info->test_suite_name()) + "." + info->name();
+  std::string name = std::string(info->test_suite_name()) + "." + info->name() + "." + std::to_string(runs++);
   for (char& c : name)
     if (c == '/') c = '.';
   return "t/" + name;
@@ -203,7 +205,7 @@ class StoreContract : public ::testing::TestWithParam<std::string> {
       SKIP_WITHOUT_ETCD();
       ASSERT_NE(shared_etcd(), nullptr) << "etcd did not start";
       url_ = "etcd://" + shared_etcd()->endpoint() + "/" + test_prefix();
-      location_ = "etcd://" + shared_etcd()->endpoint() + "/" + test_prefix();
+      location_ = url_;
     } else {
       url_ = "file://" + dir_.path;
       location_ = dir_.path;
