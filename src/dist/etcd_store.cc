@@ -205,7 +205,9 @@ class Http {
   Http(const Http&) = delete;
   Http& operator=(const Http&) = delete;
 
-  HttpResult post(const std::string& path, const std::string& body, Millis timeout) {
+  // fresh: on a new connection. curl silently re-sends a request whose reused connection died
+  // before any reply, which must not happen to a request that is not idempotent.
+  HttpResult post(const std::string& path, const std::string& body, Millis timeout, bool fresh = false) {
     std::lock_guard<std::mutex> lock(mu_);
     HttpResult r;
     error_[0] = '\0';
@@ -223,6 +225,7 @@ class Http {
     curl_easy_setopt(handle_, CURLOPT_CONNECTTIMEOUT_MS, ms);
     curl_easy_setopt(handle_, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM from resolver timeouts in threads
     curl_easy_setopt(handle_, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(handle_, CURLOPT_FRESH_CONNECT, fresh ? 1L : 0L);
     r.code = curl_easy_perform(handle_);
     long request_size = 0;
     curl_easy_getinfo(handle_, CURLINFO_REQUEST_SIZE, &request_size);
@@ -255,7 +258,7 @@ json call(Http& http, const std::string& who, const std::string& path, const jso
   std::string body = request.dump();
   Millis backoff = kFirstBackoff;
   for (;;) {
-    HttpResult r = http.post(path, body, deadline.left());
+    HttpResult r = http.post(path, body, deadline.left(), /*fresh=*/retry == Retry::kUnsent);
     std::string failure;
     if (r.code != CURLE_OK) {
       failure = r.curl_error;

@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -534,6 +536,109 @@ TEST(EtcdStore, SurvivesRestartWithinTimeout) {
       "[ etcd ] down %.1f s, restart took %.2f s; a get begun during the outage returned %.2f s after "
       "the crash\n",
       kDown, server.startup_s(), recovered);
+}
+
+// An HTTP server on loopback that answers the first `answered` requests with a transaction that
+// succeeded, then reads each later request and closes the connection without a reply: an etcd
+// that dies after receiving a request, when nobody can know whether it was applied.
+class DroppingServer {
+ public:
+  explicit DroppingServer(int answered) : answered_(answered) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      std::abort();
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~DroppingServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int c : conns_) ::shutdown(c, SHUT_RDWR);
+    for (auto& t : handlers_) t.join();
+    for (int c : conns_) ::close(c);
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_; }
+
+ private:
+  void serve() {  // a thread per connection: curl opens a fresh one while the old is kept alive
+    for (;;) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.push_back(c);
+      handlers_.emplace_back([this, c] { handle(c); });
+    }
+  }
+
+  void handle(int c) {
+    std::string in;
+    char buf[4096];
+    for (;;) {  // one request after another on a kept-alive connection
+      size_t head = in.find("\r\n\r\n");
+      size_t cl = in.find("Content-Length: ");
+      if (head != std::string::npos && cl != std::string::npos) {
+        size_t total = head + 4 + std::stoul(in.substr(cl + 16));
+        if (in.size() >= total) {
+          in.erase(0, total);
+          if (++requests_ > answered_) break;
+          std::string body = R"({"header":{},"succeeded":true})";
+          std::string reply =
+              "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+              "\r\n\r\n" + body;
+          if (::write(c, reply.data(), reply.size()) != static_cast<ssize_t>(reply.size())) break;
+          continue;
+        }
+      }
+      ssize_t n = ::read(c, buf, sizeof(buf));
+      if (n <= 0) break;
+      in.append(buf, static_cast<size_t>(n));
+    }
+    ::shutdown(c, SHUT_RDWR);  // closed by the destructor, which may still shut it down
+  }
+
+  int answered_;
+  int fd_ = -1, port_ = 0;
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> handlers_;
+};
+
+// add() is not idempotent: when the connection breaks after the request left, a retry could
+// count twice, so it fails at once and says so; set() is retried until its timeout.
+TEST(EtcdStore, AddNeverRetriesARequestThatMayHaveBeenApplied) {
+  DroppingServer server(/*answered=*/1);  // the token transaction of make_etcd_store
+  auto s = make_etcd_store(server.endpoint(), "p", "job", "r0", Millis(300));
+  auto t0 = Clock::now();
+  try {
+    s->add("n", 1);
+    FAIL() << "add() succeeded against a server that never answers";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "may or may not have been applied")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'n'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), server.endpoint())) << e.what();
+  }
+  EXPECT_LT(seconds_since(t0), 0.2);
+  EXPECT_EQ(server.requests(), 2);  // sent once, never again
+  t0 = Clock::now();
+  try {
+    s->set("k", Bytes{1});
+    FAIL() << "set() succeeded against a server that never answers";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "within 300 ms")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'k'")) << e.what();
+  }
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_GT(server.requests(), 3);  // retried
 }
 
 TEST(EtcdStore, UnreachableEndpointNamed) {
