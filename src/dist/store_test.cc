@@ -522,11 +522,26 @@ TEST(EtcdStore, SurvivesRestartWithinTimeout) {
       op_error = e.what();
     }
   });
+  // An add and a set begun during the outage, beside the get (the store takes several threads).
+  int64_t added_during = 0;
+  std::string add_error;
+  std::thread adder([&] {
+    try {
+      added_during = patient->add("m", 7);
+      patient->set("set during", Bytes{3});
+    } catch (const StoreError& e) {
+      add_error = e.what();
+    }
+  });
   std::this_thread::sleep_for(std::chrono::duration<double>(kDown));
   std::string restart_error = server.start();
   ops.join();
+  adder.join();
   ASSERT_EQ(restart_error, "");
   EXPECT_EQ(op_error, "");
+  EXPECT_EQ(add_error, "");
+  EXPECT_EQ(added_during, 7);
+  EXPECT_EQ(patient->get("set during", Millis(10)), Bytes{3});
   EXPECT_EQ(got, Bytes{1});
   EXPECT_EQ(added, 2);  // the first add was kept, this one counted once
   EXPECT_GE(recovered, kDown);
