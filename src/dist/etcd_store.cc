@@ -544,17 +544,9 @@ std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const st
   if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size() ||
       endpoint.find_first_of("/?# ") != std::string::npos)
     throw StoreError("etcd store: invalid endpoint '" + endpoint + "' (use HOST:PORT)");
-  // Leading and trailing '/' are dropped; every part must be a plain name.
-  size_t first = prefix.find_first_not_of('/');
-  size_t last = prefix.find_last_not_of('/');
-  std::string clean = first == std::string::npos ? "" : prefix.substr(first, last - first + 1);
-  bool ok = !clean.empty();
-  for (size_t begin = 0; ok && begin <= clean.size();) {
-    size_t end = std::min(clean.find('/', begin), clean.size());
-    ok = detail::valid_store_name(clean.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  if (!ok) throw StoreError("etcd store: invalid prefix '" + prefix + "' (use NAME[/NAME...] of [A-Za-z0-9_.-])");
+  std::string clean = detail::clean_store_prefix(prefix);
+  if (clean.empty())
+    throw StoreError("etcd store: invalid prefix '" + prefix + "' (use NAME[/NAME...] of [A-Za-z0-9_.-])");
   if (!detail::valid_store_name(job_token))
     throw StoreError("etcd store: invalid job token '" + job_token + "' (use [A-Za-z0-9_.-])");
   if (!detail::valid_store_name(round))

@@ -1,7 +1,6 @@
 // Rendezvous URLs (etcd://HOST:PORT/PREFIX, file://DIR) and the store each names.
 #include "dist/store.h"
 
-#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -25,10 +24,9 @@ StoreUrl parse_store_url(const std::string& url) {
   std::string rest = url.substr(7);
   size_t slash = rest.find('/');
   std::string authority = rest.substr(0, slash);
-  size_t first = slash == std::string::npos ? std::string::npos : rest.find_first_not_of('/', slash);
-  size_t last = rest.find_last_not_of('/');
-  if (first == std::string::npos || last < first) throw bad("no prefix");
-  out.prefix = rest.substr(first, last - first + 1);
+  if (slash == std::string::npos || rest.find_first_not_of('/', slash) == std::string::npos) throw bad("no prefix");
+  out.prefix = detail::clean_store_prefix(rest.substr(slash));
+  if (out.prefix.empty()) throw bad("bad prefix '" + rest.substr(slash) + "' (NAME[/NAME...] of [A-Za-z0-9_.-])");
   // HOST:PORT, or [IPv6]:PORT.
   size_t colon = authority.rfind(':');
   if (colon == std::string::npos) throw bad("no port");
@@ -39,12 +37,6 @@ StoreUrl parse_store_url(const std::string& url) {
   if (host.find_first_of("@?# ") != std::string::npos) throw bad("bad host '" + host + "'");
   bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
   if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) throw bad("bad port '" + port + "'");
-  for (size_t begin = 0; begin <= out.prefix.size();) {
-    size_t end = std::min(out.prefix.find('/', begin), out.prefix.size());
-    if (!detail::valid_store_name(out.prefix.substr(begin, end - begin)))
-      throw bad("bad prefix '" + out.prefix + "' (NAME[/NAME...] of [A-Za-z0-9_.-])");
-    begin = end + 1;
-  }
   out.endpoint = authority;
   return out;
 }
