@@ -41,8 +41,9 @@ std::unique_ptr<Store> make_file_store(const std::string& dir, const std::string
 
 // An etcd lease: keys set with it are deleted when it is revoked or expires, which it does `ttl`
 // after its holder last renewed it, so a dead or hung process's keys disappear by themselves.
-// A thread of its own renews it every ttl/3 over its own connection; a failed renewal is retried
-// at the next tick, so an etcd restart shorter than ~2/3 ttl costs nothing.
+// A thread of its own renews it every ttl/3 over its own connection and retries a failed renewal
+// every 200 ms, so etcd may be away for ~2/3 ttl without the lease expiring (and a restarted etcd
+// refreshes the leases it restores).
 class EtcdLease {
  public:
   // Stops renewing and revokes the lease (best effort, for at most min(the store's timeout, 2 s)):
@@ -63,9 +64,11 @@ class EtcdLease {
 // prefix. get() and wait() poll with a backoff from 2 ms to 100 ms. An unreachable etcd is
 // retried until the operation's deadline (its own timeout for get and wait, `timeout` for the
 // others), then a StoreError names the endpoint and the key. add() is a compare-and-swap on the
-// key's mod_revision; it retries only requests that provably never left this process, and throws
-// a StoreError ("may or may not have been applied") when the connection broke mid-request, since
-// a blind retry could count twice. Thread-safe: one connection, one request at a time.
+// key's mod_revision, each transaction on a fresh connection (curl would silently re-send a
+// request whose kept-alive connection died); it retries only requests that provably never left
+// this process, and throws a StoreError ("may or may not have been applied") when the connection
+// broke mid-request, since a blind retry could count twice. Thread-safe: one connection, one
+// request at a time.
 class EtcdStore : public Store {
  public:
   // Grants a lease (ttl rounded up to whole seconds) and starts renewing it.
