@@ -1,4 +1,5 @@
 // Store over a directory: one file per key, atomic publish by rename, add() under flock(2).
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 
 #include "dist/process_group.h"
 #include "dist/store.h"
+#include "dist/store_impl.h"
 
 namespace tessera::dist {
 namespace {
@@ -22,13 +24,9 @@ std::string sys_error(const std::string& what, const std::string& path) {
   return "file store: " + what + " " + path + ": " + std::strerror(errno);
 }
 
-// Token and round become directory names: refuse anything that could climb or nest.
 void check_name(const std::string& kind, const std::string& name) {
-  bool ok = !name.empty() && name != "." && name != "..";
-  for (char c : name) {
-    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
-  }
-  if (!ok) throw StoreError("file store: invalid " + kind + " '" + name + "' (use [A-Za-z0-9_.-])");
+  if (!detail::valid_store_name(name))
+    throw StoreError("file store: invalid " + kind + " '" + name + "' (use [A-Za-z0-9_.-])");
 }
 
 void make_dir(const std::string& path) {
@@ -50,6 +48,24 @@ std::string key_file(const std::string& key) {
     }
   }
   return out;
+}
+
+// The inverse of key_file, or false for a name that is not a key file.
+bool file_key(const std::string& name, std::string* key) {
+  if (name.rfind("k_", 0) != 0) return false;
+  key->clear();
+  for (size_t i = 2; i < name.size(); ++i) {
+    if (name[i] != '%') {
+      *key += name[i];
+      continue;
+    }
+    if (i + 2 >= name.size() || !std::isxdigit(static_cast<unsigned char>(name[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(name[i + 2])))
+      return false;
+    *key += static_cast<char>(std::stoi(name.substr(i + 1, 2), nullptr, 16));
+    i += 2;
+  }
+  return true;
 }
 
 bool read_file(const std::string& path, Bytes* out) {
@@ -98,12 +114,6 @@ std::string write_temp(const std::string& dir, const Bytes& value) {
   }
   if (::close(fd) != 0) throw StoreError(sys_error("cannot close", tmp));
   return tmp;
-}
-
-std::string join_keys(const std::vector<std::string>& keys) {
-  std::string s;
-  for (const auto& k : keys) s += (s.empty() ? "'" : ", '") + k + "'";
-  return s;
 }
 
 class FileStore final : public Store {
@@ -176,13 +186,25 @@ class FileStore final : public Store {
             if (!exists(k)) missing.push_back(k);
           return missing.empty();
         },
-        [&] { return "key(s) " + join_keys(missing); });
+        [&] { return "key(s) " + detail::join_keys(missing); });
   }
 
   bool check(const std::vector<std::string>& keys) override {
     for (const auto& k : keys)
       if (!exists(k)) return false;
     return true;
+  }
+
+  std::vector<std::string> list(const std::string& prefix) override {
+    DIR* d = ::opendir(dir_.c_str());
+    if (d == nullptr) throw StoreError(sys_error("cannot list", dir_));
+    std::vector<std::string> keys;
+    std::string key;
+    while (const dirent* e = ::readdir(d))
+      if (file_key(e->d_name, &key) && key.rfind(prefix, 0) == 0) keys.push_back(key);
+    ::closedir(d);
+    std::sort(keys.begin(), keys.end());
+    return keys;
   }
 
  private:

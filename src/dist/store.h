@@ -27,6 +27,9 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   // Whether every key exists now.
   virtual bool check(const std::vector<std::string>& keys) = 0;
+  // The keys of this round that start with `prefix` ("" for all), sorted bytewise. With leased
+  // keys (EtcdStore::set_with_lease) this answers "which agents are alive".
+  virtual std::vector<std::string> list(const std::string& prefix) = 0;
 };
 
 // A store in a directory of a local (or shared) file system: one file per key under
@@ -35,5 +38,61 @@ class Store {
 // Opening checks DIR/token, which the first process writes: a process with another token for the
 // same directory is refused with a StoreError. Token and round must match [A-Za-z0-9_.-]+.
 std::unique_ptr<Store> make_file_store(const std::string& dir, const std::string& job_token, const std::string& round);
+
+// An etcd lease: keys set with it are deleted when it is revoked or expires, which it does `ttl`
+// after its holder last renewed it, so a dead or hung process's keys disappear by themselves.
+// A thread of its own renews it every ttl/3 over its own connection and retries a failed renewal
+// every 200 ms, so etcd may be away for ~2/3 ttl without the lease expiring (and a restarted etcd
+// refreshes the leases it restores).
+class EtcdLease {
+ public:
+  // Stops renewing and revokes the lease (best effort, for at most min(the store's timeout, 2 s)):
+  // its keys go at once.
+  virtual ~EtcdLease() = default;
+  virtual int64_t id() const = 0;
+  // As granted: etcd raises a TTL below its minimum (~2 s with default election settings).
+  virtual Millis ttl() const = 0;
+  // False once a renewal found the lease gone (expired while etcd or this process was stalled).
+  virtual bool alive() const = 0;
+  // Stops renewing without revoking, as if the holder hung: its keys go after ttl.
+  virtual void stop_renewing() = 0;
+};
+
+// A store in etcd (v3 JSON gateway over HTTP, etcd >= 3.4): the key K of a round is the etcd key
+// /PREFIX/<job token>/<round>/K, and /PREFIX/token holds the job token, created by the first
+// opener in a transaction; an opener with another token is refused with a StoreError naming the
+// prefix. get() and wait() poll with a backoff from 2 ms to 100 ms. An unreachable etcd is
+// retried until the operation's deadline (its own timeout for get and wait, `timeout` for the
+// others), then a StoreError names the endpoint and the key. add() is a compare-and-swap on the
+// key's mod_revision, each transaction on a fresh connection (curl would silently re-send a
+// request whose kept-alive connection died); it retries only requests that provably never left
+// this process, and throws a StoreError ("may or may not have been applied") when the connection
+// broke mid-request, since a blind retry could count twice. Thread-safe: one connection, one
+// request at a time.
+class EtcdStore : public Store {
+ public:
+  // Grants a lease (ttl rounded up to whole seconds) and starts renewing it.
+  virtual std::unique_ptr<EtcdLease> grant_lease(Millis ttl) = 0;
+  // Sets key to value, attached to the lease: deleted with it.
+  virtual void set_with_lease(const std::string& key, const Bytes& value, const EtcdLease& lease) = 0;
+};
+
+// endpoint: "HOST:PORT" (plain HTTP); prefix: one or more '/'-separated names of [A-Za-z0-9_.-].
+std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const std::string& prefix,
+                                           const std::string& job_token, const std::string& round, Millis timeout);
+
+// A rendezvous URL (`tessera launch --rdzv URL`): etcd://HOST:PORT/PREFIX or file://DIR.
+struct StoreUrl {
+  enum class Kind { kFile, kEtcd } kind = Kind::kFile;
+  std::string dir;       // kFile
+  std::string endpoint;  // kEtcd: "HOST:PORT" ("[v6]:PORT" for IPv6)
+  std::string prefix;    // kEtcd: without leading or trailing '/'
+};
+// Throws ConfigError naming the URL.
+StoreUrl parse_store_url(const std::string& url);
+// The store a URL names; `timeout` bounds etcd operations without one of their own (the file
+// store does not need it). A dynamic_cast to EtcdStore reaches the leases.
+std::unique_ptr<Store> make_store(const std::string& url, const std::string& job_token, const std::string& round,
+                                  Millis timeout);
 
 }  // namespace tessera::dist

@@ -1,0 +1,51 @@
+// Rendezvous URLs (etcd://HOST:PORT/PREFIX, file://DIR) and the store each names.
+#include "dist/store.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "dist/store_impl.h"
+
+namespace tessera::dist {
+
+StoreUrl parse_store_url(const std::string& url) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError("rendezvous URL '" + url + "': " + why + " (use etcd://HOST:PORT/PREFIX or file://DIR)");
+  };
+  StoreUrl out;
+  if (url.rfind("file://", 0) == 0) {
+    out.kind = StoreUrl::Kind::kFile;
+    out.dir = url.substr(7);
+    if (out.dir.empty()) throw bad("no directory");
+    return out;
+  }
+  if (url.rfind("etcd://", 0) != 0) throw bad("unknown scheme");
+  out.kind = StoreUrl::Kind::kEtcd;
+  std::string rest = url.substr(7);
+  size_t slash = rest.find('/');
+  std::string authority = rest.substr(0, slash);
+  if (slash == std::string::npos || rest.find_first_not_of('/', slash) == std::string::npos) throw bad("no prefix");
+  out.prefix = detail::clean_store_prefix(rest.substr(slash));
+  if (out.prefix.empty()) throw bad("bad prefix '" + rest.substr(slash) + "' (NAME[/NAME...] of [A-Za-z0-9_.-])");
+  // HOST:PORT, or [IPv6]:PORT.
+  size_t colon = authority.rfind(':');
+  if (colon == std::string::npos) throw bad("no port");
+  std::string host = authority.substr(0, colon), port = authority.substr(colon + 1);
+  bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (host.empty() || (!bracketed && host.find_first_of("[]:") != std::string::npos))
+    throw bad("bad host '" + host + "'");
+  if (host.find_first_of("@?# ") != std::string::npos) throw bad("bad host '" + host + "'");
+  bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) throw bad("bad port '" + port + "'");
+  out.endpoint = authority;
+  return out;
+}
+
+std::unique_ptr<Store> make_store(const std::string& url, const std::string& job_token, const std::string& round,
+                                  Millis timeout) {
+  StoreUrl u = parse_store_url(url);
+  if (u.kind == StoreUrl::Kind::kFile) return make_file_store(u.dir, job_token, round);
+  return make_etcd_store(u.endpoint, u.prefix, job_token, round, timeout);
+}
+
+}  // namespace tessera::dist
