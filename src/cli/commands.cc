@@ -44,7 +44,7 @@ commands:
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
                  hybrid_shard, no_shard); --resume auto: continue from DIR's latest
                  checkpoint (any world size); SIGTERM saves a checkpoint and exits 0
-  launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv file://DIR --run-id ID [CONFIG] [options]
+  launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv URL --run-id ID [CONFIG] [options]
                  one agent per node: rendezvous, workers, hang watchdog, restarts from the
                  latest checkpoint (tessera launch --help)
   bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...

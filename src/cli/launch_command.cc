@@ -16,22 +16,26 @@ namespace tessera::cli {
 namespace {
 
 constexpr const char* kLaunchUsage =
-    "usage: tessera launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv file://DIR --run-id ID\n"
+    "usage: tessera launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv URL --run-id ID\n"
     "                      [--max-restarts R] [--monitor-interval S] [--hang-timeout S]\n"
-    "                      [--rdzv-timeout S] [--host ADDR] [--run-dir DIR] [CONFIG] [--set key=value]...\n"
-    "  one agent per node; every agent of a job has the same --rdzv, --run-id and TESSERA_JOB_TOKEN\n"
-    "  (environment). Workers train CONFIG into --run-dir (default runs/ID; on a file system all\n"
+    "                      [--kill-grace S] [--rdzv-timeout S] [--last-call S] [--host ADDR] [--run-dir DIR]\n"
+    "                      [CONFIG] [--set key=value]...\n"
+    "  one agent per node; every agent of a job has the same --rdzv (file://DIR on a shared file system,\n"
+    "  or etcd://HOST:PORT/PREFIX), --run-id and TESSERA_JOB_TOKEN (environment).\n"
+    "  Workers train CONFIG into --run-dir (default runs/ID; on a file system all\n"
     "  nodes see), resuming from its latest checkpoint after a failure, up to R restarts (default 3).\n"
-    "  --hang-timeout: seconds without a new step before a worker is killed (default 1800).\n"
+    "  --hang-timeout: seconds without a new step before a worker gets SIGTERM (default 1800), then\n"
+    "  SIGKILL after --kill-grace seconds (default 10).\n"
     "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
-    "  SIGTERM or SIGINT: the workers checkpoint and exit; the agent exits 0.\n";
+    "  SIGTERM or SIGINT: the workers checkpoint and exit 0; the agent exits 128 + the signal (143 or\n"
+    "  130: not finished, launch again to resume). Exit 0: training finished.\n";
 
 }  // namespace
 
 int cmd_launch(const Args& args) {
   const ParsedArgs a = parse_args(args, {"--nnodes", "--nproc-per-node", "--rdzv", "--run-id", "--max-restarts",
                                          "--monitor-interval", "--hang-timeout", "--rdzv-timeout", "--host",
-                                         "--run-dir", "--last-call"});
+                                         "--run-dir", "--last-call", "--kill-grace"});
   if (a.help) {
     std::fputs(kLaunchUsage, stdout);
     return kExitOk;
@@ -74,8 +78,9 @@ int cmd_launch(const Args& args) {
   o.hang_timeout_s = a.get_double("--hang-timeout", 1800);
   o.rdzv_timeout_s = a.get_double("--rdzv-timeout", 600);
   o.last_call_s = a.get_double("--last-call", 2);
+  o.kill_grace_s = a.get_double("--kill-grace", 10);
   if (o.max_restarts < 0 || o.monitor_interval_s <= 0 || o.hang_timeout_s <= 0 || o.rdzv_timeout_s <= 0 ||
-      o.last_call_s < 0) {
+      o.last_call_s < 0 || o.kill_grace_s < 0) {
     throw ConfigError("--max-restarts must be >= 0 and the intervals and timeouts > 0");
   }
   o.host = a.get("--host", "127.0.0.1");

@@ -84,6 +84,11 @@ class Agent {
   Outcome monitor(const Round& round);
   void kill_workers(int signo);
   void record_failure(const Worker& w, const Round& round);
+  void record_cause(int r, int code, const std::string& summary, bool consequence);
+  // With etcd: this agent's key in the round, leased, so that the others see it vanish when the
+  // agent dies or stops renewing; false when an agent of the round is gone.
+  void announce(const Round& round);
+  bool all_agents_alive(const Round& round);
   std::pair<int, std::string> read_failure(int r);  // exit code and summary of round r's cause
   void reap_all();
   std::string worker_summary(const Worker& w, const Round& round) const;
@@ -92,6 +97,8 @@ class Agent {
   std::unique_ptr<dist::Store> store_;
   std::string heartbeat_dir_;
   std::vector<Worker> workers_;
+  std::unique_ptr<dist::EtcdLease> lease_;
+  int alive_seen_ = 0;  // the most agents seen alive in the current round
   Clock::time_point round_start_;
   bool forwarded_stop_ = false;
 };
@@ -205,19 +212,46 @@ std::string Agent::worker_summary(const Worker& w, const Round& round) const {
 }
 
 void Agent::record_failure(const Worker& w, const Round& round) {
-  // A worker that lost a peer (exit 12) is a consequence; the summary that counts is the first
-  // other failure (a kill, a hang, an error), which its agent may record a moment later.
-  const int r = round.index;
   const std::string summary = worker_summary(w, round);
-  log::error("round {}: worker {}", r, summary);
-  const int code = exit_code_of(w.status);
-  const char* kind = code == kExitPeer ? "peer" : "cause";
+  log::error("round {}: worker {}", round.index, summary);
+  record_cause(round.index, exit_code_of(w.status), summary, exit_code_of(w.status) == kExitPeer);
+}
+
+void Agent::record_cause(int r, int code, const std::string& summary, bool consequence) {
+  // A worker that lost a peer (exit 12) is a consequence; the summary that counts is the first
+  // other failure (a kill, a hang, an error, a lost agent), which may be recorded a moment later.
+  const char* kind = consequence ? "peer" : "cause";
   if (store_->add(key(r, kind), 1) == 1) {
     const std::string record = fmt::format("{} {}", code, summary);
-    store_->set(key(r, kind == std::string("peer") ? "peer_failure" : "failure"),
-                dist::Bytes(record.begin(), record.end()));
+    store_->set(key(r, consequence ? "peer_failure" : "failure"), dist::Bytes(record.begin(), record.end()));
   }
   store_->add(key(r, "failed"), 1);
+}
+
+void Agent::announce(const Round& round) {
+  auto* etcd = dynamic_cast<dist::EtcdStore*>(store_.get());
+  if (etcd == nullptr) return;  // the file store has no liveness: lost agents show as lost workers
+  if (!lease_) lease_ = etcd->grant_lease(dist::Millis(static_cast<int64_t>(o_.agent_ttl_s * 1000)));
+  const std::string host = o_.host + " pid " + std::to_string(getpid());
+  etcd->set_with_lease(fmt::format("rdzv.{}.alive.{}", round.index, round.node_rank),
+                       dist::Bytes(host.begin(), host.end()), *lease_);
+}
+
+bool Agent::all_agents_alive(const Round& round) {
+  if (lease_ == nullptr) return true;
+  const std::vector<std::string> alive = store_->list(fmt::format("rdzv.{}.alive.", round.index));
+  const int seen = static_cast<int>(alive.size());
+  // Agents announce themselves as they start their workers: until every one has (or a lease's
+  // time has passed), a short count means "not yet", not "gone".
+  const bool settled = alive_seen_ >= round.nodes || seconds_since(round_start_) > o_.agent_ttl_s;
+  alive_seen_ = std::max(alive_seen_, seen);
+  if (seen >= round.nodes || (seen >= alive_seen_ && !settled)) return true;
+  const std::string summary = fmt::format("the agent of {} of {} node(s) is gone (its lease of {:.0f} s expired), {}",
+                                          round.nodes - static_cast<int>(alive.size()), round.nodes, o_.agent_ttl_s,
+                                          utc_now());
+  log::error("round {}: {}", round.index, summary);
+  record_cause(round.index, kExitPeer, summary, false);
+  return false;
 }
 
 std::pair<int, std::string> Agent::read_failure(int r) {
@@ -306,8 +340,8 @@ Agent::Outcome Agent::monitor(const Round& round) {
       return Outcome::kStopped;
     }
     if (all_ok) return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
-    // Another node's failure, a late node to take in, or a stop request for this node.
-    if (counter(r, "failed") > 0) {
+    // Another node's failure or a lost agent, a late node to take in, or a stop request.
+    if (counter(r, "failed") > 0 || !all_agents_alive(round)) {
       log::warn("round {}: another node failed; stopping this node's workers", r);
       kill_workers(SIGKILL);
       reap_all();
@@ -335,8 +369,8 @@ Agent::Outcome Agent::monitor(const Round& round) {
 
 int Agent::run() {
   const StopSignals stop;  // before any thread: workers and the store run alongside
-  const std::string dir = train::file_store_dir(o_.rdzv);
-  store_ = dist::make_file_store(dir, o_.job_token, "launch." + o_.run_id);
+  store_ = dist::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
+                            dist::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
   heartbeat_dir_ = fmt::format("{}/heartbeats.{}.{}", fs::temp_directory_path().string(), o_.run_id, getpid());
   fs::create_directories(heartbeat_dir_);
   struct Cleanup {
@@ -375,12 +409,20 @@ int Agent::run() {
     }
     log::info("round {}: node {} of {}, {} worker(s) per node, world size {}, restart {}/{}", r, round.node_rank,
               round.nodes, o_.nproc_per_node, round.nodes * o_.nproc_per_node, restarts, o_.max_restarts);
+    announce(round);
+    alive_seen_ = 0;
     start_workers(round, restarts);
     const Outcome outcome = monitor(round);
-    if (outcome == Outcome::kDone || outcome == Outcome::kStopped) {
+    if (outcome == Outcome::kDone) {
       store_->add(key(r, "done"), 1);
-      log::info("{}: this node's workers exited 0", outcome == Outcome::kDone ? "done" : "stopped");
+      log::info("done: this node's workers exited 0");
       return kExitOk;
+    }
+    if (outcome == Outcome::kStopped) {
+      // Not finished: 128 + the signal, as a process ended by it, so that a scheduler replaces
+      // this node (Kubernetes counts an exit 0 as a completed index) and the job resumes.
+      log::info("stopped by signal {}: the workers checkpointed; resume by launching again", StopSignals::received());
+      return 128 + StopSignals::received();
     }
     if (outcome == Outcome::kFailed) {
       const auto [code, summary] = read_failure(r);

@@ -9,10 +9,13 @@
 //   - a worker fails or hangs (no new step within hang_timeout: TERM, then KILL after a grace
 //     period): the agent names it in the store, stops its other workers, and every agent moves
 //     to round r + 1, restarting from the latest checkpoint, up to max_restarts;
+//   - with etcd, each agent holds a leased key in the round: when an agent dies its key lapses
+//     and the others restart into a new round (a replacement agent is taken in there);
 //   - an agent joins after a round closed: the others restart into a round that includes it
 //     (not counted as a failure), up to MAX nodes;
 //   - SIGTERM or SIGINT to an agent: preemption; its workers get SIGTERM, every rank stops after
-//     the same step and checkpoints, and the agents exit 0 when their workers have.
+//     the same step, checkpoints and exits 0; the agent then exits 128 + the signal (the job is
+//     not finished: a scheduler should start it again, and it resumes from that checkpoint).
 // Beyond max_restarts the agent exits with the first failure's exit code and prints a summary
 // (rank, signal or exit code, step, time). Exit codes 2 (configuration), 3 (data) and 4 (health
 // check) are never restarted: they would fail again.
@@ -38,6 +41,7 @@ struct LaunchOptions {
   double kill_grace_s = 10;          // between TERM and KILL
   double rdzv_timeout_s = 600;       // for MIN nodes to join
   double last_call_s = 2;            // after MIN nodes joined, how long to wait for more
+  double agent_ttl_s = 10;           // etcd: an agent whose lease lapses this long is gone
   std::string host = "127.0.0.1";    // this node's address for the workers' connections
   std::string run_dir;
   std::string config_path;           // passed on to the workers, with the overrides

@@ -25,11 +25,16 @@ ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& to
   if (world == 1) return;
   // Each group rendezvouses under its own key prefix, so the meshes never mix.
   auto group = [&](const std::string& name, int group_rank, int group_size) {
-    stores_.push_back(dist::make_file_store(store_dir, token, round + "." + name));
+    // A URL (file://DIR, etcd://HOST:PORT/PREFIX) or a plain directory for the file store.
+    stores_.push_back(store_dir.find("://") != std::string::npos
+                          ? dist::make_store(store_dir, token, round + "." + name, timeout)
+                          : dist::make_file_store(store_dir, token, round + "." + name));
     return dist::make_gloo_group(*stores_.back(), group_rank, group_size, host, timeout);
   };
   world_ = group("world", rank, world);
-  checkpoint_store_ = dist::make_file_store(store_dir, token, round + ".checkpoint");
+  checkpoint_store_ = store_dir.find("://") != std::string::npos
+                          ? dist::make_store(store_dir, token, round + ".checkpoint", timeout)
+                          : dist::make_file_store(store_dir, token, round + ".checkpoint");
   if (shard_size > 1 && shard_size < world) {
     shard_ = group(fmt::format("shard-{}", rank / shard_size), rank % shard_size, shard_size);
     replica_ = group(fmt::format("replica-{}", rank % shard_size), rank / shard_size, world / shard_size);
@@ -68,13 +73,6 @@ int env_int(const char* name, int min, int max) {
 
 }  // namespace
 
-std::string file_store_dir(const std::string& url) {
-  if (url.rfind("file://", 0) != 0 || url.size() == 7) {
-    throw ConfigError(fmt::format("rendezvous \"{}\": expected file://DIR", url));
-  }
-  return url.substr(7);
-}
-
 bool worker_env(WorkerEnv* out) {
   const char *rank_var, *world_var, *local_var;
   if (std::getenv("TESSERA_RANK") != nullptr) {
@@ -91,7 +89,8 @@ bool worker_env(WorkerEnv* out) {
   e.rank = env_int(rank_var, 0, e.world - 1);
   e.local_rank = std::getenv(local_var) != nullptr ? env_int(local_var, 0, e.world - 1) : 0;
   e.restart_count = std::getenv("TESSERA_RESTART_COUNT") != nullptr ? env_int("TESSERA_RESTART_COUNT", 0, 1 << 20) : 0;
-  e.rdzv_dir = file_store_dir(env_or("TESSERA_RDZV", ""));
+  e.rdzv = env_or("TESSERA_RDZV", "");
+  dist::parse_store_url(e.rdzv);  // ConfigError naming the URL
   e.job_token = env_or("TESSERA_JOB_TOKEN", "");
   if (e.job_token.empty()) throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");
   e.round = env_or("TESSERA_ROUND", env_or("SLURM_JOB_ID", "0") + "." + std::to_string(e.restart_count));

@@ -15,8 +15,8 @@ namespace tessera::train {
 
 class ProcessGroups {
  public:
-  // Rank `rank` of `world` joins round `round` of job `token` through the file store in
-  // store_dir. Shard group k is ranks [k S, (k+1) S); replica group j is ranks j, j+S, ...
+  // Rank `rank` of `world` joins round `round` of job `token` through the store `store_dir`
+  // names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a file store. Shard group k is ranks [k S, (k+1) S); replica group j is ranks j, j+S, ...
   ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
                 int world, int shard_size, dist::Millis timeout, const std::string& host = "127.0.0.1");
   ~ProcessGroups();
@@ -36,7 +36,7 @@ class ProcessGroups {
 // a store all ranks see (file://DIR on a shared file system) and TESSERA_JOB_TOKEN.
 struct WorkerEnv {
   int rank = 0, local_rank = 0, world = 1, restart_count = 0;
-  std::string rdzv_dir;            // the file store's directory
+  std::string rdzv;                // the store: file://DIR or etcd://HOST:PORT/PREFIX
   std::string job_token;
   std::string round = "0";         // the rendezvous round the worker's keys live under
   std::string heartbeat;           // a file the worker rewrites after every step ("" for none)
@@ -45,8 +45,6 @@ struct WorkerEnv {
 // Reads the worker environment; false when this process is not such a worker. Throws
 // ConfigError naming the variable that is missing or malformed.
 bool worker_env(WorkerEnv* out);
-// "file://DIR" -> DIR; throws ConfigError naming the URL for anything else.
-std::string file_store_dir(const std::string& url);
 
 // Shard group size a config asks for at `world` ranks.
 int shard_size_of(const config::Config& config, int world);

@@ -378,7 +378,7 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   }
   const std::string dataset = resolve_dataset(config);
   configure_threads(config);
-  ProcessGroups groups(env.rdzv_dir, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
+  ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
                        dist::Millis(config.parallel.timeout_ms), env.host);
   train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
 }
