@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "kernels/cpu/matmul.h"
+#include "launch/agent.h"
 #include "model/model_config.h"
 #include "tessera/build_config.h"
 #include "checkpoint/directory.h"
@@ -192,10 +193,20 @@ int cmd_train(const Args& args) {
     train::run_worker(c, a.get("--run-dir", ""), env, resume.empty() ? "auto" : resume);
     return kExitOk;
   }
+  if (resume == "none") throw ConfigError("--resume none is for workers started by an agent; omit --resume instead");
   std::string run_dir = a.get("--run-dir", "");
   if (run_dir.empty()) run_dir = resume.empty() ? new_run_dir() : "runs/latest";
   log::info("run directory {}", run_dir);
-  train::run_training(c, run_dir, resume);
+  if (c.parallel.nproc == 1) {
+    train::run_training(c, run_dir, resume);
+    return kExitOk;
+  }
+  const int rc = launch::run_local_job(c, run_dir, resume);
+  if (rc != 0) {
+    throw Error(fmt::format("training with {} workers failed (exit code {}); the lines above say why",
+                            c.parallel.nproc, rc),
+                static_cast<ExitCode>(rc));
+  }
   return kExitOk;
 }
 

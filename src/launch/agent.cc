@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/signals.h"
@@ -146,7 +147,7 @@ void Agent::start_workers(const Round& round, int restart_count) {
   std::vector<std::string> args = {"tessera", "train"};
   if (!o_.config_path.empty()) args.push_back(o_.config_path);
   for (const auto& [k, v] : overrides) args.insert(args.end(), {"--set", k + "=" + v});
-  args.insert(args.end(), {"--run-dir", o_.run_dir, "--resume", "auto"});
+  args.insert(args.end(), {"--run-dir", o_.run_dir, "--resume", o_.resume});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -380,8 +381,11 @@ int Agent::run() {
       fs::remove_all(dir, ec);
     }
   } cleanup{heartbeat_dir_};
-  // Validated and the dataset prepared once here, before any rendezvous or worker.
-  const config::Config base = config::load(o_.config_path, o_.overrides);
+  // Validated (at the smallest world size) and the dataset prepared once here, before any
+  // rendezvous or worker; each round validates again at its own world size.
+  config::Overrides at_min = o_.overrides;
+  at_min.emplace_back("parallel.nproc", std::to_string(o_.min_nodes * o_.nproc_per_node));
+  const config::Config base = config::load(o_.config_path, at_min);
   train::resolve_dataset(base);
 
   int r = 0;
@@ -422,7 +426,7 @@ int Agent::run() {
       // Not finished: 128 + the signal, as a process ended by it, so that a scheduler replaces
       // this node (Kubernetes counts an exit 0 as a completed index) and the job resumes.
       log::info("stopped by signal {}: the workers checkpointed; resume by launching again", StopSignals::received());
-      return 128 + StopSignals::received();
+      return o_.stopped_exit_code >= 0 ? o_.stopped_exit_code : 128 + StopSignals::received();
     }
     if (outcome == Outcome::kFailed) {
       const auto [code, summary] = read_failure(r);
@@ -448,5 +452,27 @@ int Agent::run() {
 }  // namespace
 
 int run_agent(const LaunchOptions& options) { return Agent(options).run(); }
+
+int run_local_job(const config::Config& config, const std::string& run_dir, const std::string& resume) {
+  LaunchOptions o;
+  o.nproc_per_node = static_cast<int>(config.parallel.nproc);
+  o.run_dir = run_dir;
+  o.rdzv = "file://" + run_dir + "/rendezvous";
+  o.run_id = "train";
+  o.job_token = fmt::format("job-{}-{}", getpid(), std::chrono::system_clock::now().time_since_epoch().count());
+  o.max_restarts = 0;
+  o.monitor_interval_s = 0.2;
+  o.config_path = run_dir + "/config.toml";
+  o.resume = resume.empty() ? "none" : resume;
+  o.stopped_exit_code = kExitOk;
+  std::error_code ec;
+  fs::remove_all(run_dir + "/rendezvous", ec);  // a crashed run's store, under another token
+  fs::create_directories(run_dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
+  write_file_atomic(o.config_path, config::to_toml(config));
+  const int rc = run_agent(o);
+  fs::remove_all(run_dir + "/rendezvous", ec);
+  return rc;
+}
 
 }  // namespace tessera::launch

@@ -46,9 +46,16 @@ struct LaunchOptions {
   std::string run_dir;
   std::string config_path;           // passed on to the workers, with the overrides
   config::Overrides overrides;
+  std::string resume = "auto";       // the workers' --resume: auto, none (a fresh run) or a path
+  int stopped_exit_code = -1;        // when stopped by a signal: -1 for 128 + the signal
 };
 
 // Runs the agent to the end of the job; returns the process exit code.
 int run_agent(const LaunchOptions& options);
+
+// `tessera train --nproc N`: the single-node case, N workers through a file store in
+// RUN/rendezvous under a fresh job token, no automatic restart; a stop by SIGTERM or SIGINT
+// (workers checkpointed) returns 0. `config` is written to RUN/config.toml for the workers.
+int run_local_job(const config::Config& config, const std::string& run_dir, const std::string& resume);
 
 }  // namespace tessera::launch

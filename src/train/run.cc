@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/directory.h"
+#include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
@@ -330,41 +331,17 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
   open_for_write(run_dir + "/config.toml") << config::to_toml(config);
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
-  const int nproc = static_cast<int>(config.parallel.nproc);
-  if (nproc == 1) {
-    const StopSignals stop;  // before the first thread starts
-    configure_threads(config);
-    train_worker(config, dataset, run_dir, resume, {});
-    return;
-  }
-  // Local workers rendezvous through a file store in the run directory under a fresh job token,
-  // the single-node case of the launcher. Each takes its share of the cores unless told.
-  config::Config worker_config = config;
-  if (worker_config.train.threads == 0) {
-    set_num_threads(0);
-    worker_config.train.threads = std::max(1, num_threads() / nproc);
-  }
-  const std::string store = run_dir + "/rendezvous";
-  const std::string token = fmt::format("job-{}-{}", getpid(), static_cast<int64_t>(now_seconds() * 1e3));
-  const int rc = run_local_workers(nproc, [&](int rank) {
-    const StopSignals stop;  // before the first thread starts
-    configure_threads(worker_config);
-    ProcessGroups groups(store, token, "0", rank, nproc, shard_size_of(worker_config, nproc),
-                         dist::Millis(worker_config.parallel.timeout_ms));
-    train_worker(worker_config, dataset, run_dir, resume, groups.view());
-    return 0;
-  });
-  fs::remove_all(store, ec);
-  if (rc != 0) {
-    throw Error(fmt::format("training with {} workers failed (exit code {}); the [rank N] lines above say why", nproc,
-                            rc),
-                static_cast<ExitCode>(rc));
-  }
+  // Several local workers are the single-node case of `tessera launch` (launch::run_local_job).
+  CHECK_MSG(config.parallel.nproc == 1, "run_training runs one process; launch::run_local_job runs several");
+  const StopSignals stop;  // before the first thread starts
+  configure_threads(config);
+  train_worker(config, dataset, run_dir, resume, {});
 }
 
 void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env,
-                const std::string& resume) {
+                std::string resume) {
   const StopSignals stop;  // before the first thread starts
+  if (resume == "none") resume.clear();
   log::set_rank(env.rank);
   if (config.parallel.nproc != env.world) {
     throw ConfigError(fmt::format("parallel.nproc = {} but this job has {} ranks (set parallel.nproc = {})",
@@ -374,7 +351,9 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
-    open_for_write(run_dir + "/config.toml") << config::to_toml(config);
+    // Atomically: the other workers may be reading this very file as their CONFIG right now
+    // (`tessera train --nproc N` starts them on RUN/config.toml).
+    write_file_atomic(run_dir + "/config.toml", config::to_toml(config));
   }
   const std::string dataset = resolve_dataset(config);
   configure_threads(config);

@@ -19,13 +19,13 @@ namespace tessera::train {
 // continues from RUN_DIR's latest checkpoint if there is one, else a checkpoint path. SIGTERM or
 // SIGINT finishes the step, saves a checkpoint and returns normally. Throws tessera::Error
 // subclasses for faults.
+// One process (parallel.nproc = 1); several are `launch::run_local_job`.
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume = "");
 
 // One rank of a job that something else started (`tessera launch`, Slurm, torchrun-style
 // variables: see WorkerEnv): joins the job's store round, trains, checkpoints. parallel.nproc
-// must equal the job's world size.
-void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env,
-                const std::string& resume);
+// must equal the job's world size. resume: as run_training's, "none" meaning "".
+void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume);
 
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.
