@@ -179,12 +179,25 @@ sockets=$(ss -tanpH 2>/dev/null | grep -F "pid=$worker," | awk '{print $4}' | so
 [[ -n $sockets ]] || fail "no socket found for worker $worker (ss -tanp)"
 for l in $sockets; do [[ $l == 127.0.0.1:* ]] || fail "a worker has a socket on $l"; done
 kill -TERM $agent
-rc=0
-wait $agent || rc=$?
-[[ $rc == 143 ]] || fail "guarded: SIGTERM to the agent ended in exit $rc, expected 143 (stopped, not finished)"
+stop_rc=0
+wait $agent || stop_rc=$?
+[[ $stop_rc == 143 ]] || fail "guarded: SIGTERM to the agent ended in exit $stop_rc, expected 143 (stopped, not finished)"
 grep -q "stopped at step" "$dir/guarded.log" || fail "guarded: the workers did not checkpoint on the stop"
 grep -q "stop requested" "$dir/guarded.log" || fail "guarded: the agent did not pass the stop on"
 echo "ok: row 16, a stray agent with another token refused (exit $rc); worker sockets only on loopback ($sockets); SIGTERM to the agent: workers checkpointed and exited 0, the agent 143"
+# --- workers started by Slurm (srun sets SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID) join a job
+# through TESSERA_RDZV without an agent; the result equals the 2-worker reference
+pids=()
+for r in 0 1; do
+  SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_JOB_ID=77 TESSERA_RDZV="file://$dir/rdzv-slurm" \
+    "$tessera" train "${train_args[@]}" --set parallel.nproc=2 --run-dir "$dir/slurm" 2>"$dir/slurm.$r.log" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || { cat "$dir/slurm.0.log" "$dir/slurm.1.log" | grep -v "info: step"; fail "slurm-style workers"; }; done
+[[ -s $dir/slurm/model.safetensors ]] || { cat "$dir/slurm.0.log"; fail "slurm-style workers: no result"; }
+same_run "$dir/ref" "$dir/slurm" "slurm-style workers"
+echo "ok: two workers started with Slurm's variables (no agent) train together; bitwise equal to the launched run"
+
 # --- two nodes on one machine through etcd (Debian etcd-server), 2 workers each: a worker killed
 # mid-step on one node; both agents restart their workers from the latest checkpoint
 if [[ -x /usr/bin/etcd ]]; then

@@ -383,8 +383,9 @@ int Agent::run() {
   } cleanup{heartbeat_dir_};
   // Validated (at the smallest world size) and the dataset prepared once here, before any
   // rendezvous or worker; each round validates again at its own world size.
-  config::Overrides at_min = o_.overrides;
-  at_min.emplace_back("parallel.nproc", std::to_string(o_.min_nodes * o_.nproc_per_node));
+  // (A parallel.nproc the user sets comes after, so a bad one is still rejected here.)
+  config::Overrides at_min = {{"parallel.nproc", std::to_string(o_.min_nodes * o_.nproc_per_node)}};
+  at_min.insert(at_min.end(), o_.overrides.begin(), o_.overrides.end());
   const config::Config base = config::load(o_.config_path, at_min);
   train::resolve_dataset(base);
 
