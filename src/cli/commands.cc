@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <ctime>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -109,11 +108,7 @@ config::Config load_config(const ParsedArgs& a) {
 // runs/YYYYmmdd-HHMMSS (UTC), with runs/latest pointing at it: every run gets its own directory.
 std::string new_run_dir() {
   namespace fs = std::filesystem;
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+  const std::string stamp = utc_now("%Y%m%d-%H%M%S");
   std::string name = stamp;
   std::error_code ec;
   for (int i = 2; fs::exists(fs::path("runs") / name, ec); ++i) name = fmt::format("{}-{}", stamp, i);

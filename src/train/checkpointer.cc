@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -29,15 +28,6 @@ namespace fs = std::filesystem;
 namespace ck = tessera::checkpoint;
 
 constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 dist::Bytes bytes_of(const std::string& s) { return dist::Bytes(s.begin(), s.end()); }
 std::string string_of(const dist::Bytes& b) { return std::string(b.begin(), b.end()); }
