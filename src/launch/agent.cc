@@ -55,6 +55,7 @@ struct Worker {
   std::string last_beat;  // its last content
   Clock::time_point progress;
   bool term_sent = false;
+  bool hung = false;  // the watchdog sent the SIGTERM
   Clock::time_point term_at;
 };
 
@@ -314,6 +315,7 @@ Agent::Outcome Agent::monitor(const Round& round) {
                    w.pid, seconds_since(w.progress));
         kill(w.pid, SIGTERM);
         w.term_sent = true;
+        w.hung = true;
         w.term_at = Clock::now();
       } else if (w.term_sent && seconds_since(w.term_at) > o_.kill_grace_s) {
         log::error("round {}: rank {} (pid {}) still there {:.0f} s after SIGTERM: SIGKILL", r, w.rank, w.pid,
@@ -331,7 +333,18 @@ Agent::Outcome Agent::monitor(const Round& round) {
       if (!all_ok) log::warn("stopped, but not every worker exited 0 (see above)");
       return Outcome::kStopped;
     }
-    if (all_ok) return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
+    if (all_ok) {
+      // A hung worker that got going again on SIGTERM stops the whole job at a checkpoint: that
+      // is a failure to restart from, not the end of training.
+      for (const Worker& w : workers_) {
+        if (!w.hung) continue;
+        record_cause(r, kExitPeer, fmt::format("rank {} made no progress for {:.0f} s and was stopped by the watchdog",
+                                               w.rank, o_.hang_timeout_s),
+                     false);
+        return Outcome::kFailed;
+      }
+      return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
+    }
     // Another node's failure or a lost agent, a late node to take in, or a stop request.
     if (counter(r, "failed") > 0 || !all_agents_alive(round)) {
       log::warn("round {}: another node failed; stopping this node's workers", r);
