@@ -130,4 +130,17 @@ TESSERA_FAULT=1:2:optimizer:hang run hang 12 --set parallel.timeout_ms=2000
 has hang '\[rank 0\] error: .*(all_gather|reduce_scatter|all_reduce) #[0-9]+ on rank 0 of 2 failed \([0-9]+ x f32\): .*Timed out'
 $py -c 'import sys; sys.exit(float(sys.argv[1]) > 20)' "$secs" || fail "hang: took ${secs}s"
 echo "ok: rank 1 hangs at optimizer of step 2: rank 0 times out after 2 s naming the operation, exit 12 in ${secs}s"
+# --- row 17: one slow rank (2 s sleep before each step's forward) is flagged within K steps;
+# a healthy run flags nobody
+TESSERA_FAULT='1:*:forward:slow' run straggler 0 --set train.max_steps=4 --set metrics.straggler_steps=2
+has straggler '\[rank 0\] warn: rank 1 is a straggler: busy 2\.[0-9]+ s per step'
+$py - "$dir/straggler/metrics.jsonl" "$dir/ref/metrics.jsonl" <<'PY' || fail "straggler: metrics"
+import json, sys
+slow, healthy = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+flagged = [r["step"] for r in slow if r.get("stragglers") == [1]]
+assert flagged and flagged[0] <= 2, flagged          # within K = 2 steps
+assert all(len(r["rank_busy_s"]) == 2 for r in slow)
+assert not any("stragglers" in r for r in healthy), "a healthy run flagged a straggler"
+PY
+echo "ok: row 17, a rank 2 s slower per step flagged as a straggler at step 2 (K = 2); the healthy run flags nobody"
 echo "PASS"

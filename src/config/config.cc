@@ -147,7 +147,8 @@ const std::vector<Key>& schema() {
       KEY(parallel, activation_checkpointing),
       KEY(checkpoint, save_final), KEY(checkpoint, interval_steps), KEY(checkpoint, interval_minutes),
       KEY(checkpoint, keep), KEY(checkpoint, fallback), KEY(checkpoint, mirror_dir), KEY(checkpoint, on_failure),
-      KEY(metrics, log_level), KEY(metrics, log_interval),
+      KEY(metrics, log_level), KEY(metrics, log_interval), KEY(metrics, straggler_factor),
+      KEY(metrics, straggler_steps),
   };
   return keys;
 }
@@ -355,6 +356,9 @@ void validate(const Config& c) {
   require(log::parse_level(c.metrics.log_level, &level), "metrics.log_level", c.metrics.log_level,
           "must be one of debug, info, warn, error");
   positive("metrics.log_interval", c.metrics.log_interval);
+  require(c.metrics.straggler_factor > 1 && std::isfinite(c.metrics.straggler_factor), "metrics.straggler_factor",
+          fmt::format("{}", c.metrics.straggler_factor), "must be a finite number > 1");
+  positive("metrics.straggler_steps", c.metrics.straggler_steps);
 }
 
 std::string to_toml(const Config& c) {

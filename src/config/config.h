@@ -82,6 +82,10 @@ struct CheckpointConfig {
 struct MetricsConfig {
   std::string log_level = "info";
   int64_t log_interval = 10;     // steps between progress lines
+  // A rank busier than straggler_factor x the median of the others for straggler_steps steps
+  // in a row is flagged as a straggler (log and metrics.jsonl).
+  double straggler_factor = 2.0;
+  int64_t straggler_steps = 5;
 };
 
 struct Config {

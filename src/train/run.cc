@@ -160,6 +160,45 @@ class Heartbeat {
   int fd_ = -1;
 };
 
+// RELIABILITY row 17: a rank whose busy time stays above `factor` x the median of the other
+// ranks' for `steps` steps in a row is a straggler (its peers spend that time waiting for it).
+class StragglerWatch {
+ public:
+  StragglerWatch(double factor, int64_t steps, int world) : factor_(factor), steps_(steps), run_(world, 0) {}
+  // The ranks flagged after this step; `newly` gets those flagged for the first time in a row.
+  std::vector<int> update(const std::vector<double>& busy, std::vector<int>* newly) {
+    std::vector<int> flagged;
+    newly->clear();
+    const int world = static_cast<int>(busy.size());
+    for (int r = 0; r < world && world > 1; ++r) {
+      others_.clear();
+      for (int o = 0; o < world; ++o) {
+        if (o != r) others_.push_back(busy[o]);
+      }
+      std::nth_element(others_.begin(), others_.begin() + others_.size() / 2, others_.end());
+      const double median = others_[others_.size() / 2];
+      run_[r] = busy[r] > factor_ * median ? run_[r] + 1 : 0;
+      if (run_[r] >= steps_) flagged.push_back(r);
+      if (run_[r] == steps_) newly->push_back(r);
+    }
+    return flagged;
+  }
+  double median_of_others(const std::vector<double>& busy, int rank) {
+    others_.clear();
+    for (int o = 0; o < static_cast<int>(busy.size()); ++o) {
+      if (o != rank) others_.push_back(busy[o]);
+    }
+    std::nth_element(others_.begin(), others_.begin() + others_.size() / 2, others_.end());
+    return others_[others_.size() / 2];
+  }
+
+ private:
+  double factor_;
+  int64_t steps_;
+  std::vector<int64_t> run_;  // consecutive slow steps per rank
+  std::vector<double> others_;
+};
+
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
                   const std::string& resume, const Distributed& dist, const std::string& heartbeat_path = "") {
@@ -243,6 +282,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
               why, stall * 1e3);
   };
   bool stopped = false;
+  StragglerWatch stragglers(config.metrics.straggler_factor, config.metrics.straggler_steps, dist.topology.world);
+  std::vector<int> new_stragglers;
   while (!finished()) {
     uint32_t raise = 0;
     if (StopSignals::received() != 0) raise |= kStopRequested;
@@ -264,6 +305,18 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                                      {"tokens_per_s", tokens_per_s},
                                      {"model_flops_per_s", tokens_per_s * flops_per_token}};
     if (eval) record["val_loss"] = val_loss;
+    const std::vector<double>& busy = trainer.rank_busy_seconds();
+    if (busy.size() > 1) {
+      record["rank_busy_s"] = busy;
+      const std::vector<int> slow = stragglers.update(busy, &new_stragglers);
+      if (!slow.empty()) record["stragglers"] = slow;
+      for (const int r : leader ? new_stragglers : std::vector<int>{}) {
+        log::warn("rank {} is a straggler: busy {:.3f} s per step against {:.3f} s (median of the others) for {} "
+                  "steps in a row (metrics.straggler_factor {}, metrics.straggler_steps {})",
+                  r, busy[r], stragglers.median_of_others(busy, r), config.metrics.straggler_steps,
+                  config.metrics.straggler_factor, config.metrics.straggler_steps);
+      }
+    }
     if (s.skipped_total > 0) record["skipped_steps"] = s.skipped_total;
     if (s.skipped) record["skipped"] = true;
     if (leader) {

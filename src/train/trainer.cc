@@ -66,7 +66,9 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       loader_(std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config.train.seed),
                                              loader_options(config, dist.topology), data::SamplerState{})),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
-      eval_targets_(config.micro_batch() * config.model.seq_len) {
+      eval_targets_(config.micro_batch() * config.model.seq_len),
+      rank_busy_(dist.topology.world, 0.0),
+      reduce_buffer_(1 + kSignalBits + dist.topology.world) {
   // The config's derived sizes (micro-batches per step) assume this world size.
   CHECK_MSG(config.parallel.nproc == dist.topology.world, "parallel.nproc must equal the world size");
   if (train_stream_) {
@@ -109,6 +111,7 @@ StepStats Trainer::step(uint32_t signals) {
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
   const int world = dist_.topology.world, rank = dist_.topology.rank;
+  const double waited0 = params_->exposed_comm_seconds();
   fault::point("forward", rank, step_ + 1);
   params_->begin_step();
   double loss = 0.0;
@@ -122,14 +125,25 @@ StepStats Trainer::step(uint32_t signals) {
   }
   loss /= static_cast<double>(accum);
   const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
-  if (dist_.world != nullptr) {  // every rank logs, and stops on, the same global loss and signals
+  // This rank's busy time so far (forward and backward, not the time spent waiting on
+  // collectives): a slow rank shows here, its peers only wait for it.
+  rank_busy_[rank] = now_seconds() - t0 - (params_->exposed_comm_seconds() - waited0);
+  if (dist_.world != nullptr) {
+    // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
+    // time: [loss / W, signal bits..., busy of rank 0..W-1] summed over ranks.
     constexpr int kBits = kSignalBits;
-    float sums[1 + kBits] = {static_cast<float>(loss / world)};
+    float* sums = reduce_buffer_.data();
+    std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
+    sums[0] = static_cast<float>(loss / world);
     for (int b = 0; b < kBits; ++b) sums[1 + b] = static_cast<float>(signals >> b & 1u);
-    dist_.world->all_reduce(sums, 1 + kBits, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    sums[1 + kBits + rank] = static_cast<float>(rank_busy_[rank]);
+    dist_.world->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), dist::DType::kF32,
+                            {dist::Millis(config_.parallel.timeout_ms)})
+        ->wait();
     loss = sums[0];
     signals = 0;
     for (int b = 0; b < kBits; ++b) signals |= sums[1 + b] > 0.0f ? 1u << b : 0u;
+    for (int r = 0; r < world; ++r) rank_busy_[r] = sums[1 + kBits + r];
   }
   const double grad_norm = params_->finish_step(poison);
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {

@@ -76,6 +76,9 @@ class Trainer {
   fsdp::ShardedParams& params() { return *params_; }
   int64_t steps_done() const { return step_; }
   TrainingState state() const { return {step_, tokens_, loader_->state().position}; }
+  // Each rank's busy seconds in the last step's forward and backward (wall time less the time
+  // spent waiting on collectives), as every rank learns them with the step's loss.
+  const std::vector<double>& rank_busy_seconds() const { return rank_busy_; }
   // Continues from `state`: the step count, tokens seen and the data position (the loader
   // restarts there). Parameters and moments are set through params().
   void restore(const TrainingState& state);
@@ -105,6 +108,8 @@ class Trainer {
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
+  std::vector<double> rank_busy_;     // world size
+  std::vector<float> reduce_buffer_;  // the step's all-reduce: 1 + kSignalBits + world floats
 };
 
 // Sets the process's thread count from the config and returns it.
