@@ -3,7 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <regex>
+#include <string>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -30,6 +30,13 @@ constexpr const char* kLaunchUsage =
     "  SIGTERM or SIGINT: the workers checkpoint and exit 0; the agent exits 128 + the signal (143 or\n"
     "  130: not finished, launch again to resume). Exit 0: training finished.\n";
 
+constexpr const char* kNameChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-";
+
+// 1 to max_length characters, each one of `allowed`.
+bool all_of_chars(const std::string& text, const char* allowed, size_t max_length) {
+  return !text.empty() && text.size() <= max_length && text.find_first_not_of(allowed) == std::string::npos;
+}
+
 }  // namespace
 
 int cmd_launch(const Args& args) {
@@ -46,12 +53,13 @@ int cmd_launch(const Args& args) {
   if (a.positional.size() > 1) throw ConfigError(fmt::format("expected at most one CONFIG\n{}", kLaunchUsage));
   launch::LaunchOptions o;
   const std::string nnodes = a.get("--nnodes", "");
-  std::smatch m;
-  if (!std::regex_match(nnodes, m, std::regex(R"((\d{1,6})(?::(\d{1,6}))?)"))) {
+  const size_t colon = nnodes.find(':');
+  const std::string min_text = nnodes.substr(0, colon), max_text = colon == std::string::npos ? min_text : nnodes.substr(colon + 1);
+  if (!all_of_chars(min_text, "0123456789", 6) || !all_of_chars(max_text, "0123456789", 6)) {
     throw ConfigError(fmt::format("--nnodes {}: expected MIN or MIN:MAX", nnodes));
   }
-  o.min_nodes = std::stoi(m[1]);
-  o.max_nodes = m[2].matched ? std::stoi(m[2]) : o.min_nodes;
+  o.min_nodes = std::stoi(min_text);
+  o.max_nodes = std::stoi(max_text);
   if (o.min_nodes < 1 || o.max_nodes < o.min_nodes) {
     throw ConfigError(fmt::format("--nnodes {}: need 1 <= MIN <= MAX", nnodes));
   }
@@ -61,7 +69,7 @@ int cmd_launch(const Args& args) {
   }
   o.rdzv = a.get("--rdzv", "");
   o.run_id = a.get("--run-id", "");
-  if (!std::regex_match(o.run_id, std::regex("[A-Za-z0-9_-]{1,64}"))) {
+  if (!all_of_chars(o.run_id, kNameChars, 64) || o.run_id.find('.') != std::string::npos) {
     throw ConfigError(fmt::format("--run-id \"{}\": use 1 to 64 of [A-Za-z0-9_-]", o.run_id));
   }
   const char* token = std::getenv("TESSERA_JOB_TOKEN");
@@ -70,7 +78,7 @@ int cmd_launch(const Args& args) {
                       "(e.g. export TESSERA_JOB_TOKEN=$(head -c 12 /dev/urandom | base64 | tr '+/' '-_'))");
   }
   o.job_token = token;
-  if (!std::regex_match(o.job_token, std::regex("[A-Za-z0-9_.-]{1,128}"))) {
+  if (!all_of_chars(o.job_token, kNameChars, 128)) {
     throw ConfigError("TESSERA_JOB_TOKEN: use 1 to 128 of [A-Za-z0-9_.-]");
   }
   o.max_restarts = static_cast<int>(a.get_int("--max-restarts", 3));
