@@ -98,7 +98,8 @@ class Agent {
 
 bool Agent::join(int r, Round* out) {
   const int64_t index = store_->add(key(r, "joined"), 1) - 1;
-  store_->set("current", dist::Bytes(std::to_string(r).begin(), std::to_string(r).end()));
+  const std::string round_text = std::to_string(r);
+  store_->set("current", dist::Bytes(round_text.begin(), round_text.end()));
   const dist::Millis timeout(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
   const Clock::time_point t0 = Clock::now();
   if (index == 0) {  // the first agent closes the round
