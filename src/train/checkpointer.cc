@@ -235,10 +235,17 @@ bool Checkpointer::write_and_commit(const Job& job) {
   } catch (const Error& e) {
     error = e.what();
   }
+  // Store calls run on this thread: a store error must end in a failed save, not std::terminate.
+  auto publish = [&](const std::string& k, const std::string& value) {
+    try {
+      dist_.store->set(k, bytes_of(value));
+    } catch (const Error& e) {
+      log::error("checkpoint step {}: cannot publish {} in the store: {}", job.step, k, e.what());
+    }
+  };
   if (dist_.store != nullptr) {
-    dist_.store->set(key(fmt::format("rank{}", rank)),
-                     bytes_of(error.empty() ? fmt::format("ok {} {}", digest.bytes, ck::hex64(digest.xxh64))
-                                            : "error " + error));
+    publish(key(fmt::format("rank{}", rank)),
+            error.empty() ? fmt::format("ok {} {}", digest.bytes, ck::hex64(digest.xxh64)) : "error " + error);
   }
   if (rank != 0) {  // rank 0 decides; everyone learns its answer
     std::string outcome;
@@ -292,9 +299,13 @@ bool Checkpointer::write_and_commit(const Job& job) {
       failure = e.what();
     }
   }
-  if (dist_.store != nullptr) dist_.store->set(key("outcome"), bytes_of(failure.empty() ? "committed" : failure));
+  if (dist_.store != nullptr) publish(key("outcome"), failure.empty() ? "committed" : failure);
   if (!failure.empty()) {
-    const int64_t latest = ck::read_latest(root_);
+    int64_t latest = -1;
+    try {
+      latest = ck::read_latest(root_);
+    } catch (const Error&) {  // named when a resume reads it
+    }
     log::error("checkpoint step {} failed: {}; {}", job.step, failure,
                latest >= 0 ? fmt::format("{} stays the latest", ck::step_dir_name(latest))
                            : std::string("there is no earlier checkpoint"));
