@@ -198,6 +198,19 @@ for p in "${pids[@]}"; do wait "$p" || { cat "$dir/slurm.0.log" "$dir/slurm.1.lo
 same_run "$dir/ref" "$dir/slurm" "slurm-style workers"
 echo "ok: two workers started with Slurm's variables (no agent) train together; bitwise equal to the launched run"
 
+# --- workers started torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rank
+# 0 serves a TCP store there; the result equals the 2-worker reference
+port=$($py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+pids=()
+for r in 1 0; do  # rank 1 first: its client waits for rank 0's server
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$tessera" train "${train_args[@]}" --set parallel.nproc=2 --run-dir "$dir/torchrun" 2>"$dir/torchrun.$r.log" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || { cat "$dir/torchrun.0.log" "$dir/torchrun.1.log" | grep -v "info: step"; fail "torchrun-style workers"; }; done
+same_run "$dir/ref" "$dir/torchrun" "torchrun-style workers"
+echo "ok: two workers started with torchrun's variables (MASTER_ADDR/MASTER_PORT: rank 0 serves a TCP store) train together; bitwise equal"
+
 # --- two nodes on one machine through etcd (Debian etcd-server), 2 workers each: a worker killed
 # mid-step on one node; both agents restart their workers from the latest checkpoint
 if [[ -x /usr/bin/etcd ]]; then

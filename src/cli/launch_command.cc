@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "dist/store.h"
 #include "launch/agent.h"
 
 namespace tessera::cli {
@@ -68,6 +69,11 @@ int cmd_launch(const Args& args) {
     throw ConfigError(fmt::format("--nproc-per-node {}: expected 1 to 1024", o.nproc_per_node));
   }
   o.rdzv = a.get("--rdzv", "");
+  if (dist::parse_store_url(o.rdzv).kind == dist::StoreUrl::Kind::kTcp) {
+    throw ConfigError(fmt::format("--rdzv {}: a tcp:// store is served by rank 0 of torchrun-style workers; agents "
+                                  "meet through file://DIR or etcd://HOST:PORT/PREFIX",
+                                  o.rdzv));
+  }
   o.run_id = a.get("--run-id", "");
   if (!all_of_chars(o.run_id, kNameChars, 64) || o.run_id.find('.') != std::string::npos) {
     throw ConfigError(fmt::format("--run-id \"{}\": use 1 to 64 of [A-Za-z0-9_-]", o.run_id));

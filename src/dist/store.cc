@@ -10,13 +10,25 @@ namespace tessera::dist {
 
 StoreUrl parse_store_url(const std::string& url) {
   auto bad = [&](const std::string& why) {
-    return ConfigError("rendezvous URL '" + url + "': " + why + " (use etcd://HOST:PORT/PREFIX or file://DIR)");
+    return ConfigError("rendezvous URL '" + url + "': " + why +
+                       " (use etcd://HOST:PORT/PREFIX, file://DIR or tcp://HOST:PORT)");
   };
   StoreUrl out;
   if (url.rfind("file://", 0) == 0) {
     out.kind = StoreUrl::Kind::kFile;
     out.dir = url.substr(7);
     if (out.dir.empty()) throw bad("no directory");
+    return out;
+  }
+  if (url.rfind("tcp://", 0) == 0) {
+    out.kind = StoreUrl::Kind::kTcp;
+    out.endpoint = url.substr(6);
+    const size_t colon = out.endpoint.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : out.endpoint.substr(colon + 1);
+    const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    if (colon == 0 || colon == std::string::npos || !digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      throw bad("expected tcp://HOST:PORT");
+    }
     return out;
   }
   if (url.rfind("etcd://", 0) != 0) throw bad("unknown scheme");
@@ -45,6 +57,7 @@ std::unique_ptr<Store> make_store(const std::string& url, const std::string& job
                                   Millis timeout) {
   StoreUrl u = parse_store_url(url);
   if (u.kind == StoreUrl::Kind::kFile) return make_file_store(u.dir, job_token, round);
+  if (u.kind == StoreUrl::Kind::kTcp) return make_tcp_store(u.endpoint, job_token, round, timeout);
   return make_etcd_store(u.endpoint, u.prefix, job_token, round, timeout);
 }
 

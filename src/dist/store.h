@@ -82,10 +82,33 @@ std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const st
                                            const std::string& job_token, const std::string& round, Millis timeout);
 
 // A rendezvous URL (`tessera launch --rdzv URL`): etcd://HOST:PORT/PREFIX or file://DIR.
+// A store kept in memory by one process of the job and served over TCP (torchrun's
+// MASTER_ADDR:MASTER_PORT): that process runs a TcpStoreServer, and every process (the server's
+// too) opens clients with make_tcp_store or make_store("tcp://HOST:PORT"). Keys live under the
+// client's round; the first client's job token claims the server and a client with another token
+// is refused with a StoreError naming both. Waiting polls. IPv4 only.
+class TcpStoreServer {
+ public:
+  // Listens on host:port (port 0: any free one); throws StoreError naming the address.
+  TcpStoreServer(const std::string& host, int port);
+  ~TcpStoreServer();  // stops accepting and closes every connection
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// Connects to a TcpStoreServer at "HOST:PORT", retrying until `timeout` (the server may start
+// later), and polls for keys it waits on.
+std::unique_ptr<Store> make_tcp_store(const std::string& endpoint, const std::string& job_token,
+                                      const std::string& round, Millis timeout);
+
 struct StoreUrl {
-  enum class Kind { kFile, kEtcd } kind = Kind::kFile;
+  enum class Kind { kFile, kEtcd, kTcp } kind = Kind::kFile;
   std::string dir;       // kFile
-  std::string endpoint;  // kEtcd: "HOST:PORT" ("[v6]:PORT" for IPv6)
+  std::string endpoint;  // kEtcd, kTcp: "HOST:PORT" ("[v6]:PORT" for IPv6 with etcd)
   std::string prefix;    // kEtcd: without leading or trailing '/'
 };
 // Throws ConfigError naming the URL.

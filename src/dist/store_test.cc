@@ -203,7 +203,11 @@ std::string test_prefix() {
 class StoreContract : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "etcd") {
+    if (GetParam() == "tcp") {
+      server_ = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+      url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
+      location_ = "127.0.0.1:" + std::to_string(server_->port());
+    } else if (GetParam() == "etcd") {
       SKIP_WITHOUT_ETCD();
       ASSERT_NE(shared_etcd(), nullptr) << "etcd did not start";
       url_ = "etcd://" + shared_etcd()->endpoint() + "/" + test_prefix();
@@ -219,6 +223,7 @@ class StoreContract : public ::testing::TestWithParam<std::string> {
 
   TempDir dir_;
   std::string url_, location_;
+  std::unique_ptr<TcpStoreServer> server_;  // "tcp": this process serves, as rank 0 would
 };
 
 TEST_P(StoreContract, SetGetAddWaitCheck) {
@@ -398,7 +403,7 @@ TEST_P(StoreContract, Latency) {
   EXPECT_LT(set_ms + get_ms + add_ms + check_ms, 100.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreContract, ::testing::Values("file", "etcd"),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreContract, ::testing::Values("file", "etcd", "tcp"),
                          [](const auto& param_info) { return param_info.param; });
 
 // ---------------------------------------------------------------------------------------------

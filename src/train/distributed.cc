@@ -79,7 +79,8 @@ bool worker_env(WorkerEnv* out) {
     rank_var = "TESSERA_RANK", world_var = "TESSERA_WORLD_SIZE", local_var = "TESSERA_LOCAL_RANK";
   } else if (std::getenv("SLURM_PROCID") != nullptr && std::getenv("TESSERA_RDZV") != nullptr) {
     rank_var = "SLURM_PROCID", world_var = "SLURM_NTASKS", local_var = "SLURM_LOCALID";
-  } else if (std::getenv("RANK") != nullptr && std::getenv("TESSERA_RDZV") != nullptr) {
+  } else if (std::getenv("RANK") != nullptr &&
+             (std::getenv("TESSERA_RDZV") != nullptr || std::getenv("MASTER_ADDR") != nullptr)) {
     rank_var = "RANK", world_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
   } else {
     return false;
@@ -89,7 +90,11 @@ bool worker_env(WorkerEnv* out) {
   e.rank = env_int(rank_var, 0, e.world - 1);
   e.local_rank = std::getenv(local_var) != nullptr ? env_int(local_var, 0, e.world - 1) : 0;
   e.restart_count = std::getenv("TESSERA_RESTART_COUNT") != nullptr ? env_int("TESSERA_RESTART_COUNT", 0, 1 << 20) : 0;
-  e.rdzv = env_or("TESSERA_RDZV", "");
+  // torchrun-style without TESSERA_RDZV: rank 0 serves a TCP store at MASTER_ADDR:MASTER_PORT.
+  e.rdzv = env_or("TESSERA_RDZV", std::getenv("MASTER_ADDR") == nullptr
+                                      ? ""
+                                      : "tcp://" + env_or("MASTER_ADDR", "") + ":" +
+                                            std::to_string(env_int("MASTER_PORT", 1, 65535)));
   dist::parse_store_url(e.rdzv);  // ConfigError naming the URL
   e.job_token = env_or("TESSERA_JOB_TOKEN", "");
   if (e.job_token.empty()) throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");

@@ -31,12 +31,13 @@ class ProcessGroups {
 
 // A worker of a job started by something else: `tessera launch` (TESSERA_RANK, TESSERA_WORLD_SIZE,
 // TESSERA_LOCAL_RANK, TESSERA_RDZV, TESSERA_JOB_TOKEN, TESSERA_ROUND, TESSERA_RESTART_COUNT,
-// TESSERA_HEARTBEAT, TESSERA_HOST), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or
-// torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK); the last two need TESSERA_RDZV naming
-// a store all ranks see (file://DIR on a shared file system) and TESSERA_JOB_TOKEN.
+// TESSERA_HEARTBEAT, TESSERA_HOST), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with
+// TESSERA_RDZV naming a store all ranks see) or torchrun-style variables (RANK, WORLD_SIZE,
+// LOCAL_RANK, and MASTER_ADDR/MASTER_PORT, where rank 0 then serves a TCP store, or
+// TESSERA_RDZV); all need TESSERA_JOB_TOKEN.
 struct WorkerEnv {
   int rank = 0, local_rank = 0, world = 1, restart_count = 0;
-  std::string rdzv;                // the store: file://DIR or etcd://HOST:PORT/PREFIX
+  std::string rdzv;                // the store: file://DIR, etcd://HOST:PORT/PREFIX or tcp://HOST:PORT
   std::string job_token;
   std::string round = "0";         // the rendezvous round the worker's keys live under
   std::string heartbeat;           // a file the worker rewrites after every step ("" for none)

@@ -410,9 +410,21 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   }
   const std::string dataset = resolve_dataset(config);
   configure_threads(config);
+  // torchrun-style: rank 0 serves the job's TCP store at MASTER_ADDR:MASTER_PORT.
+  std::unique_ptr<dist::TcpStoreServer> server;
+  const dist::StoreUrl url = dist::parse_store_url(env.rdzv);
+  if (url.kind == dist::StoreUrl::Kind::kTcp && env.rank == 0) {
+    const size_t colon = url.endpoint.rfind(':');
+    server = std::make_unique<dist::TcpStoreServer>(url.endpoint.substr(0, colon),
+                                                    std::stoi(url.endpoint.substr(colon + 1)));
+  }
   ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
                        dist::Millis(config.parallel.timeout_ms), env.host);
   train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
+  // The store may still be read (a checkpoint outcome) until every rank is done.
+  if (url.kind == dist::StoreUrl::Kind::kTcp && groups.view().world != nullptr) {
+    groups.view().world->barrier({dist::Millis(config.parallel.timeout_ms)})->wait();
+  }
 }
 
 }  // namespace tessera::train
