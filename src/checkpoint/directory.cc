@@ -68,6 +68,16 @@ void write_latest(const std::string& root, int64_t step) {
   write_file_atomic(root + "/latest", step_dir_name(step) + "\n");
 }
 
+std::string checkpoint_in(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  for (const fs::path& root : {fs::path(path), fs::path(path) / "checkpoints"}) {
+    const int64_t latest = read_latest(root.string());
+    if (latest >= 0) return (root / step_dir_name(latest)).string();
+  }
+  return "";
+}
+
 uint64_t remove_uncommitted(const std::string& root, int64_t in_progress) {
   uint64_t freed = 0;
   std::error_code ec;

@@ -175,14 +175,9 @@ int reshard_command(const ParsedArgs& a) {
   if (a.positional.size() != 2 || !a.flags.count("--nproc")) {
     throw ConfigError(fmt::format("reshard expects SRC DST --nproc N\n{}", kReshardUsage));
   }
-  const std::vector<std::string> dirs = step_dirs(a.positional[0]);
-  std::string src = dirs.back();
-  for (const fs::path& root : {fs::path(a.positional[0]), fs::path(a.positional[0]) / "checkpoints"}) {
-    if (const int64_t latest = checkpoint::read_latest(root.string()); latest >= 0) {
-      src = (root / checkpoint::step_dir_name(latest)).string();
-      break;
-    }
-  }
+  // The one `latest` names, else the newest committed one.
+  std::string src = checkpoint::checkpoint_in(a.positional[0]);
+  if (src.empty()) src = step_dirs(a.positional[0]).back();
   config::Overrides o = {{"parallel.nproc", a.get("--nproc", "1")}};
   o.insert(o.end(), a.overrides.begin(), a.overrides.end());
   for (const auto& [key, value] : o) {

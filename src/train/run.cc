@@ -58,28 +58,12 @@ std::string resolve_dataset(const config::Config& config) {
   return config.data.dataset;
 }
 
-namespace {
-
-// A committed checkpoint directory that `path` names (a step directory, a checkpoint root with
-// `latest`, or a run directory whose checkpoints have one); "" when it names none.
-std::string checkpoint_in(const fs::path& path) {
-  std::error_code ec;
-  if (fs::exists(path / "manifest.json", ec)) return path.string();
-  for (const fs::path& root : {path, path / "checkpoints"}) {
-    const int64_t latest = checkpoint::read_latest(root.string());
-    if (latest >= 0) return (root / checkpoint::step_dir_name(latest)).string();
-  }
-  return "";
-}
-
-}  // namespace
-
 TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer) {
   TrainedModel out;
   const fs::path path(checkpoint);
   const bool is_dir = fs::is_directory(path);
   const std::string weights = is_dir ? (path / "model.safetensors").string() : checkpoint;
-  const std::string sharded = is_dir && !fs::exists(weights) ? checkpoint_in(path) : "";
+  const std::string sharded = is_dir && !fs::exists(weights) ? checkpoint::checkpoint_in(checkpoint) : "";
   std::string config_text;
   fs::path dir = is_dir ? path : path.parent_path();
   if (!sharded.empty()) {
@@ -171,13 +155,7 @@ class StragglerWatch {
     newly->clear();
     const int world = static_cast<int>(busy.size());
     for (int r = 0; r < world && world > 1; ++r) {
-      others_.clear();
-      for (int o = 0; o < world; ++o) {
-        if (o != r) others_.push_back(busy[o]);
-      }
-      std::nth_element(others_.begin(), others_.begin() + others_.size() / 2, others_.end());
-      const double median = others_[others_.size() / 2];
-      run_[r] = busy[r] > factor_ * median ? run_[r] + 1 : 0;
+      run_[r] = busy[r] > factor_ * median_of_others(busy, r) ? run_[r] + 1 : 0;
       if (run_[r] >= steps_) flagged.push_back(r);
       if (run_[r] == steps_) newly->push_back(r);
     }
