@@ -18,6 +18,9 @@ packages=(
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)
   libtcmalloc-minimal4
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, its libFuzzer/sanitizer runtimes, its OpenMP
+  libcpp-httplib-dev  # the Prometheus endpoint
+  prometheus  # promtool and a real Prometheus server for the endpoint's tests
+  chromium fonts-dejavu-core  # the run report page's test (headless screenshot and DOM)
 )
 
 missing=()
