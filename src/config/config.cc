@@ -2,12 +2,12 @@
 #include "config/config.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <charconv>
 #include <cmath>
 #include <functional>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "core/error.h"
@@ -30,9 +30,12 @@ std::string show(const Value& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", x);
-        else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
-        else return fmt::format("{}", x);
+        if constexpr (std::is_same_v<T, std::string>)
+          return fmt::format("\"{}\"", x);
+        else if constexpr (std::is_same_v<T, bool>)
+          return x ? "true" : "false";
+        else
+          return fmt::format("{}", x);
       },
       v);
 }
@@ -68,7 +71,10 @@ T convert(const Assignment& a) {
     if (const int64_t* i = std::get_if<int64_t>(&a.value)) return static_cast<double>(*i);
   }
   static const char* kNames[] = {"a boolean", "an integer", "a number", "a string"};
-  constexpr size_t kIndex = std::is_same_v<T, bool> ? 0 : std::is_same_v<T, int64_t> ? 1 : std::is_same_v<T, double> ? 2 : 3;
+  constexpr size_t kIndex = std::is_same_v<T, bool>      ? 0
+                            : std::is_same_v<T, int64_t> ? 1
+                            : std::is_same_v<T, double>  ? 2
+                                                         : 3;
   fail(a, fmt::format("expected {}", kNames[kIndex]));
 }
 
@@ -129,26 +135,66 @@ Key make_key(std::string name, T& (*field)(Config&)) {
 }
 
 #define KEY(section, field) \
-  make_key(#section "." #field, +[](Config& c) -> decltype(c.section.field)& { return c.section.field; })
+  make_key(                 \
+      #section "." #field, +[](Config& c) -> decltype(c.section.field)& { return c.section.field; })
 
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = {
-      KEY(model, preset), KEY(model, vocab_size), KEY(model, dim), KEY(model, n_layers), KEY(model, n_heads),
-      KEY(model, n_kv_heads), KEY(model, ffn_hidden), KEY(model, seq_len), KEY(model, rope_theta),
-      KEY(model, norm_eps), KEY(model, tied_embeddings), KEY(model, init_std),
-      KEY(train, batch_size), KEY(train, micro_batch_size), KEY(train, max_steps), KEY(train, max_tokens),
-      KEY(train, lr), KEY(train, min_lr), KEY(train, warmup_steps), KEY(train, weight_decay), KEY(train, beta1),
-      KEY(train, beta2), KEY(train, eps), KEY(train, grad_clip), KEY(train, on_nonfinite),
-      KEY(train, max_skipped_steps), KEY(train, seed), KEY(train, threads),
-      KEY(train, eval_interval), KEY(train, eval_batches), KEY(train, init_from),
-      KEY(data, dataset), KEY(data, cache_dir), KEY(data, synthetic),
-      KEY(parallel, nproc), KEY(parallel, strategy), KEY(parallel, shard_group_size), KEY(parallel, timeout_ms),
-      KEY(parallel, param_dtype), KEY(parallel, reduce_dtype),
+      KEY(model, preset),
+      KEY(model, vocab_size),
+      KEY(model, dim),
+      KEY(model, n_layers),
+      KEY(model, n_heads),
+      KEY(model, n_kv_heads),
+      KEY(model, ffn_hidden),
+      KEY(model, seq_len),
+      KEY(model, rope_theta),
+      KEY(model, norm_eps),
+      KEY(model, tied_embeddings),
+      KEY(model, init_std),
+      KEY(train, batch_size),
+      KEY(train, micro_batch_size),
+      KEY(train, max_steps),
+      KEY(train, max_tokens),
+      KEY(train, lr),
+      KEY(train, min_lr),
+      KEY(train, warmup_steps),
+      KEY(train, weight_decay),
+      KEY(train, beta1),
+      KEY(train, beta2),
+      KEY(train, eps),
+      KEY(train, grad_clip),
+      KEY(train, on_nonfinite),
+      KEY(train, max_skipped_steps),
+      KEY(train, seed),
+      KEY(train, threads),
+      KEY(train, eval_interval),
+      KEY(train, eval_batches),
+      KEY(train, init_from),
+      KEY(data, dataset),
+      KEY(data, cache_dir),
+      KEY(data, synthetic),
+      KEY(parallel, nproc),
+      KEY(parallel, strategy),
+      KEY(parallel, shard_group_size),
+      KEY(parallel, timeout_ms),
+      KEY(parallel, param_dtype),
+      KEY(parallel, reduce_dtype),
       KEY(parallel, activation_checkpointing),
-      KEY(checkpoint, save_final), KEY(checkpoint, interval_steps), KEY(checkpoint, interval_minutes),
-      KEY(checkpoint, keep), KEY(checkpoint, fallback), KEY(checkpoint, mirror_dir), KEY(checkpoint, on_failure),
-      KEY(metrics, log_level), KEY(metrics, log_interval), KEY(metrics, straggler_factor),
+      KEY(checkpoint, save_final),
+      KEY(checkpoint, interval_steps),
+      KEY(checkpoint, interval_minutes),
+      KEY(checkpoint, keep),
+      KEY(checkpoint, fallback),
+      KEY(checkpoint, mirror_dir),
+      KEY(checkpoint, on_failure),
+      KEY(metrics, log_level),
+      KEY(metrics, log_interval),
+      KEY(metrics, straggler_factor),
       KEY(metrics, straggler_steps),
+      KEY(metrics, peak_flops),
+      KEY(metrics, prometheus_host),
+      KEY(metrics, prometheus_port),
   };
   return keys;
 }
@@ -198,11 +244,16 @@ void collect_toml(const std::string& path, const std::string* text, std::vector<
     }
     for (const auto& [name, item] : *table) {
       Assignment a{fmt::format("{}.{}", section.str(), name.str()), std::string(), false, path};
-      if (auto b = item.value<bool>(); b && item.is_boolean()) a.value = *b;
-      else if (item.is_integer()) a.value = *item.value<int64_t>();
-      else if (item.is_floating_point()) a.value = *item.value<double>();
-      else if (item.is_string()) a.value = *item.value<std::string>();
-      else throw ConfigError(fmt::format("config key {} ({}): unsupported value type", a.key, path));
+      if (auto b = item.value<bool>(); b && item.is_boolean())
+        a.value = *b;
+      else if (item.is_integer())
+        a.value = *item.value<int64_t>();
+      else if (item.is_floating_point())
+        a.value = *item.value<double>();
+      else if (item.is_string())
+        a.value = *item.value<std::string>();
+      else
+        throw ConfigError(fmt::format("config key {} ({}): unsupported value type", a.key, path));
       out->push_back(std::move(a));
     }
   }
@@ -307,7 +358,8 @@ void validate(const Config& c) {
           "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
           fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
   positive("parallel.timeout_ms", p.timeout_ms);
-  for (const auto& [key, value] : {std::pair{"parallel.param_dtype", p.param_dtype}, {"parallel.reduce_dtype", p.reduce_dtype}}) {
+  for (const auto& [key, value] :
+       {std::pair{"parallel.param_dtype", p.param_dtype}, {"parallel.reduce_dtype", p.reduce_dtype}}) {
     require(value == "fp32" || value == "bf16", key, value, "must be fp32 or bf16");
   }
   require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
@@ -346,7 +398,8 @@ void validate(const Config& c) {
   require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",
           "name a prepared dataset directory, \"bundled\", or set data.synthetic = true");
   const CheckpointConfig& k = c.checkpoint;
-  require(k.interval_steps >= 0, "checkpoint.interval_steps", fmt::format("{}", k.interval_steps), "must be >= 0 (0: off)");
+  require(k.interval_steps >= 0, "checkpoint.interval_steps", fmt::format("{}", k.interval_steps),
+          "must be >= 0 (0: off)");
   require(k.interval_minutes >= 0 && std::isfinite(k.interval_minutes), "checkpoint.interval_minutes",
           fmt::format("{}", k.interval_minutes), "must be a finite number >= 0 (0: off)");
   positive("checkpoint.keep", k.keep);
@@ -359,6 +412,12 @@ void validate(const Config& c) {
   require(c.metrics.straggler_factor > 1 && std::isfinite(c.metrics.straggler_factor), "metrics.straggler_factor",
           fmt::format("{}", c.metrics.straggler_factor), "must be a finite number > 1");
   positive("metrics.straggler_steps", c.metrics.straggler_steps);
+  require(std::isfinite(c.metrics.peak_flops), "metrics.peak_flops", fmt::format("{}", c.metrics.peak_flops),
+          "must be a finite number (FLOP/s per rank; 0: measure; < 0: no MFU)");
+  require(c.metrics.prometheus_port >= 0 && c.metrics.prometheus_port <= 65535, "metrics.prometheus_port",
+          fmt::format("{}", c.metrics.prometheus_port), "must be a TCP port in [0, 65535] (0: no endpoint)");
+  require(!c.metrics.prometheus_host.empty(), "metrics.prometheus_host", "\"\"",
+          "name an address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)");
 }
 
 std::string to_toml(const Config& c) {

@@ -16,7 +16,7 @@ struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
   int64_t micro_batch_size = 0;  // sequences per forward on one rank; 0: batch_size / nproc
   int64_t max_steps = 1000;
-  int64_t max_tokens = 0;        // 0: no token limit
+  int64_t max_tokens = 0;  // 0: no token limit
   double lr = 2e-3;
   double min_lr = 2e-4;
   int64_t warmup_steps = 50;
@@ -24,15 +24,15 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;        // global grad-norm clip; 0 disables
+  double grad_clip = 1.0;  // global grad-norm clip; 0 disables
   // A step whose global loss or gradient norm is not finite: "stop" the run (exit 11), or
   // "skip" its update (parameters and optimizer state unchanged; the batch is dropped).
   std::string on_nonfinite = "stop";
   int64_t max_skipped_steps = 5;  // with skip: the next non-finite step after this many in a row stops
   int64_t seed = 1234;
-  int64_t threads = 0;           // per process; 0: one per available core
-  int64_t eval_interval = 100;   // steps between validation losses (and at the end); 0: never
-  int64_t eval_batches = 8;      // global batches of the validation split per evaluation
+  int64_t threads = 0;          // per process; 0: one per available core
+  int64_t eval_interval = 100;  // steps between validation losses (and at the end); 0: never
+  int64_t eval_batches = 8;     // global batches of the validation split per evaluation
   // Initial weights instead of the seeded random init: a Hugging Face Llama directory
   // (config.json + safetensors), a run directory or a model.safetensors written by
   // `tessera train`. Its model shape must equal [model]'s; "" for random init.
@@ -44,11 +44,11 @@ struct DataConfig {
   // tokenized on first use into cache_dir.
   std::string dataset = "bundled";
   std::string cache_dir = "runs/cache";
-  bool synthetic = false;        // seeded random tokens of the model's vocabulary instead
+  bool synthetic = false;  // seeded random tokens of the model's vocabulary instead
 };
 
 struct ParallelConfig {
-  int64_t nproc = 1;             // local worker processes
+  int64_t nproc = 1;  // local worker processes
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
   std::string strategy = "full_shard";
@@ -69,23 +69,29 @@ struct ParallelConfig {
 // Sharded checkpoints in RUN/checkpoints (ARCHITECTURE.md, "Checkpoints"): saved every
 // interval_steps steps and/or every interval_minutes minutes, at the end, and on SIGTERM.
 struct CheckpointConfig {
-  bool save_final = true;        // write RUN/model.safetensors at the end of training
-  int64_t interval_steps = 0;    // 0: no step interval
-  double interval_minutes = 30;  // 0: no time interval; with both 0, only SIGTERM saves
-  int64_t keep = 3;              // committed checkpoints kept; the newest is never deleted
-  bool fallback = true;          // resume skips a damaged checkpoint for the previous committed one
-  std::string mirror_dir;        // after each commit, copied (and verified) here in the background
+  bool save_final = true;               // write RUN/model.safetensors at the end of training
+  int64_t interval_steps = 0;           // 0: no step interval
+  double interval_minutes = 30;         // 0: no time interval; with both 0, only SIGTERM saves
+  int64_t keep = 3;                     // committed checkpoints kept; the newest is never deleted
+  bool fallback = true;                 // resume skips a damaged checkpoint for the previous committed one
+  std::string mirror_dir;               // after each commit, copied (and verified) here in the background
   std::string on_failure = "continue";  // a failed save: "continue" training or "stop" (exit 10)
   bool enabled() const { return interval_steps > 0 || interval_minutes > 0; }
 };
 
 struct MetricsConfig {
   std::string log_level = "info";
-  int64_t log_interval = 10;     // steps between progress lines
+  int64_t log_interval = 10;  // steps between progress lines
   // A rank busier than straggler_factor x the median of the others for straggler_steps steps
   // in a row is flagged as a straggler (log and metrics.jsonl).
   double straggler_factor = 2.0;
   int64_t straggler_steps = 5;
+  // Per-rank peak FLOP/s that MFU is measured against: > 0 as given; 0 measured at start (CPU
+  // GEMM calibration; a GPU's datasheet peak); < 0 no MFU (docs/metrics.md).
+  double peak_flops = 0.0;
+  // Rank 0 serves Prometheus metrics on prometheus_host:prometheus_port (0: off).
+  std::string prometheus_host = "127.0.0.1";
+  int64_t prometheus_port = 0;
 };
 
 struct Config {

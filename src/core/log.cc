@@ -1,20 +1,33 @@
-// Leveled logging to stderr with an optional rank prefix.
+// Leveled logging to stderr and a log file, with an optional rank prefix and a progress line.
 #include "core/log.h"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+
+#include "core/timer.h"
 
 namespace tessera::log {
 namespace {
 std::atomic<Level> g_level{Level::kInfo};
+std::atomic<Level> g_console_level{Level::kDebug};
 std::atomic<int> g_rank{-1};
-std::mutex g_mutex;
+std::atomic<bool> g_progress_shown{false};
+std::mutex g_mutex;  // guards the below and the output streams
+std::FILE* g_file = nullptr;
+int g_file_rank = 0;
+std::string g_progress;  // the progress line shown on stdout, if any
+
+constexpr const char* kClearLine = "\r\033[K";
 }  // namespace
 
 void set_level(Level l) { g_level = l; }
 Level level() { return g_level; }
+void set_console_level(Level l) { g_console_level = l; }
 void set_rank(int rank) { g_rank = rank; }
+bool progress_active() { return g_progress_shown; }
 
 bool parse_level(std::string_view name, Level* out) {
   static constexpr std::pair<std::string_view, Level> kNames[] = {
@@ -28,15 +41,52 @@ bool parse_level(std::string_view name, Level* out) {
   return false;
 }
 
-void write(Level l, std::string_view message) {
+bool open_file(const std::string& path, int rank) {
+  std::FILE* f = path.empty() ? nullptr : std::fopen(path.c_str(), "a");
+  const int err = errno;
+  {
+    std::lock_guard lock(g_mutex);
+    if (g_file != nullptr) std::fclose(g_file);
+    g_file = f;
+    g_file_rank = rank;
+  }
+  if (!path.empty() && f == nullptr) warn("cannot write the log file {}: {}", path, std::strerror(err));
+  return path.empty() || f != nullptr;
+}
+
+void progress(std::string_view line) {
+  std::lock_guard lock(g_mutex);
+  if (line.empty()) {
+    if (!g_progress.empty()) std::fputs("\n", stdout);
+    g_progress.clear();
+  } else {
+    g_progress = line;
+    std::fprintf(stdout, "%s%s", kClearLine, g_progress.c_str());
+  }
+  std::fflush(stdout);
+  g_progress_shown = !g_progress.empty();
+}
+
+void write(Level l, std::string_view message, bool console) {
   static constexpr const char* kTags[] = {"debug", "info", "warn", "error"};
   const int rank = g_rank;
+  const std::string prefix = rank >= 0 ? fmt::format("[rank {}] ", rank) : std::string();
+  const char* tag = kTags[static_cast<int>(l)];
   std::lock_guard lock(g_mutex);
-  if (rank >= 0) {
-    std::fprintf(stderr, "[rank %d] %s: %.*s\n", rank, kTags[static_cast<int>(l)], static_cast<int>(message.size()),
-                 message.data());
-  } else {
-    std::fprintf(stderr, "%s: %.*s\n", kTags[static_cast<int>(l)], static_cast<int>(message.size()), message.data());
+  if (console && l >= g_console_level) {
+    // The log line goes above the progress line: clear it, log, redraw it.
+    if (!g_progress.empty()) std::fputs(kClearLine, stdout);
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s%s: %.*s\n", prefix.c_str(), tag, static_cast<int>(message.size()), message.data());
+    if (!g_progress.empty()) {
+      std::fputs(g_progress.c_str(), stdout);
+      std::fflush(stdout);
+    }
+  }
+  if (g_file != nullptr) {
+    std::fprintf(g_file, "%s [rank %d] %s: %.*s\n", utc_now().c_str(), g_file_rank, tag,
+                 static_cast<int>(message.size()), message.data());
+    std::fflush(g_file);
   }
 }
 

@@ -7,6 +7,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/parallel.h"
+#include "core/timer.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
@@ -216,6 +217,7 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
   const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
   float* dw_out = nullptr;
+  head_backward_seconds_ = 0.0;
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
   k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, N_, C, static_cast<float>(c.norm_eps));
@@ -230,12 +232,18 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
     linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, dscale);
     for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
-    if (with_grads) linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
+    if (with_grads) {
+      const double t0 = now_seconds();
+      linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
+      head_backward_seconds_ += now_seconds() - t0;
+    }
   }
   if (with_grads) {
+    const double t0 = now_seconds();
     std::memset(b_.dx, 0, sizeof(float) * N_ * C);
     float* dnorm = params.grads(head) + layout_.head_norm_offset();
     k::rms_norm_backward(b_.dx, dnorm, b_.dxn, b_.x_final, norm_w, b_.rstd_final, N_, C);
+    head_backward_seconds_ += now_seconds() - t0;
     params.grads_ready(head);
   }
   if (c.tied_embeddings) params.release(emb);
@@ -243,10 +251,18 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   return valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
 }
 
-double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets,
-                               float grad_scale) {
+double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
+  const double loss = forward(params, inputs, targets, grad_scale);
+  backward(params, inputs);
+  return loss;
+}
+
+double Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
   forward_blocks(params, inputs);
-  const double loss = head_loss(params, targets, true, grad_scale);
+  return head_loss(params, targets, true, grad_scale);
+}
+
+void Llama::backward(ParamSource& params, const int32_t* inputs) {
   const ModelConfig& c = layout_.config();
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
@@ -261,7 +277,6 @@ double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const
   const int emb = layout_.embedding_unit();
   k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim);
   params.grads_ready(emb);
-  return loss;
 }
 
 double Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {

@@ -36,6 +36,12 @@ class Llama {
   // grad_scale x (mean loss over valid targets) to the source's gradient buffers and returns the
   // mean loss.
   double forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // forward_backward in two halves, for timing them apart (call forward then backward, same inputs).
+  // forward: the loss and, fused with it chunk by chunk, the LM head's backward, whose seconds
+  // head_backward_seconds() returns; backward: the blocks' and the embedding's backward.
+  double forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
+  void backward(ParamSource& params, const int32_t* inputs);
+  double head_backward_seconds() const { return head_backward_seconds_; }
   // Mean loss without gradients.
   double forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets);
   // logits (B, T, V) for every position.
@@ -44,41 +50,41 @@ class Llama {
  private:
   struct BlockActs {
     bool recompute;  // the fields below x point into the shared recompute set
-    float* x;      // (N, C) block input: all a recompute needs
-    float* xn1;    // (N, C) attention-norm output
-    float* rstd1;  // (N)
-    float* qkv;    // (N, qkv_dim) after RoPE on q and k
-    float* att;    // (N, H*D) attention output before wo
-    float* lse;    // (B, H, T)
-    float* xmid;   // (N, C) residual after attention
-    float* xn2;    // (N, C)
-    float* rstd2;  // (N)
-    float* h13;    // (N, 2F) gate | up
-    float* g;      // (N, F) SwiGLU output
+    float* x;        // (N, C) block input: all a recompute needs
+    float* xn1;      // (N, C) attention-norm output
+    float* rstd1;    // (N)
+    float* qkv;      // (N, qkv_dim) after RoPE on q and k
+    float* att;      // (N, H*D) attention output before wo
+    float* lse;      // (B, H, T)
+    float* xmid;     // (N, C) residual after attention
+    float* xn2;      // (N, C)
+    float* rstd2;    // (N)
+    float* h13;      // (N, 2F) gate | up
+    float* g;        // (N, F) SwiGLU output
   };
   struct Buffers {
     std::vector<BlockActs> blocks;
     float* x_final;   // (N, C) output of the last block
     float* xn_final;  // (N, C)
     float* rstd_final;
-    float* rope;      // (T, D/2, 2)
+    float* rope;  // (T, D/2, 2)
     float* attn_ws;
-    float* logits;    // (chunk, V)
-    float* losses;    // (chunk)
-    float* dx;        // (N, C) gradient of the residual stream
-    float* dxn;       // (N, C) gradient of a norm's output
-    float* dqkv;      // (N, qkv_dim)
-    float* datt;      // (N, H*D)
-    float* dh13;      // (N, 2F)
-    float* dg;        // (N, F)
+    float* logits;         // (chunk, V)
+    float* losses;         // (chunk)
+    float* dx;             // (N, C) gradient of the residual stream
+    float* dxn;            // (N, C) gradient of a norm's output
+    float* dqkv;           // (N, qkv_dim)
+    float* datt;           // (N, H*D)
+    float* dh13;           // (N, 2F)
+    float* dg;             // (N, F)
     float* recompute_out;  // (N, C) where a recomputed block writes its (already known) output
     // bf16 only (null otherwise): a GEMM's activation input and its output gradient rounded to
     // bf16 just before the GEMM (rounded again in backward rather than saved per block: no
     // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
     // and norm gains widened from a bf16 image.
-    uint16_t* x16;    // (N, max(C, H*D, F))
-    uint16_t* dy16;   // (max(N max(C, qkv_dim, 2F), chunk V))
-    float* norm_w;    // (2, C)
+    uint16_t* x16;   // (N, max(C, H*D, F))
+    uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), chunk V))
+    float* norm_w;   // (2, C)
   };
   // One acquired unit as the kernels read it: its fp32 buffer, or (bf16) its bf16 image.
   struct UnitParams {
@@ -115,6 +121,7 @@ class Llama {
   bool bf16_;
   Arena arena_;
   Buffers b_{};
+  double head_backward_seconds_ = 0.0;  // in the last head_loss with gradients
 };
 
 }  // namespace tessera::model

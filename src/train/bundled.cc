@@ -29,9 +29,10 @@ std::string ensure_bundled_dataset(const std::string& cache_dir, int64_t vocab_s
 
   const std::string corpus = bundled_corpus_path();
   if (!fs::exists(corpus)) {
-    throw DataError(fmt::format("bundled corpus {} not found (set TESSERA_DATA_DIR to the directory holding "
-                                "kjv.txt.zst, or set data.dataset)",
-                                corpus));
+    throw DataError(
+        fmt::format("bundled corpus {} not found (set TESSERA_DATA_DIR to the directory holding "
+                    "kjv.txt.zst, or set data.dataset)",
+                    corpus));
   }
   std::error_code ec;
   fs::create_directories(cache_dir, ec);

@@ -397,8 +397,8 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     }
   }
   if (m.seed != static_cast<uint64_t>(trainer.config().train.seed)) {
-    log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir,
-              m.seed, trainer.config().train.seed);
+    log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir, m.seed,
+              trainer.config().train.seed);
   }
   fsdp::ShardedParams& params = trainer.params();
   for (int u = 0; u < layout.num_units(); ++u) {
@@ -451,7 +451,8 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   const int S = shard_size_of(stored, world);
   const model::ModelLayout layout(stored.model, 16 * S);
   if (layout.units().size() != m.units.size()) {
-    throw DataError(fmt::format("{}: {} units, its stored config describes {}", src, m.units.size(), layout.units().size()));
+    throw DataError(
+        fmt::format("{}: {} units, its stored config describes {}", src, m.units.size(), layout.units().size()));
   }
   const std::string dir = dst_root + "/" + ck::step_dir_name(m.step);
   std::error_code ec;
@@ -472,8 +473,8 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
       for (const char* kind : kKinds) {
         buffers.emplace_back(n);
         reader.read_slice(static_cast<int>(u), kind, k * n, n, buffers.back().data());
-        views.push_back({ck::Manifest::tensor_name(m.units[u].name, kind), buffers.back().data(),
-                         static_cast<uint64_t>(n)});
+        views.push_back(
+            {ck::Manifest::tensor_name(m.units[u].name, kind), buffers.back().data(), static_cast<uint64_t>(n)});
       }
     }
     const std::string name = ck::shard_file_name(k);

@@ -66,10 +66,10 @@ class Checkpointer {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  Job job_;                  // the save in flight (step -1: none)
-  bool busy_ = false;        // job_ is being written
-  bool outcome_ = true;      // of the last finished save
-  bool failed_ = false;      // a save failed since take_failure()
+  Job job_;              // the save in flight (step -1: none)
+  bool busy_ = false;    // job_ is being written
+  bool outcome_ = true;  // of the last finished save
+  bool failed_ = false;  // a save failed since take_failure()
   bool stop_ = false;
   std::deque<int64_t> mirror_queue_;
   std::thread writer_, mirror_;  // last: they start after everything above

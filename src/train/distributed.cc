@@ -19,8 +19,8 @@
 
 namespace tessera::train {
 
-ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round,
-                             int rank, int world, int shard_size, dist::Millis timeout, const std::string& host) {
+ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
+                             int world, int shard_size, dist::Millis timeout, const std::string& host) {
   topology_ = {world, rank, shard_size};
   if (world == 1) return;
   // Each group rendezvouses under its own key prefix, so the meshes never mix.
@@ -66,7 +66,8 @@ int env_int(const char* name, int min, int max) {
   char* end = nullptr;
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || v < min || v > max) {
-    throw ConfigError(fmt::format("environment variable {}=\"{}\": expected an integer in [{}, {}]", name, text, min, max));
+    throw ConfigError(
+        fmt::format("environment variable {}=\"{}\": expected an integer in [{}, {}]", name, text, min, max));
   }
   return static_cast<int>(v);
 }
@@ -91,13 +92,14 @@ bool worker_env(WorkerEnv* out) {
   e.local_rank = std::getenv(local_var) != nullptr ? env_int(local_var, 0, e.world - 1) : 0;
   e.restart_count = std::getenv("TESSERA_RESTART_COUNT") != nullptr ? env_int("TESSERA_RESTART_COUNT", 0, 1 << 20) : 0;
   // torchrun-style without TESSERA_RDZV: rank 0 serves a TCP store at MASTER_ADDR:MASTER_PORT.
-  e.rdzv = env_or("TESSERA_RDZV", std::getenv("MASTER_ADDR") == nullptr
-                                      ? ""
-                                      : "tcp://" + env_or("MASTER_ADDR", "") + ":" +
-                                            std::to_string(env_int("MASTER_PORT", 1, 65535)));
+  e.rdzv = env_or("TESSERA_RDZV",
+                  std::getenv("MASTER_ADDR") == nullptr
+                      ? ""
+                      : "tcp://" + env_or("MASTER_ADDR", "") + ":" + std::to_string(env_int("MASTER_PORT", 1, 65535)));
   dist::parse_store_url(e.rdzv);  // ConfigError naming the URL
   e.job_token = env_or("TESSERA_JOB_TOKEN", "");
-  if (e.job_token.empty()) throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");
+  if (e.job_token.empty())
+    throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");
   e.round = env_or("TESSERA_ROUND", env_or("SLURM_JOB_ID", "0") + "." + std::to_string(e.restart_count));
   e.heartbeat = env_or("TESSERA_HEARTBEAT", "");
   e.host = env_or("TESSERA_HOST", "127.0.0.1");

@@ -16,9 +16,10 @@ namespace tessera::train {
 class ProcessGroups {
  public:
   // Rank `rank` of `world` joins round `round` of job `token` through the store `store_dir`
-  // names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a file store. Shard group k is ranks [k S, (k+1) S); replica group j is ranks j, j+S, ...
-  ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
-                int world, int shard_size, dist::Millis timeout, const std::string& host = "127.0.0.1");
+  // names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a file store. Shard group k is ranks [k
+  // S, (k+1) S); replica group j is ranks j, j+S, ...
+  ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank, int world,
+                int shard_size, dist::Millis timeout, const std::string& host = "127.0.0.1");
   ~ProcessGroups();
   Distributed view() const;
 
@@ -37,7 +38,7 @@ class ProcessGroups {
 // TESSERA_RDZV); all need TESSERA_JOB_TOKEN.
 struct WorkerEnv {
   int rank = 0, local_rank = 0, world = 1, restart_count = 0;
-  std::string rdzv;                // the store: file://DIR, etcd://HOST:PORT/PREFIX or tcp://HOST:PORT
+  std::string rdzv;  // the store: file://DIR, etcd://HOST:PORT/PREFIX or tcp://HOST:PORT
   std::string job_token;
   std::string round = "0";         // the rendezvous round the worker's keys live under
   std::string heartbeat;           // a file the worker rewrites after every step ("" for none)

@@ -10,9 +10,8 @@
 
 namespace tessera::train {
 
-std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt,
-                              int32_t eos, const SamplingOptions& options,
-                              const std::function<void(int32_t)>& on_token) {
+std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt, int32_t eos,
+                              const SamplingOptions& options, const std::function<void(int32_t)>& on_token) {
   CHECK(model.micro_batch() == 1 && !prompt.empty());
   const model::ModelConfig& c = model.layout().config();
   const int64_t T = c.seq_len, V = c.vocab_size;

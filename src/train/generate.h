@@ -20,8 +20,7 @@ struct SamplingOptions {
 // calling on_token for each new token; returns the new tokens. The model must have micro-batch 1.
 // Each token runs a full forward over the last seq_len tokens (no key/value cache: generation is
 // for looking at a model, not for serving it). Deterministic for a seed and thread count.
-std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt,
-                              int32_t eos, const SamplingOptions& options,
-                              const std::function<void(int32_t)>& on_token);
+std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt, int32_t eos,
+                              const SamplingOptions& options, const std::function<void(int32_t)>& on_token);
 
 }  // namespace tessera::train

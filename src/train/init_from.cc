@@ -16,7 +16,8 @@ namespace tessera::train {
 std::vector<checkpoint::NamedTensor> load_init_weights(const config::Config& config) {
   namespace fs = std::filesystem;
   const std::string& path = config.train.init_from;
-  if (!fs::exists(path)) throw ConfigError(fmt::format("config key train.init_from = \"{}\": no such file or directory", path));
+  if (!fs::exists(path))
+    throw ConfigError(fmt::format("config key train.init_from = \"{}\": no such file or directory", path));
   model::ModelConfig source;
   std::vector<checkpoint::NamedTensor> tensors;
   std::string origin;
@@ -34,9 +35,10 @@ std::vector<checkpoint::NamedTensor> load_init_weights(const config::Config& con
   const model::ModelConfig& m = config.model;
   auto check = [&](const char* key, auto mine, auto theirs) {
     if (mine != theirs) {
-      throw ConfigError(fmt::format("config key model.{} = {} does not match train.init_from = \"{}\" ({} has {}); set "
-                                    "model.{} = {}",
-                                    key, mine, path, origin, theirs, key, theirs));
+      throw ConfigError(
+          fmt::format("config key model.{} = {} does not match train.init_from = \"{}\" ({} has {}); set "
+                      "model.{} = {}",
+                      key, mine, path, origin, theirs, key, theirs));
     }
   };
   check("vocab_size", m.vocab_size, source.vocab_size);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint/directory.h"
 #include "core/check.h"
@@ -22,10 +23,12 @@
 #include "core/parallel.h"
 #include "core/signals.h"
 #include "core/timer.h"
+#include "tessera/build_config.h"
 #include "train/bundled.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
 #include "train/health.h"
+#include "train/reporter.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -37,13 +40,6 @@ std::ofstream open_for_write(const std::string& path) {
   std::ofstream out(path, std::ios::trunc);
   if (!out) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
   return out;
-}
-
-std::string format_count(double n) {
-  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
-  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
-  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
-  return fmt::format("{:.0f}", n);
 }
 
 }  // namespace
@@ -109,20 +105,6 @@ namespace {
 // Signals a rank raises in Trainer::step; all ranks act on their OR after the same step.
 enum : uint32_t { kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4 };
 
-// Keeps the records of steps up to `step` (a resumed run rewrites the ones after it).
-void truncate_metrics(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() <= step) {
-      kept += line + "\n";
-    }
-  }
-  write_file_atomic(path, kept);
-}
-
 // The step a worker has reached, for its agent's hang watchdog: "STEP\n" rewritten in place after
 // every step (no fsync: the agent reads it through the page cache). Inert without a path.
 class Heartbeat {
@@ -144,65 +126,39 @@ class Heartbeat {
   int fd_ = -1;
 };
 
-// RELIABILITY row 17: a rank whose busy time stays above `factor` x the median of the other
-// ranks' for `steps` steps in a row is a straggler (its peers spend that time waiting for it).
-class StragglerWatch {
- public:
-  StragglerWatch(double factor, int64_t steps, int world) : factor_(factor), steps_(steps), run_(world, 0) {}
-  // The ranks flagged after this step; `newly` gets those flagged for the first time in a row.
-  std::vector<int> update(const std::vector<double>& busy, std::vector<int>* newly) {
-    std::vector<int> flagged;
-    newly->clear();
-    const int world = static_cast<int>(busy.size());
-    for (int r = 0; r < world && world > 1; ++r) {
-      run_[r] = busy[r] > factor_ * median_of_others(busy, r) ? run_[r] + 1 : 0;
-      if (run_[r] >= steps_) flagged.push_back(r);
-      if (run_[r] == steps_) newly->push_back(r);
-    }
-    return flagged;
-  }
-  double median_of_others(const std::vector<double>& busy, int rank) {
-    others_.clear();
-    for (int o = 0; o < static_cast<int>(busy.size()); ++o) {
-      if (o != rank) others_.push_back(busy[o]);
-    }
-    std::nth_element(others_.begin(), others_.begin() + others_.size() / 2, others_.end());
-    return others_[others_.size() / 2];
-  }
-
- private:
-  double factor_;
-  int64_t steps_;
-  std::vector<int64_t> run_;  // consecutive slow steps per rank
-  std::vector<double> others_;
-};
-
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
                   const std::string& resume, const Distributed& dist, const std::string& heartbeat_path = "") {
   Heartbeat heartbeat(heartbeat_path);
   std::error_code ec;
   const bool leader = dist.topology.rank == 0;
+  // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
+  // only what goes wrong.
+  fs::create_directories(fs::path(run_dir) / "logs", ec);
+  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.topology.rank), dist.topology.rank);
+  if (!leader) log::set_console_level(log::Level::kWarn);
   const std::string config_toml = config::to_toml(config);
   Trainer trainer(config, dataset, dist);
-  if (!leader) log::set_level(std::max(log::level(), log::Level::kWarn));
   health_check(dist, config);  // every rank, before any time goes into training
   const model::ModelConfig& m = config.model;
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
             m.ffn_hidden, m.vocab_size, m.seq_len);
-  log::info("batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
-            "rank); memory per rank: state {} MB, activations {} MB",
-            config.train.batch_size, config.tokens_per_step(), dist.topology.world, num_threads(),
-            dist.topology.world > 1 ? config.parallel.strategy : "single process",
-            config.accumulation_steps(), config.micro_batch(),
-            trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+  log::info(
+      "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
+      "rank); memory per rank: state {} MB, activations {} MB",
+      config.train.batch_size, config.tokens_per_step(), dist.topology.world, num_threads(),
+      dist.topology.world > 1 ? config.parallel.strategy : "single process", config.accumulation_steps(),
+      config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
+  const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
+  if (!peak.known() && config.metrics.peak_flops == 0) log::warn("no peak FLOP/s known: MFU is not reported");
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
   const data::DatasetManifest* manifest = trainer.dataset();
-  if (manifest != nullptr && leader) {
+  if (manifest != nullptr) {
     const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
-    fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+    if (leader)
+      fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
     if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
     run_info["dataset"] = fs::absolute(dataset).string();
     run_info["tokenizer"] = "tokenizer.model";
@@ -213,14 +169,30 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     log::info("data: synthetic tokens (seed {})", config.train.seed);
   }
   if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
+  char host[256] = "";
+  ::gethostname(host, sizeof(host) - 1);
+  run_info.update({{"version", TESSERA_VERSION},
+                   {"started", utc_now()},
+                   {"host", host},
+                   {"world_size", dist.topology.world},
+                   {"strategy", dist.topology.world > 1 ? config.parallel.strategy : "single"},
+                   {"param_dtype", config.parallel.param_dtype},
+                   {"threads", num_threads()},
+                   {"preset", m.preset},
+                   {"parameters", model::parameter_count(m)},
+                   {"flops_per_token", model::flops_per_token(m)},
+                   {"tokens_per_step", config.tokens_per_step()},
+                   {"max_steps", config.train.max_steps}});
+  if (peak.known()) run_info.update({{"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source}});
   const std::string root = run_dir + "/checkpoints";
   std::vector<std::string> candidates;
   if (!resume.empty()) {
     candidates = resume_candidates(config, root, resume);
   } else if (const int64_t latest = checkpoint::read_latest(root); latest >= 0) {
-    throw ConfigError(fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
-                                  "train in another --run-dir",
-                                  root, checkpoint::step_dir_name(latest)));
+    throw ConfigError(
+        fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
+                    "train in another --run-dir",
+                    root, checkpoint::step_dir_name(latest)));
   }
   Checkpointer checkpointer(config, root, dist);
   if (!candidates.empty()) {
@@ -233,35 +205,17 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   } else if (resume == "auto") {
     log::info("no checkpoint in {}: starting from step 0", root);
   }
-  std::ofstream metrics;
-  if (leader) {
-    open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
-    if (trainer.steps_done() > 0) {
-      truncate_metrics(run_dir + "/metrics.jsonl", trainer.steps_done());
-      metrics.open(run_dir + "/metrics.jsonl", std::ios::app);
-      if (!metrics) throw IoError(fmt::format("cannot append to {}/metrics.jsonl", run_dir));
-    } else {
-      metrics = open_for_write(run_dir + "/metrics.jsonl");
-    }
-  }
-  const double flops_per_token = model::flops_per_token(m);
+  if (leader) open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
+  StepReporter reporter(config, run_dir, dist, peak, trainer.steps_done());
   const config::CheckpointConfig& ckpt = config.checkpoint;
-  const int64_t first_step = trainer.steps_done();
-  double val_loss = NAN, last_save = now_seconds();
+  double last_save = now_seconds();
   const double start = now_seconds();
+  std::optional<double> val_loss;
   auto finished = [&] {
     return trainer.steps_done() >= config.train.max_steps ||
            (config.train.max_tokens > 0 && trainer.state().tokens >= config.train.max_tokens);
   };
-  auto save = [&](const char* why) {
-    const double stall = checkpointer.save(trainer);
-    last_save = now_seconds();
-    log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", trainer.steps_done(),
-              why, stall * 1e3);
-  };
   bool stopped = false;
-  StragglerWatch stragglers(config.metrics.straggler_factor, config.metrics.straggler_steps, dist.topology.world);
-  std::vector<int> new_stragglers;
   while (!finished()) {
     uint32_t raise = 0;
     if (StopSignals::received() != 0) raise |= kStopRequested;
@@ -269,60 +223,43 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     if (checkpointer.take_failure() && ckpt.on_failure == "stop") raise |= kSaveFailed;
     const StepStats s = trainer.step(raise);
     heartbeat.beat(s.step);
-    const int64_t tokens = trainer.state().tokens;
     const bool last = finished();
-    const bool eval = config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last);
-    if (eval) val_loss = trainer.evaluate();
-    const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
-    nlohmann::ordered_json record = {{"step", s.step},
-                                     {"loss", s.loss},
-                                     {"lr", s.lr},
-                                     {"grad_norm", s.grad_norm},
-                                     {"tokens", tokens},
-                                     {"step_s", s.seconds},
-                                     {"tokens_per_s", tokens_per_s},
-                                     {"model_flops_per_s", tokens_per_s * flops_per_token}};
-    if (eval) record["val_loss"] = val_loss;
-    const std::vector<double>& busy = trainer.rank_busy_seconds();
-    if (busy.size() > 1) {
-      record["rank_busy_s"] = busy;
-      const std::vector<int> slow = stragglers.update(busy, &new_stragglers);
-      if (!slow.empty()) record["stragglers"] = slow;
-      for (const int r : leader ? new_stragglers : std::vector<int>{}) {
-        log::warn("rank {} is a straggler: busy {:.3f} s per step against {:.3f} s (median of the others) for {} "
-                  "steps in a row (metrics.straggler_factor {}, metrics.straggler_steps {})",
-                  r, busy[r], stragglers.median_of_others(busy, r), config.metrics.straggler_steps,
-                  config.metrics.straggler_factor, config.metrics.straggler_steps);
-      }
+    StepReporter::Extra extra;
+    if (config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last)) {
+      const double t0 = now_seconds();
+      val_loss = extra.val_loss = trainer.evaluate();
+      extra.eval_s = now_seconds() - t0;
     }
-    if (s.skipped_total > 0) record["skipped_steps"] = s.skipped_total;
-    if (s.skipped) record["skipped"] = true;
-    if (leader) {
-      metrics << record.dump() << '\n';
-      metrics.flush();
-    }
-    if (s.step % config.metrics.log_interval == 0 || eval || last) {
-      const double elapsed = now_seconds() - start;
-      const double eta = elapsed / static_cast<double>(s.step - first_step) *
-                         static_cast<double>(config.train.max_steps - s.step);
-      log::info("step {:>5}/{} loss {:.4f}{} lr {:.2e} grad_norm {:.3f} {} tok/s {:.1f} GFLOP/s eta {:.0f}s", s.step,
-                config.train.max_steps, s.loss, eval ? fmt::format(" val_loss {:.4f}", val_loss) : "", s.lr,
-                s.grad_norm, format_count(tokens_per_s), tokens_per_s * flops_per_token / 1e9, eta);
-    }
+    // Every rank decides alike: the signals are the OR over ranks.
+    const char* save = nullptr;
     if (s.signals & kSaveFailed) {
-      throw IoError(fmt::format("step {}: a checkpoint save failed and checkpoint.on_failure = stop; the last "
-                                "committed checkpoint is intact",
-                                s.step));
+      save = nullptr;  // stop below, keeping the last committed checkpoint
+    } else if (s.signals & kStopRequested) {
+      log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
+      save = "stop";
+    } else if (s.signals & kSaveDue) {
+      save = "time interval";
+    } else if (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) {
+      save = "step interval";
+    } else if (last && ckpt.enabled()) {
+      save = "end";
+    }
+    if (save != nullptr) {
+      extra.checkpoint_s = checkpointer.save(trainer);
+      last_save = now_seconds();
+      log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", s.step, save,
+                extra.checkpoint_s * 1e3);
+    }
+    reporter.report(trainer, s, extra);
+    if (s.signals & kSaveFailed) {
+      throw IoError(
+          fmt::format("step {}: a checkpoint save failed and checkpoint.on_failure = stop; the last "
+                      "committed checkpoint is intact",
+                      s.step));
     }
     if (s.signals & kStopRequested) {
-      log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
-      save("stop");
       stopped = true;
       break;
-    }
-    if ((s.signals & kSaveDue) || (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) ||
-        (last && ckpt.enabled())) {
-      save(s.signals & kSaveDue ? "time interval" : last ? "end" : "step interval");
     }
   }
   if (!checkpointer.wait()) {
@@ -330,7 +267,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       throw IoError("the last checkpoint save failed (see above); the previous committed checkpoint is intact");
     }
   }
-  if (leader && !metrics) throw IoError(fmt::format("cannot write {}/metrics.jsonl", run_dir));
+  reporter.finish();
   if (stopped) {
     log::info("stopped at step {} with checkpoint {}", trainer.steps_done(),
               checkpoint::step_dir_name(trainer.steps_done()));
@@ -346,11 +283,11 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   }
   log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(),
             format_count(static_cast<double>(trainer.state().tokens)), now_seconds() - start);
-  if (manifest != nullptr && !std::isnan(val_loss)) {
-    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) vs unigram entropy {:.4f} ({})", val_loss,
-              std::exp(val_loss), manifest->unigram_entropy,
-              val_loss < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - val_loss)
-                                                   : std::string("not below"));
+  if (manifest != nullptr && val_loss) {
+    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) vs unigram entropy {:.4f} ({})", *val_loss,
+              std::exp(*val_loss), manifest->unigram_entropy,
+              *val_loss < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - *val_loss)
+                                                    : std::string("not below"));
   }
 }
 
@@ -369,8 +306,7 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   train_worker(config, dataset, run_dir, resume, {});
 }
 
-void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env,
-                std::string resume) {
+void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume) {
   const StopSignals stop;  // before the first thread starts
   if (resume == "none") resume.clear();
   log::set_rank(env.rank);

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "metrics/memory.h"
 #include "optim/adamw.h"
 #include "train/init_from.h"
 
@@ -56,27 +57,27 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       val_stream_(open_split(dataset_dir, "val")),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
       synthetic_val_(static_cast<uint64_t>(config.train.seed) + 1, config.model.vocab_size),
-      train_reader_(train_stream_ ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) {
-        s->read(b, n, o);
-      })
-                                  : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) {
-                                      s->read(b, n, o);
-                                    })),
+      train_reader_(train_stream_
+                        ? Reader([s = train_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })
+                        : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })),
       train_tokens_(train_stream_ ? train_stream_->size() : SyntheticTokens::kLength),
       loader_(std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config.train.seed),
                                              loader_options(config, dist.topology), data::SamplerState{})),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
       eval_targets_(config.micro_batch() * config.model.seq_len),
       rank_busy_(dist.topology.world, 0.0),
-      reduce_buffer_(1 + kSignalBits + dist.topology.world) {
+      rank_rss_(dist.topology.world, 0),
+      rank_peak_rss_(dist.topology.world, 0),
+      reduce_buffer_(1 + kSignalBits + 3 * dist.topology.world) {
   // The config's derived sizes (micro-batches per step) assume this world size.
   CHECK_MSG(config.parallel.nproc == dist.topology.world, "parallel.nproc must equal the world size");
   if (train_stream_) {
     const data::DatasetManifest& m = train_stream_->manifest();
     if (m.vocab_size != config.model.vocab_size) {
-      throw ConfigError(fmt::format("config key model.vocab_size = {} does not match the dataset {} (tokenizer {} has "
-                                    "{} tokens); set model.vocab_size = {}",
-                                    config.model.vocab_size, dataset_dir, m.tokenizer_file, m.vocab_size, m.vocab_size));
+      throw ConfigError(
+          fmt::format("config key model.vocab_size = {} does not match the dataset {} (tokenizer {} has "
+                      "{} tokens); set model.vocab_size = {}",
+                      config.model.vocab_size, dataset_dir, m.tokenizer_file, m.vocab_size, m.vocab_size));
     }
     val_reader_ = [s = val_stream_.get()](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); };
     val_tokens_ = val_stream_->size();
@@ -111,51 +112,91 @@ StepStats Trainer::step(uint32_t signals) {
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
   const int world = dist_.topology.world, rank = dist_.topology.rank;
-  const double waited0 = params_->exposed_comm_seconds();
+  StepTimes times;
+  // Seconds since `t` less the communication waited for since `comm` (both moved on to now).
+  auto compute_since = [&](double& t, double& comm) {
+    const double now = now_seconds(), waited = params_->exposed_comm_seconds() - comm;
+    const double compute = now - t - waited;
+    times.comm += waited;
+    t = now;
+    comm += waited;
+    return compute;
+  };
   fault::point("forward", rank, step_ + 1);
+  double t = t0, comm = params_->exposed_comm_seconds();
   params_->begin_step();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
     params_->begin_micro_batch(a);
     const data::Loader::Batch batch = loader_->next();
+    times.data_wait += compute_since(t, comm);
     // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
     // gradient of the global batch's mean loss.
-    loss += model_.forward_backward(*params_, batch.inputs, batch.targets,
-                                    1.0f / static_cast<float>(accum * world));
+    loss += model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum * world));
+    times.forward += compute_since(t, comm) - model_.head_backward_seconds();
+    times.backward += model_.head_backward_seconds();
+    model_.backward(*params_, batch.inputs);
+    times.backward += compute_since(t, comm);
   }
   loss /= static_cast<double>(accum);
   const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
-  // This rank's busy time so far (forward and backward, not the time spent waiting on
-  // collectives): a slow rank shows here, its peers only wait for it.
-  rank_busy_[rank] = now_seconds() - t0 - (params_->exposed_comm_seconds() - waited0);
+  // This rank's busy time (forward and backward, not the time spent waiting on collectives or
+  // data): a slow rank shows here, its peers only wait for it.
+  rank_busy_[rank] = times.forward + times.backward;
+  rank_rss_[rank] = metrics::resident_bytes();
+  rank_peak_rss_[rank] = metrics::peak_resident_bytes();
   if (dist_.world != nullptr) {
     // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
-    // time: [loss / W, signal bits..., busy of rank 0..W-1] summed over ranks.
+    // time and memory: [loss / W, signal bits..., busy of rank 0..W-1, RSS MiB..., peak RSS MiB...]
+    // summed over ranks.
     constexpr int kBits = kSignalBits;
+    constexpr double kMiB = 1 << 20;
     float* sums = reduce_buffer_.data();
+    float* busy = sums + 1 + kBits;
+    float* rss = busy + world;
+    float* peak = rss + world;
     std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
     sums[0] = static_cast<float>(loss / world);
     for (int b = 0; b < kBits; ++b) sums[1 + b] = static_cast<float>(signals >> b & 1u);
-    sums[1 + kBits + rank] = static_cast<float>(rank_busy_[rank]);
-    dist_.world->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), dist::DType::kF32,
-                            {dist::Millis(config_.parallel.timeout_ms)})
+    busy[rank] = static_cast<float>(rank_busy_[rank]);
+    rss[rank] = static_cast<float>(std::round(static_cast<double>(rank_rss_[rank]) / kMiB));
+    peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
+    const double t_reduce = now_seconds();
+    dist_.world
+        ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), dist::DType::kF32,
+                     {dist::Millis(config_.parallel.timeout_ms)})
         ->wait();
+    times.comm += now_seconds() - t_reduce;
+    t = now_seconds();
     loss = sums[0];
     signals = 0;
     for (int b = 0; b < kBits; ++b) signals |= sums[1 + b] > 0.0f ? 1u << b : 0u;
-    for (int r = 0; r < world; ++r) rank_busy_[r] = sums[1 + kBits + r];
+    for (int r = 0; r < world; ++r) {
+      rank_busy_[r] = busy[r];
+      rank_rss_[r] = static_cast<int64_t>(rss[r] * kMiB);
+      rank_peak_rss_[r] = static_cast<int64_t>(peak[r] * kMiB);
+    }
   }
   const double grad_norm = params_->finish_step(poison);
+  times.optimizer += compute_since(t, comm);
+  // After the step count moved on (skipped or not).
+  auto stats = [&](bool skipped) {
+    return StepStats{
+        step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, config_.tokens_per_step(),
+        signals, skipped, skipped_total_};
+  };
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
     if (config_.train.on_nonfinite != "skip") {
-      throw NonFiniteError(what + "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
-                                  "train.on_nonfinite = \"skip\")");
+      throw NonFiniteError(what +
+                           "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
+                           "train.on_nonfinite = \"skip\")");
     }
     if (++skipped_in_a_row_ > config_.train.max_skipped_steps) {
-      throw NonFiniteError(fmt::format("{}: {} steps in a row were not finite (train.max_skipped_steps = {}); "
-                                       "parameters are unchanged (try a lower train.lr or train.grad_clip)",
-                                       what, skipped_in_a_row_, config_.train.max_skipped_steps));
+      throw NonFiniteError(
+          fmt::format("{}: {} steps in a row were not finite (train.max_skipped_steps = {}); "
+                      "parameters are unchanged (try a lower train.lr or train.grad_clip)",
+                      what, skipped_in_a_row_, config_.train.max_skipped_steps));
     }
     // The gradients are dropped (begin_step zeroes them); the schedule and data move on.
     ++skipped_total_;
@@ -163,21 +204,20 @@ StepStats Trainer::step(uint32_t signals) {
     tokens_ += config_.tokens_per_step();
     log::warn("{}: update skipped (train.on_nonfinite = skip; {} in a row, {} in all)", what, skipped_in_a_row_,
               skipped_total_);
-    return {step_, loss, schedule_.at(step_), grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals, true,
-            skipped_total_};
+    return stats(true);
   }
   skipped_in_a_row_ = 0;
   ++step_;
   tokens_ += config_.tokens_per_step();
-  const double lr = schedule_.at(step_);
   optim::AdamWConfig adam;
   adam.beta1 = config_.train.beta1;
   adam.beta2 = config_.train.beta2;
   adam.eps = config_.train.eps;
   adam.weight_decay = config_.train.weight_decay;
   fault::point("optimizer", rank, step_);
-  params_->apply_update(adam, lr, step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
-  return {step_, loss, lr, grad_norm, now_seconds() - t0, config_.tokens_per_step(), signals, false, skipped_total_};
+  params_->apply_update(adam, schedule_.at(step_), step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
+  times.optimizer += compute_since(t, comm);
+  return stats(false);
 }
 
 double Trainer::evaluate() {

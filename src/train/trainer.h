@@ -21,15 +21,26 @@
 
 namespace tessera::train {
 
+// Where a step's wall time went on this rank (docs/metrics.md, "Step time split"): compute
+// phases exclude the communication they waited for, which `comm` counts.
+struct StepTimes {
+  double data_wait = 0.0;  // the loader's next micro-batches
+  double forward = 0.0;    // forward and loss (the LM head's fused backward is in `backward`)
+  double backward = 0.0;
+  double comm = 0.0;       // exposed: blocked on gathers, reductions and the step's all-reduce
+  double optimizer = 0.0;  // gradient norm, clipping and AdamW, less their communication
+};
+
 struct StepStats {
-  int64_t step = 0;         // 1-based index of the step just taken
-  double loss = 0.0;        // mean over the global batch
+  int64_t step = 0;   // 1-based index of the step just taken
+  double loss = 0.0;  // mean over the global batch
   double lr = 0.0;
-  double grad_norm = 0.0;   // before clipping
+  double grad_norm = 0.0;  // before clipping
   double seconds = 0.0;
-  int64_t tokens = 0;       // tokens in this step (global)
-  uint32_t signals = 0;     // the OR over ranks of the signals passed to step()
-  bool skipped = false;     // non-finite loss or gradient norm, update skipped (train.on_nonfinite = skip)
+  StepTimes times;            // the split of `seconds` (the rest is bookkeeping)
+  int64_t tokens = 0;         // tokens in this step (global)
+  uint32_t signals = 0;       // the OR over ranks of the signals passed to step()
+  bool skipped = false;       // non-finite loss or gradient norm, update skipped (train.on_nonfinite = skip)
   int64_t skipped_total = 0;  // steps skipped so far in this process
 };
 
@@ -79,6 +90,10 @@ class Trainer {
   // Each rank's busy seconds in the last step's forward and backward (wall time less the time
   // spent waiting on collectives), as every rank learns them with the step's loss.
   const std::vector<double>& rank_busy_seconds() const { return rank_busy_; }
+  // Each rank's resident memory and its peak after the last step (bytes; MiB resolution when
+  // gathered from several ranks).
+  const std::vector<int64_t>& rank_resident_bytes() const { return rank_rss_; }
+  const std::vector<int64_t>& rank_peak_resident_bytes() const { return rank_peak_rss_; }
   // Continues from `state`: the step count, tokens seen and the data position (the loader
   // restarts there). Parameters and moments are set through params().
   void restore(const TrainingState& state);
@@ -108,8 +123,11 @@ class Trainer {
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
-  std::vector<double> rank_busy_;     // world size
-  std::vector<float> reduce_buffer_;  // the step's all-reduce: 1 + kSignalBits + world floats
+  std::vector<double> rank_busy_;                  // world size
+  std::vector<int64_t> rank_rss_, rank_peak_rss_;  // world size
+  // The step's all-reduce: loss, kSignalBits signals, then per rank busy seconds, RSS and peak
+  // RSS (MiB).
+  std::vector<float> reduce_buffer_;
 };
 
 // Sets the process's thread count from the config and returns it.

@@ -3,13 +3,12 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <new>
-
-#include <sys/resource.h>
 
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -40,8 +39,11 @@ namespace tessera::train {
 namespace {
 
 config::Config tiny(const config::Overrides& extra = {}) {
-  config::Overrides o = {{"model.preset", "tiny"}, {"train.batch_size", "8"}, {"train.threads", "2"},
-                         {"train.max_steps", "10"}, {"data.synthetic", "true"}};
+  config::Overrides o = {{"model.preset", "tiny"},
+                         {"train.batch_size", "8"},
+                         {"train.threads", "2"},
+                         {"train.max_steps", "10"},
+                         {"data.synthetic", "true"}};
   o.insert(o.end(), extra.begin(), extra.end());
   return config::load("", o);
 }
