@@ -138,8 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
 // backward needs no parameters), shard_grad_op gathers every unit once, and both reduce-scatter
 // every unit once; hybrid adds an all-reduce of the gradient shard across replicas; no_shard
 // all-reduces every unit's gradient. The gradient norm adds a one-float all-reduce;
-// the loss one of 1 + Trainer::kSignalBits + W floats (it carries the step's signals and every
-// rank's busy time).
+// the loss one of Trainer::step_reduce_floats(W) floats (it carries the step's signals and every
+// rank's busy time, RSS and peak RSS).
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -207,7 +207,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     // no_shard: every gradient, and the loss with the step's signal bits (replicas hold the whole
     // gradient: no norm reduction).
     EXPECT_EQ(sum_world_allreduce,
-              2 * (W - 1) * unit_elems * f + 2 * (W - 1) * (1 + train::Trainer::kSignalBits + W) * sizeof(float));
+              2 * (W - 1) * unit_elems * f + 2 * (W - 1) * train::Trainer::step_reduce_floats(W) * sizeof(float));
   } else if (S < W) {
     const int R = W / S;
     // Each of the S replica groups all-reduces its shard; the norm goes over the shard group.

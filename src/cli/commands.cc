@@ -2,32 +2,36 @@
 #include "cli/commands.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
+#include "checkpoint/directory.h"
 #include "cli/args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/timer.h"
 #include "kernels/cpu/matmul.h"
 #include "launch/agent.h"
+#include "metrics/memory.h"
 #include "model/model_config.h"
 #include "tessera/build_config.h"
-#include "checkpoint/directory.h"
-#include "core/timer.h"
 #include "train/checkpointer.h"
-#include "train/run.h"
 #include "train/distributed.h"
+#include "train/reporter.h"
+#include "train/run.h"
 #include "train/trainer.h"
 #if TESSERA_CUDA
 #include "kernels/cuda/device.h"
+#include "metrics/mfu.h"
 #endif
 
 namespace tessera::cli {
@@ -85,8 +89,8 @@ std::string cpu_model_and_flags(std::string* flags_out) {
   }
   std::istringstream words(flags);
   std::string w, picked;
-  static const char* kInteresting[] = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                                       "avx512_vnni", "amx_tile", "amx_bf16"};
+  static const char* kInteresting[] = {"avx2",        "fma",         "avx512f",  "avx512bw", "avx512vl",
+                                       "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"};
   while (words >> w) {
     if (std::find(std::begin(kInteresting), std::end(kInteresting), w) != std::end(kInteresting)) {
       picked += (picked.empty() ? "" : " ") + w;
@@ -97,7 +101,8 @@ std::string cpu_model_and_flags(std::string* flags_out) {
 }
 
 config::Config load_config(const ParsedArgs& a) {
-  if (a.positional.size() > 1) throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
+  if (a.positional.size() > 1)
+    throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
   config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
   log::Level level;
   log::parse_level(c.metrics.log_level, &level);
@@ -124,12 +129,6 @@ std::string new_run_dir() {
   return (fs::path("runs") / name).string();
 }
 
-int64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;
-}
-
 }  // namespace
 
 int cmd_info(const Args& args) {
@@ -151,11 +150,16 @@ int cmd_info(const Args& args) {
 #if TESSERA_CUDA
   std::string error;
   const auto devices = kernels::cuda::devices(&error);
-  fmt::print("cuda:         runtime {}, driver {}\n", kernels::cuda::runtime_version(), kernels::cuda::driver_version());
+  fmt::print("cuda:         runtime {}, driver {}\n", kernels::cuda::runtime_version(),
+             kernels::cuda::driver_version());
   if (devices.empty()) fmt::print("cuda devices: none ({})\n", error.empty() ? "no device" : error);
   for (const auto& d : devices) {
     fmt::print("cuda device {}: {}, compute {}.{}, {} SMs, {:.1f} GiB\n", d.index, d.name, d.major, d.minor,
                d.multiprocessors, static_cast<double>(d.total_memory) / (1 << 30));
+    const std::optional<double> peak = metrics::gpu_peak_flops(d.name, "bf16");
+    fmt::print("cuda device {}: {}\n", d.index,
+               peak ? fmt::format("MFU peak (datasheet, dense bf16) {:.1f} TFLOP/s", *peak / 1e12)
+                    : std::string("not in the MFU peak table: set metrics.peak_flops for MFU"));
   }
 #else
   fmt::print("cuda:         not built (configure with -DTESSERA_CUDA=ON where nvcc exists)\n");
@@ -198,9 +202,9 @@ int cmd_train(const Args& args) {
   }
   const int rc = launch::run_local_job(c, run_dir, resume);
   if (rc != 0) {
-    throw Error(fmt::format("training with {} workers failed (exit code {}); the lines above say why",
-                            c.parallel.nproc, rc),
-                static_cast<ExitCode>(rc));
+    throw Error(
+        fmt::format("training with {} workers failed (exit code {}); the lines above say why", c.parallel.nproc, rc),
+        static_cast<ExitCode>(rc));
   }
   return kExitOk;
 }
@@ -241,7 +245,9 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
 void bench_worker(const config::Config& c, long long steps, const train::Distributed& dist,
                   const std::string& checkpoint_dir) {
   train::Trainer trainer(c, "", dist);
+  const metrics::Peak peak = train::job_peak(c, dist);
   std::vector<double> times, exposed;
+  std::map<std::string, std::vector<double>> split;
   nlohmann::json losses = nlohmann::json::array();
   for (long long i = 0; i < steps; ++i) {
     const double before = trainer.params().exposed_comm_seconds();
@@ -249,6 +255,11 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
     times.push_back(s.seconds);
     exposed.push_back(trainer.params().exposed_comm_seconds() - before);
     losses.push_back(s.loss);
+    split["data_wait"].push_back(s.times.data_wait);
+    split["forward"].push_back(s.times.forward);
+    split["backward"].push_back(s.times.backward);
+    split["comm"].push_back(s.times.comm);
+    split["optimizer"].push_back(s.times.optimizer);
     log::debug("bench step {}: {:.3f}s loss {}", s.step, s.seconds, s.loss);
   }
   const double median = median_of_tail(times);
@@ -257,7 +268,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
   // Peak RSS of every rank, gathered to report the largest.
   const int W = dist.topology.world;
   std::vector<float> rss(W, 0.0f);
-  const float mine = static_cast<float>(peak_rss_bytes()) / (1 << 20);
+  const float mine = static_cast<float>(metrics::peak_resident_bytes()) / (1 << 20);
   if (dist.world != nullptr) {
     dist.world->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
   } else {
@@ -274,12 +285,15 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"median_step_s", median},
       {"tokens_per_s", tokens_per_s},
       {"model_flops_per_s", tokens_per_s * model::flops_per_token(c.model)},
+      {"peak_flops_per_s", peak.flops_per_s},
+      {"mfu", peak.known() ? tokens_per_s * model::flops_per_token(c.model) / peak.flops_per_s : 0.0},
       {"nproc", W},
       {"strategy", W > 1 ? c.parallel.strategy : "single process"},
       {"param_dtype", c.parallel.param_dtype},
       {"threads", num_threads()},
       {"exposed_comm_s", median_of_tail(exposed)},
-      {"peak_rss_bytes", peak_rss_bytes()},
+      {"median_split_s", nlohmann::json::object()},
+      {"peak_rss_bytes", metrics::peak_resident_bytes()},
       {"peak_rss_bytes_per_rank", static_cast<int64_t>(*std::max_element(rss.begin(), rss.end()) * (1 << 20))},
       {"state_bytes_per_rank", state.params + state.grads + state.optimizer},
       {"activation_bytes", trainer.activation_bytes()},
@@ -287,6 +301,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"step_s", times},
       {"losses", losses},
   };
+  for (const auto& [phase, seconds] : split) out["median_split_s"][phase] = median_of_tail(seconds);
   if (!checkpoint_dir.empty()) {
     auto median3 = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -306,9 +321,10 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
 int cmd_bench(const Args& args) {
   const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc", "--checkpoint-dir"});
   if (a.help) {
-    std::fputs("usage: tessera bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...\n"
-               "  --checkpoint-dir: then three checkpoints into DIR, timed (stall, commit, overlapped step)\n",
-               stdout);
+    std::fputs(
+        "usage: tessera bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...\n"
+        "  --checkpoint-dir: then three checkpoints into DIR, timed (stall, commit, overlapped step)\n",
+        stdout);
     return kExitOk;
   }
   const std::string checkpoint_dir = a.get("--checkpoint-dir", "");

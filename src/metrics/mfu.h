@@ -15,7 +15,7 @@ std::optional<double> gpu_peak_flops(std::string_view device_name, std::string_v
 
 // The best FLOP/s of repeated n x n x n GEMMs in `dtype` ("fp32", or "bf16": bf16 in, fp32
 // out) on this process's threads, over about `seconds` after a warm-up.
-double calibrate_cpu_peak(std::string_view dtype, double seconds = 0.3, int64_t n = 1024);
+double calibrate_cpu_peak(std::string_view dtype, double seconds = 0.2, int64_t n = 1024);
 
 // A job's peak: the sum over ranks, and where it came from ("measured: ...", "configured: ...").
 struct Peak {

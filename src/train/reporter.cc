@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -145,23 +145,24 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
   const double eta = elapsed / static_cast<double>(s.step - first_step_) *
                      static_cast<double>(std::max<int64_t>(config_.train.max_steps - s.step, 0));
 
-  nlohmann::ordered_json record = {{"step", s.step},
-                                   {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
-                                   {"elapsed_s", elapsed},
-                                   {"loss", s.loss},
-                                   {"lr", s.lr},
-                                   {"grad_norm", s.grad_norm},
-                                   {"tokens", trainer.state().tokens},
-                                   {"step_s", s.seconds},
-                                   {"data_wait_s", t.data_wait},
-                                   {"forward_s", t.forward},
-                                   {"backward_s", t.backward},
-                                   {"comm_s", t.comm},
-                                   {"optimizer_s", t.optimizer},
-                                   {"other_s", other},
-                                   {"checkpoint_s", extra.checkpoint_s},
-                                   {"tokens_per_s", tokens_per_s},
-                                   {"model_flops_per_s", flops}};
+  nlohmann::ordered_json record = {
+      {"step", s.step},
+      {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+      {"elapsed_s", elapsed},
+      {"loss", s.loss},
+      {"lr", s.lr},
+      {"grad_norm", s.grad_norm},
+      {"tokens", trainer.state().tokens},
+      {"step_s", s.seconds},
+      {"data_wait_s", t.data_wait},
+      {"forward_s", t.forward},
+      {"backward_s", t.backward},
+      {"comm_s", t.comm},
+      {"optimizer_s", t.optimizer},
+      {"other_s", other},
+      {"checkpoint_s", extra.checkpoint_s},
+      {"tokens_per_s", tokens_per_s},
+      {"model_flops_per_s", flops}};
   if (mfu) record["mfu"] = *mfu;
   record["rss_bytes"] = metrics::resident_bytes();
   record["peak_rss_bytes"] = metrics::peak_resident_bytes();

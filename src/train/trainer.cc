@@ -68,7 +68,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       rank_busy_(dist.topology.world, 0.0),
       rank_rss_(dist.topology.world, 0),
       rank_peak_rss_(dist.topology.world, 0),
-      reduce_buffer_(1 + kSignalBits + 3 * dist.topology.world) {
+      reduce_buffer_(step_reduce_floats(dist.topology.world)) {
   // The config's derived sizes (micro-batches per step) assume this world size.
   CHECK_MSG(config.parallel.nproc == dist.topology.world, "parallel.nproc must equal the world size");
   if (train_stream_) {
@@ -122,7 +122,6 @@ StepStats Trainer::step(uint32_t signals) {
     comm += waited;
     return compute;
   };
-  fault::point("forward", rank, step_ + 1);
   double t = t0, comm = params_->exposed_comm_seconds();
   params_->begin_step();
   double loss = 0.0;
@@ -130,6 +129,7 @@ StepStats Trainer::step(uint32_t signals) {
     params_->begin_micro_batch(a);
     const data::Loader::Batch batch = loader_->next();
     times.data_wait += compute_since(t, comm);
+    if (a == 0) fault::point("forward", rank, step_ + 1);
     // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
     // gradient of the global batch's mean loss.
     loss += model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum * world));

@@ -76,6 +76,8 @@ class Trainer {
   // carried by the step's loss all-reduce, so all ranks act on them after the same step.
   StepStats step(uint32_t signals = 0);
   static constexpr int kSignalBits = 4;  // signals < 2^kSignalBits
+  // Floats in the step's all-reduce: the loss, the signals, and per rank busy time, RSS and peak.
+  static constexpr int64_t step_reduce_floats(int world) { return 1 + kSignalBits + 3 * world; }
   // Mean loss per token over up to train.eval_batches global batches of the validation split
   // (the same samples at any world size).
   double evaluate();
