@@ -141,7 +141,6 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
   const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
   const double flops = tokens_per_s * flops_per_token_;
   const std::optional<double> mfu = metrics::mfu(flops, peak_);
-  const double other = s.seconds - (t.data_wait + t.forward + t.backward + t.comm + t.optimizer);
   const double eta = elapsed / static_cast<double>(s.step - first_step_) *
                      static_cast<double>(std::max<int64_t>(config_.train.max_steps - s.step, 0));
 
@@ -159,7 +158,7 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
       {"backward_s", t.backward},
       {"comm_s", t.comm},
       {"optimizer_s", t.optimizer},
-      {"other_s", other},
+      {"other_s", s.seconds - t.accounted()},
       {"checkpoint_s", extra.checkpoint_s},
       {"tokens_per_s", tokens_per_s},
       {"model_flops_per_s", flops}};
@@ -234,21 +233,20 @@ std::string StepReporter::prometheus_page(const Trainer& trainer, const StepStat
   }
   e.gauge("tessera_step_duration_seconds", "The last step's wall time on rank 0.", s.seconds);
   const StepTimes& t = s.times;
-  const double other = s.seconds - (t.data_wait + t.forward + t.backward + t.comm + t.optimizer);
-  const std::pair<const char*, double> phases[] = {
-      {"data_wait", t.data_wait}, {"forward", t.forward}, {"backward", t.backward},          {"comm", t.comm},
-      {"optimizer", t.optimizer}, {"other", other},       {"checkpoint", extra.checkpoint_s}};
-  for (const auto& [phase, seconds] : phases) {
-    e.gauge("tessera_step_phase_seconds", "The last step's time split by phase (docs/metrics.md).", seconds,
-            {{"phase", phase}});
+  const struct {
+    const char* name;
+    double last, total;
+  } phases[] = {{"data_wait", t.data_wait, total_.data_wait}, {"forward", t.forward, total_.forward},
+                {"backward", t.backward, total_.backward},    {"comm", t.comm, total_.comm},
+                {"optimizer", t.optimizer, total_.optimizer}, {"checkpoint", extra.checkpoint_s, total_checkpoint_s_}};
+  const char* split_help = "The last step's time split by phase (docs/metrics.md).";
+  for (const auto& p : phases) {
+    e.gauge("tessera_step_phase_seconds", split_help, p.last, {{"phase", p.name}});
+    e.counter("tessera_phase_seconds_total", "Step time by phase, summed over this process's steps.", p.total,
+              {{"phase", p.name}});
   }
-  const double totals[] = {total_.data_wait,   total_.forward, total_.backward, total_.comm, total_.optimizer, 0.0,
-                           total_checkpoint_s_};
-  for (size_t i = 0; i < std::size(phases); ++i) {
-    if (std::string(phases[i].first) == "other") continue;  // not summed: noise around zero
-    e.counter("tessera_phase_seconds_total", "Step time by phase, summed over this process's steps.", totals[i],
-              {{"phase", phases[i].first}});
-  }
+  // "other" is bookkeeping, noise around zero: not summed.
+  e.gauge("tessera_step_phase_seconds", split_help, s.seconds - t.accounted(), {{"phase", "other"}});
   e.gauge("tessera_eta_seconds", "Estimated seconds to train.max_steps.", eta);
   // Per rank (families stay together in the page whatever the order they are added in).
   const std::vector<double>& busy = trainer.rank_busy_seconds();

@@ -29,6 +29,7 @@ struct StepTimes {
   double backward = 0.0;
   double comm = 0.0;       // exposed: blocked on gathers, reductions and the step's all-reduce
   double optimizer = 0.0;  // gradient norm, clipping and AdamW, less their communication
+  double accounted() const { return data_wait + forward + backward + comm + optimizer; }
 };
 
 struct StepStats {
