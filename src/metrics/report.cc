@@ -442,8 +442,9 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
   rows += table_row("steps", steps);
   double v = kNaN;
   size_t at = 0;
-  if (last_finite(m.column("tokens"), &v, &at))
+  if (last_finite(m.column("tokens"), &v, &at)) {
     rows += table_row("tokens", fmt::format("{:.0f} ({})", v, format_si(v)));
+  }
   if (last_finite(m.column("elapsed_s"), &v, &at)) {
     rows += table_row("wall time", format_seconds(v) + " (elapsed_s at the last step)");
   } else if (const auto* step_s = m.column("step_s")) {
@@ -451,20 +452,22 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
     for (const double s : *step_s) sum += std::isfinite(s) ? s : 0;
     rows += table_row("wall time", format_seconds(sum) + " (sum of step_s: no elapsed_s recorded)");
   }
-  if (last_finite(m.column("loss"), &v, &at))
+  if (last_finite(m.column("loss"), &v, &at)) {
     rows += table_row("final loss", fmt::format("{:.4f} (step {:.0f})", v, m.step[at]));
+  }
   if (const auto* val = m.column("val_loss")) {
-    size_t best = 0;
+    size_t best = n;
     for (size_t i = 0; i < n; ++i) {
-      if (std::isfinite((*val)[i]) && !((*val)[i] >= (*val)[best] && std::isfinite((*val)[best]))) best = i;
+      if (std::isfinite((*val)[i]) && (best == n || (*val)[i] < (*val)[best])) best = i;
     }
     last_finite(val, &v, &at);
     rows += table_row("validation loss", fmt::format("best {:.4f} (step {:.0f}), last {:.4f} (step {:.0f})",
                                                      (*val)[best], m.step[best], v, m.step[at]));
   }
   const std::string window = warm > 0 ? fmt::format(" (mean over steps after the first {})", warm) : " (mean)";
-  if (const auto* c = m.column("tokens_per_s"))
+  if (const auto* c = m.column("tokens_per_s")) {
     rows += table_row("throughput", format_si(mean_from(*c, warm)) + " tokens/s" + window);
+  }
   if (const auto* c = m.column("mfu")) {
     rows += table_row("MFU", fmt::format("{:.1f} %", 100 * mean_from(*c, warm)) + window);
   } else {
@@ -472,16 +475,18 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
   }
   if (const auto* c = m.column("step_s")) {
     std::vector<double> s;
-    for (const double t : *c)
+    for (const double t : *c) {
       if (std::isfinite(t)) s.push_back(t);
+    }
     std::sort(s.begin(), s.end());
     rows += table_row("median step time", fmt::format("{:.3f} s", s[s.size() / 2]));
   }
   if (const auto* c = m.column("checkpoint_s")) {
     double total = 0;
     int saves = 0;
-    for (const double t : *c)
+    for (const double t : *c) {
       if (std::isfinite(t) && t > 0) total += t, ++saves;
+    }
     if (saves > 0) {
       rows +=
           table_row("checkpoint stalls", fmt::format("{} save{}, {:.3f} s in all", saves, saves > 1 ? "s" : "", total));
@@ -503,8 +508,9 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
   if (last_finite(m.column("skipped_steps"), &v, &at)) rows += table_row("skipped steps", fmt::format("{:.0f}", v));
   if (!m.straggler_steps.empty()) {
     std::string s;
-    for (const auto& [rank, count] : m.straggler_steps)
+    for (const auto& [rank, count] : m.straggler_steps) {
       s += fmt::format("{}rank {} on {} steps", s.empty() ? "" : ", ", rank, count);
+    }
     rows += table_row("stragglers flagged", s);
   }
   return "<table>\n" + rows + "</table>\n";
@@ -605,7 +611,11 @@ std::string figures(const Metrics& m, const nlohmann::ordered_json& info) {
     out += figure("plot-ranks", "Compute time per rank (forward + backward seconds per step)",
                   chart(busy, "rank busy time", "seconds", true), false, remark);
   } else {
-    out += figure("plot-ranks", "Compute time per rank", "one rank: no per-rank busy times (rank_busy_s)", true);
+    const bool several = info.contains("world_size") && info["world_size"].is_number() && info["world_size"] > 1;
+    out += figure("plot-ranks", "Compute time per rank",
+                  several ? "no per-rank busy times: metrics.jsonl has no rank_busy_s"
+                          : "one rank: no per-rank busy times (rank_busy_s)",
+                  true);
   }
   return out;
 }
@@ -659,8 +669,9 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
     html += "<table>\n";
     for (const auto& [key, value] : info.items()) {
       std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-      if (value.is_number() && std::abs(value.get<double>()) >= 1e4)
+      if (value.is_number() && std::abs(value.get<double>()) >= 1e4) {
         text += " (" + format_si(value.get<double>()) + ")";
+      }
       html += table_row(key, text);
     }
     html += "</table>\n";
