@@ -49,7 +49,7 @@ grep -q 'rank 1 on' "$tmp/full.html" || fail "the straggler is not named"
 keep "$tmp/run.png" "$tmp/run/report.html" "$tmp/full.png" "$tmp/full.html"
 echo "ok: fixture with every key"
 
-# 3. Errors: a corrupt line names file:line (exit 3, bad data); no metrics.jsonl; empty file.
+# 3. Errors: a corrupt line names file:line (exit 3, bad data); no metrics.jsonl; empty file; no RUN_DIR.
 mkdir "$tmp/bad"
 sed '7s/.*/{"step": 7, "loss": /' "$tmp/full/metrics.jsonl" >"$tmp/bad/metrics.jsonl"
 rc=0
@@ -66,6 +66,10 @@ rc=0
 : >"$tmp/empty/metrics.jsonl"
 "$tessera" report "$tmp/empty" || fail "report of an empty metrics.jsonl"
 grep -q "no steps recorded" "$tmp/empty/report.html" || fail "an empty metrics.jsonl gives no 'no steps recorded'"
+rc=0
+"$tessera" report >"$tmp/usage.log" 2>&1 || rc=$?
+[[ $rc -eq 2 ]] && grep -q "usage: tessera report RUN_DIR" "$tmp/usage.log" ||
+  { cat "$tmp/usage.log"; fail "tessera report without RUN_DIR: exit $rc, want 2 and the usage"; }
 echo "ok: errors"
 
 # 4. 100k steps, 4 ranks: the page stays small (downsampled) and is written in seconds.
