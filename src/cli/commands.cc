@@ -73,6 +73,10 @@ commands:
                  eval and train.init_from
   checkpoint verify DIR | reshard SRC DST --nproc N
                  check a sharded checkpoint's checksums; re-cut it for another world size
+  report RUN_DIR [--out FILE]
+                 the run's metadata, summary and plots (loss, throughput, MFU, step time
+                 split, memory, ranks) as one self-contained HTML page (default
+                 RUN_DIR/report.html)
   info           version, build options, CPU features, GEMM library, threads, CUDA devices
 
 exit codes: 0 done, 2 bad command line or config, 3 bad data, 4 health check failed
@@ -384,6 +388,7 @@ int run(int argc, char** argv) {
     if (command == "eval") return cmd_eval(args);
     if (command == "checkpoint") return cmd_checkpoint(args);
     if (command == "launch") return cmd_launch(args);
+    if (command == "report") return cmd_report(args);
     if (command == "--version" || command == "version") {
       fmt::print("tessera {}\n", TESSERA_VERSION);
       return kExitOk;

@@ -21,6 +21,9 @@ int cmd_eval(const Args& args);
 // Saved weights (cli/checkpoint_commands.cc): tessera checkpoint export|import|verify|reshard ...
 int cmd_checkpoint(const Args& args);
 
+// The run's metrics as an HTML page (cli/report_command.cc).
+int cmd_report(const Args& args);
+
 // The per-node agent (cli/launch_command.cc).
 int cmd_launch(const Args& args);
 
