@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "tessera/build_config.h"
 
@@ -60,6 +61,12 @@ Metrics read_metrics(const std::string& path) {
     try {
       r = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
+      // A last line without its newline is a record being written (a live run) or cut off by a
+      // crash: the report covers the records before it.
+      if (in.eof()) {
+        log::warn("{}:{}: an unfinished last record, left out", path, line_no);
+        break;
+      }
       fail(fmt::format("not JSON (syntax error at column {})", e.byte));
     }
     if (!r.is_object()) fail("not a JSON object");

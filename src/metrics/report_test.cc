@@ -203,6 +203,9 @@ TEST(ReportReadMetrics, MalformedLinesNameFileAndLine) {
   e = metrics_error(good + good);
   EXPECT_NE(e.find("metrics.jsonl:2: step 1 after step 1"), std::string::npos) << e;
   EXPECT_EQ(metrics_error(good + "\n"), "");
+  // An unfinished last record (no newline yet: a live run, or a crash mid-write) is left out.
+  EXPECT_EQ(metrics_error(good + "{\"step\":2,\"lo"), "");
+  EXPECT_NE(metrics_error(good + "{\"step\":2,\"lo\n").find("metrics.jsonl:2: not JSON"), std::string::npos);
 }
 
 TEST(ReportChartSvg, OneSeriesElementPerSeriesAndEscapedLegend) {
