@@ -134,7 +134,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const bool leader = dist.topology.rank == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
   // only what goes wrong.
-  fs::create_directories(fs::path(run_dir) / "logs", ec);
+  std::error_code logs_ec;  // open_file warns when it cannot write there
+  fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
   log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.topology.rank), dist.topology.rank);
   if (!leader) log::set_console_level(log::Level::kWarn);
   const std::string config_toml = config::to_toml(config);
@@ -152,13 +153,13 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
   const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
-  if (!peak.known() && config.metrics.peak_flops == 0) log::warn("no peak FLOP/s known: MFU is not reported");
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
   const data::DatasetManifest* manifest = trainer.dataset();
   if (manifest != nullptr) {
     const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
-    if (leader)
+    if (leader) {
       fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+    }
     if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
     run_info["dataset"] = fs::absolute(dataset).string();
     run_info["tokenizer"] = "tokenizer.model";
@@ -230,19 +231,20 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       val_loss = extra.val_loss = trainer.evaluate();
       extra.eval_s = now_seconds() - t0;
     }
-    // Every rank decides alike: the signals are the OR over ranks.
+    // Every rank decides alike (the signals are the OR over ranks). After a failed save with
+    // on_failure = stop nothing more is saved: the run stops below on its last committed checkpoint.
     const char* save = nullptr;
-    if (s.signals & kSaveFailed) {
-      save = nullptr;  // stop below, keeping the last committed checkpoint
-    } else if (s.signals & kStopRequested) {
-      log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
-      save = "stop";
-    } else if (s.signals & kSaveDue) {
-      save = "time interval";
-    } else if (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) {
-      save = "step interval";
-    } else if (last && ckpt.enabled()) {
-      save = "end";
+    if (!(s.signals & kSaveFailed)) {
+      if (s.signals & kStopRequested) {
+        log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
+        save = "stop";
+      } else if (s.signals & kSaveDue) {
+        save = "time interval";
+      } else if (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) {
+        save = "step interval";
+      } else if (last && ckpt.enabled()) {
+        save = "end";
+      }
     }
     if (save != nullptr) {
       extra.checkpoint_s = checkpointer.save(trainer);
