@@ -420,7 +420,9 @@ class EtcdStoreImpl final : public EtcdStore {
                                             {"mod_revision", std::to_string(mod_revision)}})
                             : create_compare(k64);
       json req = txn(compare, put_op(k64, base64_encode(text)), range_op(k64));
-      json reply = call(http_, name_, "/v3/kv/txn", req, d, what, Retry::kUnsent);
+      // add(key, 0) reads a counter (creating it at 0): applying it twice changes nothing, so it
+      // is retried through an outage like a read; any other delta is sent at most once.
+      json reply = call(http_, name_, "/v3/kv/txn", req, d, what, delta == 0 ? Retry::kAlways : Retry::kUnsent);
       if (succeeded(reply)) return next;
       const json* kv = first_kv(txn_range(reply, 0));
       exists = kv != nullptr;

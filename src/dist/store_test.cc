@@ -649,6 +649,17 @@ TEST(EtcdStore, AddNeverRetriesARequestThatMayHaveBeenApplied) {
   }
   EXPECT_LT(seconds_since(t0), 0.2);
   EXPECT_EQ(server.requests(), 2);  // sent once, never again
+  // add(key, 0) only reads the counter: retried until its timeout, as a read is (an agent polls
+  // its round's failure counter this way through an etcd restart).
+  t0 = Clock::now();
+  try {
+    s->add("n", 0);
+    FAIL() << "add(0) succeeded against a server that never answers";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "within 300 ms")) << e.what();
+  }
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_GT(server.requests(), 3);
   t0 = Clock::now();
   try {
     s->set("k", Bytes{1});
