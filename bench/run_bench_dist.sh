@@ -113,59 +113,29 @@ if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
 
-WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps NPROC=$nproc GIVEN=$given COMMIT=$commit \
+BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps NPROC=$nproc GIVEN=$given COMMIT=$commit \
   CPU="${cpu:-unknown} ($(nproc) CPUs available)" LOAD="$load_before before, $load_after after" \
   TESSERA_CMD="$(tessera_cmd STRATEGY && echo "${cmd[*]}")" TESSERA_SINGLE_CMD="${tessera_single[*]}" \
   TUNED_CMD="${tuned_env[*]} $(peer_cmd MODE && echo "${cmd[*]}")" \
   GIVEN_CMD="$(peer_cmd MODE && echo "${cmd[*]}")" "$python" - <<'EOF'
 """Reads the runs' JSON lines and prints the side-by-side table and the ratios."""
 import datetime
-import json
 import os
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.environ["BENCH_DIR"])
+from bench_results import median_round  # noqa: E402
 
 env = os.environ
 work, rounds, nproc = env["WORK"], int(env["ROUNDS"]), int(env["NPROC"])
 
 
-def last_json(path):
-    """The last stdout line that is a JSON object: programs may log before their result."""
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for line in reversed(lines):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    # The work folder is deleted on exit, so show what the program printed instead of a path.
-    tail = "".join(f"\n  | {line}" for line in lines[-10:]) or " (nothing)"
-    sys.exit(f"run_bench_dist: no JSON result line from {os.path.basename(path)[:-4]}; its "
-             f"stdout ended:{tail}")
-
-
 def result(name):
-    runs = []
-    for r in range(1, rounds + 1):
-        j = last_json(f"{work}/{name}.{r}.out")
-        for key in ("tokens_per_s", "model_flops_per_s", "median_step_s", "params",
-                    "tokens_per_step"):
-            if key not in j:
-                sys.exit(f"run_bench_dist: {name} result lacks '{key}': {j}")
-        if "peak_rss_bytes_per_rank" not in j:
-            if "peak_rss_bytes" in j:
-                j["peak_rss_bytes_per_rank"] = j["peak_rss_bytes"]
-            else:
-                with open(f"{work}/{name}.{r}.rss") as f:
-                    j["peak_rss_bytes_per_rank"] = int(f.read())
-        if "first_loss" not in j and j.get("losses"):
-            j["first_loss"] = j["losses"][0]
-        runs.append(j)
-    runs.sort(key=lambda j: j["tokens_per_s"])
-    chosen = runs[(len(runs) - 1) // 2]  # the median round (the lower one of an even count)
-    chosen["all_tokens_per_s"] = [j["tokens_per_s"] for j in runs]
-    return chosen
+    j = median_round(work, name, rounds, "run_bench_dist", "peak_rss_bytes_per_rank")
+    if "first_loss" not in j and j.get("losses"):
+        j["first_loss"] = j["losses"][0]
+    return j
 
 
 rows = [

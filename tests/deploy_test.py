@@ -145,6 +145,28 @@ def image_has_registry_host(image):
     return "/" in image and ("." in first or ":" in first or first == "localhost")
 
 
+def check_metrics_port(toml, overrides, container, template, where, e):
+    """With metrics.prometheus_port set, the container declares it, rank 0 listens beyond the pod
+    (prometheus_host 0.0.0.0) and the pod's prometheus.io annotations point at it."""
+    metrics = dict(toml.get("metrics") or {})
+    for k, _, v in overrides:
+        if k.startswith("metrics."):
+            metrics[k.split(".", 1)[1]] = v
+    port = int(metrics.get("prometheus_port", 0))
+    if port == 0:
+        return
+    declared = [p for p in container.get("ports") or [] if p.get("containerPort") == port]
+    e(declared and declared[0].get("name") == "metrics",
+      f"{where}: metrics.prometheus_port {port} is not a container port named metrics")
+    e(metrics.get("prometheus_host", "127.0.0.1") == "0.0.0.0",
+      f"{where}: metrics.prometheus_host {metrics.get('prometheus_host', '127.0.0.1')!r} is not "
+      f"reachable from outside the pod (use 0.0.0.0)")
+    notes = (template.get("metadata") or {}).get("annotations") or {}
+    e(notes.get("prometheus.io/scrape") == "true" and notes.get("prometheus.io/port") == str(port),
+      f"{where}: pod annotations prometheus.io/scrape and prometheus.io/port {port} missing or "
+      f"different: {notes}")
+
+
 def check_k8s(k8s, tessera=None):
     errors = []
     e = lambda cond, msg: expect(cond, msg, errors)  # noqa: E731
@@ -348,6 +370,8 @@ def check_k8s(k8s, tessera=None):
                               f"of the node, not of the pod)") and cpu is not None:
                 e(threads * nproc <= quantity_cores(cpu),
                   f"train.threads {threads} x --nproc-per-node {nproc} > the pod's {cpu} CPUs")
+        if toml is not None:
+            check_metrics_port(toml, overrides, container, spec.get("template") or {}, where_c, e)
         if tessera and toml is not None:
             with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
                 f.write(toml_text)
@@ -696,6 +720,10 @@ K8S_MUTATIONS = {
     "runs volume an emptyDir": lambda k: runs_volume(k).update(emptyDir={}) or runs_volume(k).pop("persistentVolumeClaim"),
     "PVC ReadWriteOnce": lambda k: find(k, "PersistentVolumeClaim")[0]["spec"].update(accessModes=["ReadWriteOnce"]),
     "PVC claim name wrong": lambda k: runs_volume(k)["persistentVolumeClaim"].update(claimName="nope"),
+    "metrics port not declared": lambda k: launch_container(k).pop("ports"),
+    "metrics port annotation differs": lambda k: job(k)["spec"]["template"]["metadata"]["annotations"].update(
+        {"prometheus.io/port": "9999"}),
+    "metrics on loopback only": lambda k: set_toml(k, 'prometheus_host = "0.0.0.0"', 'prometheus_host = "127.0.0.1"'),
     "grace 30 s": lambda k: pod(k).update(terminationGracePeriodSeconds=30),
     "no grace set": lambda k: pod(k).pop("terminationGracePeriodSeconds"),
     "restartPolicy OnFailure": lambda k: pod(k).update(restartPolicy="OnFailure"),

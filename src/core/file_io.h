@@ -11,6 +11,9 @@ namespace tessera {
 // Writes all n bytes to fd, retrying on EINTR and short writes. Throws IoError naming `path`.
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 
+// fsyncs the file `path` (its data is on disk once this returns). Throws IoError naming it.
+void fsync_path(const std::string& path);
+
 // fsyncs the directory that holds `path`, so that a rename into it is durable (best effort).
 void sync_parent_dir(const std::string& path);
 

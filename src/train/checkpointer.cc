@@ -32,16 +32,6 @@ constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
 dist::Bytes bytes_of(const std::string& s) { return dist::Bytes(s.begin(), s.end()); }
 std::string string_of(const dist::Bytes& b) { return std::string(b.begin(), b.end()); }
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    throw IoError(fmt::format("cannot fsync {}: {}", path, std::strerror(err)));
-  }
-  ::close(fd);
-}
-
 IoError injected(const std::string& what) {
   return IoError(fmt::format("cannot write {}: No space left on device (injected fault)", what));
 }
