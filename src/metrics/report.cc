@@ -129,8 +129,9 @@ Ticks nice_ticks(double lo, double hi, int target) {
 
 std::string tick_label(double value, double step, double unit_of) {
   const double a = std::abs(unit_of);
-  const double unit = a >= 1e9 ? 1e9 : a >= 1e6 ? 1e6 : a >= 1e3 ? 1e3 : 1;
-  const char* suffix = a >= 1e9 ? "G" : a >= 1e6 ? "M" : a >= 1e3 ? "k" : "";
+  // Plain numbers up to 9999 (a 1000-step axis reads 200, 400, ..., not 0.2k).
+  const double unit = a >= 1e9 ? 1e9 : a >= 1e6 ? 1e6 : a >= 1e4 ? 1e3 : 1;
+  const char* suffix = a >= 1e9 ? "G" : a >= 1e6 ? "M" : a >= 1e4 ? "k" : "";
   const int decimals = std::clamp(static_cast<int>(std::ceil(-std::log10(step / unit) - 1e-9)), 0, 12);
   std::string s = fmt::format("{:.{}f}", value / unit, decimals);
   if (s.find_first_not_of("-0.") == std::string::npos) s = "0";

@@ -42,8 +42,8 @@ struct Ticks {
 };
 Ticks nice_ticks(double lo, double hi, int target = 5);
 
-// A tick label: the value in k/M/G units chosen by `unit_of` (the axis's largest magnitude),
-// with as many decimals as the tick step needs.
+// A tick label: the value in k (from 10^4), M or G units chosen by `unit_of` (the axis's largest
+// magnitude), with as many decimals as the tick step needs.
 std::string tick_label(double value, double step, double unit_of);
 
 // At most `max_points` points (>= 2) of a series sorted by x: the minimum and the maximum of each

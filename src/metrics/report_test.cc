@@ -121,6 +121,8 @@ TEST(ReportTickLabel, DecimalsFromTheStepAndUnits) {
   EXPECT_EQ(tick_label(4.5, 0.5, 6), "4.5");
   EXPECT_EQ(tick_label(0.0003, 0.0001, 0.0005), "0.0003");
   EXPECT_EQ(tick_label(40000, 20000, 100000), "40k");
+  EXPECT_EQ(tick_label(200, 200, 1000), "200");
+  EXPECT_EQ(tick_label(5000, 1000, 9000), "5000");
   EXPECT_EQ(tick_label(1.5e6, 5e5, 2e6), "1.5M");
   EXPECT_EQ(tick_label(2e11, 1e11, 4e11), "200G");
 }
