@@ -684,8 +684,12 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
     }
     html += "</table>\n";
   }
-  const std::string config_name =
-      info.contains("config") && info["config"].is_string() ? info["config"].get<std::string>() : "config.toml";
+  // run.json names the config file beside it; nothing elsewhere (no path) goes into the page.
+  std::string config_name = "config.toml";
+  if (info.contains("config") && info["config"].is_string()) {
+    const std::string named = info["config"].get<std::string>();
+    if (!named.empty() && fs::path(named).filename() == named && named != "..") config_name = named;
+  }
   if (std::ifstream in(dir / config_name); in) {
     std::ostringstream text;
     text << in.rdbuf();

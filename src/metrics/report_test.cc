@@ -273,6 +273,19 @@ TEST(ReportWrite, OldRecordsGetNotesNotFigures) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
 }
 
+TEST(ReportWrite, ConfigNamedByRunJsonIsReadOnlyBesideIt) {
+  TempDir dir("config_path");
+  fs::create_directories(dir.path() + "/run");
+  dir.file("run/metrics.jsonl", "{\"step\":1,\"loss\":6.0}\n");
+  dir.file("run/run.json", R"({"config": "../secret.toml"})");
+  dir.file("run/config.toml", "[model]\npreset = \"beside\"\n");
+  dir.file("secret.toml", "not for the page\n");
+  write_report(dir.path() + "/run", dir.path() + "/out.html");
+  const std::string page = read(dir.path() + "/out.html");
+  EXPECT_EQ(page.find("not for the page"), std::string::npos);
+  EXPECT_NE(page.find("preset = &quot;beside&quot;"), std::string::npos);
+}
+
 TEST(ReportWrite, CorruptRunJsonNamesTheFile) {
   TempDir dir("bad_info");
   dir.file("metrics.jsonl", "{\"step\":1,\"loss\":6.0}\n");
