@@ -272,7 +272,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
   // Peak RSS of every rank, gathered to report the largest.
   const int W = dist.topology.world;
   std::vector<float> rss(W, 0.0f);
-  const float mine = static_cast<float>(metrics::peak_resident_bytes()) / (1 << 20);
+  const float mine = static_cast<float>(metrics::process_memory().peak) / (1 << 20);
   if (dist.world != nullptr) {
     dist.world->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
   } else {
@@ -297,7 +297,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"threads", num_threads()},
       {"exposed_comm_s", median_of_tail(exposed)},
       {"median_split_s", nlohmann::json::object()},
-      {"peak_rss_bytes", metrics::peak_resident_bytes()},
+      {"peak_rss_bytes", metrics::process_memory().peak},
       {"peak_rss_bytes_per_rank", static_cast<int64_t>(*std::max_element(rss.begin(), rss.end()) * (1 << 20))},
       {"state_bytes_per_rank", state.params + state.grads + state.optimizer},
       {"activation_bytes", trainer.activation_bytes()},

@@ -4,28 +4,20 @@
 #include <cstring>
 
 namespace tessera::metrics {
-namespace {
 
-// A "Name:   123 kB" line of /proc/self/status, in bytes.
-int64_t status_kib_field(const char* name) {
+ProcessMemory process_memory() {
+  ProcessMemory m;
   std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
+  if (f == nullptr) return m;
+  // Lines "VmHWM:    123 kB" and "VmRSS:    456 kB".
   char line[256];
   long long kib = 0;
-  const size_t len = std::strlen(name);
   while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::strncmp(line, name, len) == 0 && line[len] == ':') {
-      std::sscanf(line + len + 1, "%lld", &kib);
-      break;
-    }
+    if (std::sscanf(line, "VmHWM: %lld", &kib) == 1) m.peak = static_cast<int64_t>(kib) * 1024;
+    if (std::sscanf(line, "VmRSS: %lld", &kib) == 1) m.resident = static_cast<int64_t>(kib) * 1024;
   }
   std::fclose(f);
-  return static_cast<int64_t>(kib) * 1024;
+  return m;
 }
-
-}  // namespace
-
-int64_t resident_bytes() { return status_kib_field("VmRSS"); }
-int64_t peak_resident_bytes() { return status_kib_field("VmHWM"); }
 
 }  // namespace tessera::metrics

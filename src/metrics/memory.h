@@ -5,8 +5,12 @@
 
 namespace tessera::metrics {
 
-// Resident set size now, and its peak so far (VmHWM), in bytes; 0 where /proc is unreadable.
-int64_t resident_bytes();
-int64_t peak_resident_bytes();
+struct ProcessMemory {
+  int64_t resident = 0;  // resident set size now (VmRSS), bytes
+  int64_t peak = 0;      // its peak so far (VmHWM), bytes
+};
+
+// Both figures from one read of /proc/self/status; zeros where it is unreadable.
+ProcessMemory process_memory();
 
 }  // namespace tessera::metrics

@@ -95,12 +95,12 @@ TEST(Mfu, CpuCalibrationMeasuresAPlausibleGemmRate) {
 }
 
 TEST(Memory, ResidentBytesFollowTouchedPages) {
-  const int64_t before = resident_bytes();
+  const int64_t before = process_memory().resident;
   ASSERT_GT(before, 0);
   std::vector<char> block(64 << 20, 1);  // touched: resident
-  const int64_t after = resident_bytes();
-  EXPECT_GE(after - before, 48 << 20);
-  EXPECT_GE(peak_resident_bytes(), after);
+  const ProcessMemory after = process_memory();
+  EXPECT_GE(after.resident - before, 48 << 20);
+  EXPECT_GE(after.peak, after.resident);
   EXPECT_EQ(block[12345], 1);
 }
 

@@ -14,7 +14,6 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
-#include "metrics/memory.h"
 #include "tessera/build_config.h"
 
 namespace tessera::train {
@@ -163,8 +162,8 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
       {"tokens_per_s", tokens_per_s},
       {"model_flops_per_s", flops}};
   if (mfu) record["mfu"] = *mfu;
-  record["rss_bytes"] = metrics::resident_bytes();
-  record["peak_rss_bytes"] = metrics::peak_resident_bytes();
+  record["rss_bytes"] = trainer.memory().resident;
+  record["peak_rss_bytes"] = trainer.memory().peak;
   if (extra.val_loss) {
     record["val_loss"] = *extra.val_loss;
     record["eval_s"] = extra.eval_s;

@@ -12,7 +12,6 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/timer.h"
-#include "metrics/memory.h"
 #include "optim/adamw.h"
 #include "train/init_from.h"
 
@@ -113,8 +112,10 @@ StepStats Trainer::step(uint32_t signals) {
   const int64_t accum = loader_->micro_batches_per_step();
   const int world = dist_.topology.world, rank = dist_.topology.rank;
   StepTimes times;
-  // Seconds since `t` less the communication waited for since `comm` (both moved on to now).
-  auto compute_since = [&](double& t, double& comm) {
+  double t = t0, comm = params_->exposed_comm_seconds();
+  // Seconds since `t` less the communication waited for since `comm`, which counts as comm
+  // (both then move on to now).
+  auto compute_since = [&] {
     const double now = now_seconds(), waited = params_->exposed_comm_seconds() - comm;
     const double compute = now - t - waited;
     times.comm += waited;
@@ -122,29 +123,29 @@ StepStats Trainer::step(uint32_t signals) {
     comm += waited;
     return compute;
   };
-  double t = t0, comm = params_->exposed_comm_seconds();
   params_->begin_step();
   double loss = 0.0;
   for (int64_t a = 0; a < accum; ++a) {
     params_->begin_micro_batch(a);
     const data::Loader::Batch batch = loader_->next();
-    times.data_wait += compute_since(t, comm);
+    times.data_wait += compute_since();
     if (a == 0) fault::point("forward", rank, step_ + 1);
     // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
     // gradient of the global batch's mean loss.
     loss += model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum * world));
-    times.forward += compute_since(t, comm) - model_.head_backward_seconds();
+    times.forward += compute_since() - model_.head_backward_seconds();
     times.backward += model_.head_backward_seconds();
     model_.backward(*params_, batch.inputs);
-    times.backward += compute_since(t, comm);
+    times.backward += compute_since();
   }
   loss /= static_cast<double>(accum);
   const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
   // This rank's busy time (forward and backward, not the time spent waiting on collectives or
   // data): a slow rank shows here, its peers only wait for it.
   rank_busy_[rank] = times.forward + times.backward;
-  rank_rss_[rank] = metrics::resident_bytes();
-  rank_peak_rss_[rank] = metrics::peak_resident_bytes();
+  memory_ = metrics::process_memory();
+  rank_rss_[rank] = memory_.resident;
+  rank_peak_rss_[rank] = memory_.peak;
   if (dist_.world != nullptr) {
     // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
     // time and memory: [loss / W, signal bits..., busy of rank 0..W-1, RSS MiB..., peak RSS MiB...]
@@ -178,7 +179,7 @@ StepStats Trainer::step(uint32_t signals) {
     }
   }
   const double grad_norm = params_->finish_step(poison);
-  times.optimizer += compute_since(t, comm);
+  times.optimizer += compute_since();
   // After the step count moved on (skipped or not).
   auto stats = [&](bool skipped) {
     return StepStats{
@@ -216,7 +217,7 @@ StepStats Trainer::step(uint32_t signals) {
   adam.weight_decay = config_.train.weight_decay;
   fault::point("optimizer", rank, step_);
   params_->apply_update(adam, schedule_.at(step_), step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
-  times.optimizer += compute_since(t, comm);
+  times.optimizer += compute_since();
   return stats(false);
 }
 

@@ -15,6 +15,7 @@
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "fsdp/sharded_params.h"
+#include "metrics/memory.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
 #include "train/synthetic.h"
@@ -93,8 +94,10 @@ class Trainer {
   // Each rank's busy seconds in the last step's forward and backward (wall time less the time
   // spent waiting on collectives), as every rank learns them with the step's loss.
   const std::vector<double>& rank_busy_seconds() const { return rank_busy_; }
-  // Each rank's resident memory and its peak after the last step (bytes; MiB resolution when
-  // gathered from several ranks).
+  // This rank's memory at the end of the last step's backward (bytes).
+  const metrics::ProcessMemory& memory() const { return memory_; }
+  // Each rank's resident memory and its peak, as memory() (MiB resolution when gathered from
+  // several ranks).
   const std::vector<int64_t>& rank_resident_bytes() const { return rank_rss_; }
   const std::vector<int64_t>& rank_peak_resident_bytes() const { return rank_peak_rss_; }
   // Continues from `state`: the step count, tokens seen and the data position (the loader
@@ -126,7 +129,8 @@ class Trainer {
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
-  std::vector<double> rank_busy_;                  // world size
+  std::vector<double> rank_busy_;  // world size
+  metrics::ProcessMemory memory_;
   std::vector<int64_t> rank_rss_, rank_peak_rss_;  // world size
   // The step's all-reduce: loss, kSignalBits signals, then per rank busy seconds, RSS and peak
   // RSS (MiB).
