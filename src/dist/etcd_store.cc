@@ -429,14 +429,7 @@ class EtcdStoreImpl final : public EtcdStore {
       value = 0;
       if (exists) {
         mod_revision = int_field(*kv, "mod_revision");
-        std::string cur = value_of(*kv);
-        size_t used = 0;
-        try {
-          value = std::stoll(cur, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != cur.size() || cur.empty())
+        if (!detail::parse_counter(value_of(*kv), &value))
           throw StoreError("etcd store " + name_ + ": add() on key '" + key + "' whose value is not an integer");
       }
       if (d.passed())

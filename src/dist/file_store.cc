@@ -155,14 +155,7 @@ class FileStore final : public Store {
     try {
       Bytes cur;
       if (read_file(dir_ + "/" + key_file(key), &cur)) {
-        std::string text(cur.begin(), cur.end());
-        size_t used = 0;
-        try {
-          value = std::stoll(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != text.size() || text.empty())
+        if (!detail::parse_counter(std::string(cur.begin(), cur.end()), &value))
           throw StoreError("file store: add() on key '" + key + "' whose value is not an integer");
       }
       value += delta;

@@ -1,8 +1,10 @@
-// Helpers shared by the Store implementations (file_store.cc, etcd_store.cc, store.cc).
+// Helpers shared by the Store implementations (file_store.cc, etcd_store.cc, tcp_store.cc, store.cc).
 #pragma once
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,12 @@ inline std::string clean_store_prefix(const std::string& prefix) {
     begin = end + 1;
   }
   return clean;
+}
+
+// A counter's stored value (add() keeps decimal text): false unless `text` is exactly an integer.
+inline bool parse_counter(const std::string& text, int64_t* value) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value);
+  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
 }
 
 // 'a', 'b' for error messages.

@@ -142,9 +142,8 @@ struct TcpStoreServer::Impl {
           else reply = it->second;
         } else if (op == kAdd) {  // an absent key counts as 0; a present one must hold an integer
           auto it = data.find(key);
-          char* end = nullptr;
-          const long long now = it == data.end() ? 0 : std::strtoll(it->second.c_str(), &end, 10);
-          if (it != data.end() && (it->second.empty() || *end != '\0')) {
+          int64_t now = 0;
+          if (it != data.end() && !detail::parse_counter(it->second, &now)) {
             status = kNotInteger;
           } else {
             reply = data[key] = std::to_string(now + std::strtoll(value.c_str(), nullptr, 10));
