@@ -1,5 +1,6 @@
 // CPU GEMM through oneDNN: sgemm for fp32 (JIT AVX-512 kernels; threads from OpenMP), and the
-// matmul primitive for bf16 inputs (avx512_bf16 or AMX kernels where the CPU has them).
+// matmul primitive for bf16 inputs (avx512_bf16 or AMX kernels where the CPU has them; on a CPU
+// oneDNN has no bf16 kernels for, such as AVX2 only, sgemm on fp32 copies of the inputs).
 #include "kernels/cpu/matmul.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -13,7 +14,9 @@
 #include <tuple>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/check.h"
+#include "core/parallel.h"
 
 namespace tessera::kernels::cpu {
 
@@ -43,10 +46,16 @@ namespace {
 // built once and kept, with memory objects whose data handles are swapped per call and its own
 // scratchpad: in oneDNN's default (library) scratchpad mode every execution would allocate and
 // free the scratchpad, and the training step allocates nothing.
+//
+// Where oneDNN has no bf16 matmul for the CPU (it needs AVX-512; AVX2-only parts such as Zen 3
+// get "could not create a primitive descriptor"), the entry keeps fp32 buffers instead, the
+// inputs are widened into them (exact: a bf16 value is an fp32 value) and sgemm runs: the same
+// contract (bf16 inputs, fp32 products and sums) at fp32 speed plus the widening pass.
 struct Bf16Gemm {
   dnnl::matmul primitive;
   dnnl::memory a, b, c, scratchpad;
   std::vector<uint8_t> scratch_bytes;
+  std::vector<float> a32, b32;  // the fallback's widened inputs; empty with a primitive
 };
 
 using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
@@ -81,7 +90,15 @@ std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine
     attr.set_post_ops(ops);
   }
   auto g = std::make_unique<Bf16Gemm>();
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+    g->a32.resize(static_cast<size_t>(M * K));
+    g->b32.resize(static_cast<size_t>(K * N));
+    return g;
+  }
   g->primitive = dnnl::matmul(pd);
   g->a = dnnl::memory(a_md, engine, nullptr);
   g->b = dnnl::memory(b_md, engine, nullptr);
@@ -91,7 +108,22 @@ std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine
   return g;
 }
 
+// A rows x cols bf16 matrix of row stride ld, widened into a dense fp32 one.
+void widen(float* out, const uint16_t* in, int64_t rows, int64_t cols, int64_t ld) {
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) bf16_to_f32(in + r * ld, out + r * cols, cols);
+  });
+}
+
 }  // namespace
+
+bool bf16_gemm_native() {
+  static const bool native = [] {
+    const Bf16Key key{false, true, 16, 16, 16, 16, 16, 16, 1.0f, 0.0f, 1};
+    return build_bf16_gemm(key, bf16_cache().engine)->a32.empty();
+  }();
+  return native;
+}
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -111,6 +143,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   auto it = cache.entries.find(key);
   if (it == cache.entries.end()) it = cache.entries.emplace(key, build_bf16_gemm(key, cache.engine)).first;
   Bf16Gemm& g = *it->second;
+  if (!g.a32.empty()) {
+    // Stored as op() reads them: A is K x M when transposed, B N x K.
+    widen(g.a32.data(), A, trans_a ? K : M, trans_a ? M : K, lda);
+    widen(g.b32.data(), B, trans_b ? N : K, trans_b ? K : N, ldb);
+    gemm(trans_a, trans_b, M, N, K, alpha, g.a32.data(), trans_a ? M : K, g.b32.data(), trans_b ? K : N, beta, C, ldc);
+    return;
+  }
   g.a.set_data_handle(const_cast<uint16_t*>(A));
   g.b.set_data_handle(const_cast<uint16_t*>(B));
   g.c.set_data_handle(C);
@@ -134,10 +173,11 @@ void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16
 }
 
 const char* gemm_library() {
-  static char name[64];
+  static char name[96];
   if (name[0] == 0) {
     const dnnl_version_t* v = dnnl_version();
-    std::snprintf(name, sizeof(name), "oneDNN %d.%d.%d (sgemm, bf16 matmul, %s)", v->major, v->minor, v->patch,
+    std::snprintf(name, sizeof(name), "oneDNN %d.%d.%d (sgemm, %s, %s)", v->major, v->minor, v->patch,
+                  bf16_gemm_native() ? "bf16 matmul" : "bf16 widened to sgemm",
                   v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime");
   }
   return name;

@@ -20,6 +20,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Whether gemm_bf16 runs oneDNN's bf16 kernels (avx512_bf16, AMX) rather than widening its
+// inputs for sgemm (CPUs oneDNN has no bf16 matmul for).
+bool bf16_gemm_native();
+
 // linear_* with bf16 x, w and dy; y, dx and dw fp32 (dw is added to in fp32).
 void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K);
 void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
