@@ -34,7 +34,7 @@ ALWAYS = {"step": int, "time": float, "elapsed_s": float, "loss": float, "lr": f
           "tokens": int, "step_s": float, "data_wait_s": float, "forward_s": float, "backward_s": float,
           "comm_s": float, "optimizer_s": float, "other_s": float, "checkpoint_s": float,
           "tokens_per_s": float, "model_flops_per_s": float, "rss_bytes": int, "peak_rss_bytes": int}
-OPTIONAL = {"mfu": float, "val_loss": float, "eval_s": float, "rank_busy_s": list, "rank_rss_bytes": list,
+OPTIONAL = {"mfu": float, "val_loss": float, "val_tokens": int, "eval_s": float, "rank_busy_s": list, "rank_rss_bytes": list,
             "stragglers": list, "skipped": bool, "skipped_steps": int}
 SPLIT = ["data_wait_s", "forward_s", "backward_s", "comm_s", "optimizer_s", "other_s"]
 
@@ -111,7 +111,8 @@ def check_schema(recs, world, where, eval_interval, max_steps):
         check(math.isclose(r["tokens_per_s"], 512 / r["step_s"], rel_tol=1e-9), f"{at}: tokens_per_s")
         check(0 < r["rss_bytes"] <= r["peak_rss_bytes"], f"{at}: rss {r['rss_bytes']} peak {r['peak_rss_bytes']}")
         evaluated = r["step"] % eval_interval == 0 or r["step"] == max_steps
-        check(("val_loss" in r) == evaluated and ("eval_s" in r) == evaluated, f"{at}: val_loss/eval_s presence")
+        check(all((k in r) == evaluated for k in ("val_loss", "val_tokens", "eval_s")),
+              f"{at}: val_loss/val_tokens/eval_s presence")
         check(("rank_busy_s" in r) == (world > 1) and ("rank_rss_bytes" in r) == (world > 1),
               f"{at}: per-rank arrays with world {world}")
         if world > 1:

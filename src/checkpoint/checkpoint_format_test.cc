@@ -194,6 +194,7 @@ TEST(ShardFile, HeaderLongerThanTheFileIsRejectedWithoutAllocating) {
 Manifest sample_manifest() {
   Manifest m;
   m.step = 12;
+  m.optimizer_steps = 11;  // one step skipped
   m.tokens = 4096;
   m.sampler_position = 48;
   m.seed = 7;
@@ -219,6 +220,15 @@ TEST(Manifest, RoundTrip) {
   EXPECT_EQ(r.units[0].tensors[0].shape, (std::vector<int64_t>{2, 5}));
 }
 
+// Manifests written before skipped steps stopped counting have no optimizer_steps: their updates
+// counted every step, and resuming continues them so.
+TEST(Manifest, OptimizerStepsDefaultToTheStep) {
+  nlohmann::json j = nlohmann::json::parse(to_json(sample_manifest()));
+  EXPECT_EQ(parse_manifest(j.dump(), "M").optimizer_steps, sample_manifest().optimizer_steps);
+  j.erase("optimizer_steps");
+  EXPECT_EQ(parse_manifest(j.dump(), "M").optimizer_steps, sample_manifest().step);
+}
+
 TEST(Manifest, BadFieldsNameTheKey) {
   const nlohmann::json good = nlohmann::json::parse(to_json(sample_manifest()));
   auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
@@ -229,6 +239,8 @@ TEST(Manifest, BadFieldsNameTheKey) {
   EXPECT_NE(error_with([](auto& j) { j.erase("step"); }).find("M: step is missing"), std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["step"] = "12"; }).find("step has type string"), std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["version"] = 2; }).find("version"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["optimizer_steps"] = 13; }).find("optimizer_steps"),
+            std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["files"][0]["name"] = "../etc/passwd"; }).find("files[0].name"),
             std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["files"][1]["shard_rank"] = 0; }).find("appears twice"), std::string::npos);

@@ -83,6 +83,7 @@ std::string to_json(const Manifest& m) {
       {"format", "tessera-checkpoint"},
       {"version", Manifest::kVersion},
       {"step", m.step},
+      {"optimizer_steps", m.optimizer_steps},
       {"tokens", m.tokens},
       {"sampler_position", m.sampler_position},
       {"seed", m.seed},
@@ -109,6 +110,9 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   }
   Manifest m;
   m.step = top.integer("step", 0, INT64_MAX);
+  // Absent from manifests written before skipped steps stopped counting (their updates used
+  // `step`, so resuming with it continues them as they were).
+  m.optimizer_steps = j.contains("optimizer_steps") ? top.integer("optimizer_steps", 0, m.step) : m.step;
   m.tokens = top.integer("tokens", 0, INT64_MAX);
   m.sampler_position = top.unsigned_integer("sampler_position");
   m.seed = top.unsigned_integer("seed");

@@ -32,7 +32,8 @@ struct ManifestFile {
 
 struct Manifest {
   static constexpr int kVersion = 1;
-  int64_t step = 0;               // optimizer steps taken
+  int64_t step = 0;               // optimizer steps taken, skipped ones included
+  int64_t optimizer_steps = 0;    // AdamW updates applied (its bias correction): step less the skipped
   int64_t tokens = 0;             // training tokens seen
   uint64_t sampler_position = 0;  // global sample position of the next batch
   uint64_t seed = 0;              // initialization and data-order seed (all RNG is counter-based)

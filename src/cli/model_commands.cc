@@ -93,16 +93,17 @@ int cmd_eval(const Args& args) {
   c.data.dataset = dataset;
   c.parallel.nproc = 1;  // evaluation runs in this process, whatever the run's world size was
   c.train.micro_batch_size = 0;
-  c.train.eval_batches = std::numeric_limits<int32_t>::max();  // the whole validation split
   c.train.init_from.clear();  // the weights come from the checkpoint
   train::Trainer trainer(c, train::resolve_dataset(c));
   trainer.params().load_tensors(trained.tensors, trained.weights_path);
-  const double loss = trainer.evaluate();
+  // The whole validation split, as the last evaluation of `tessera train` covers.
+  const train::Trainer::Evaluation e = trainer.evaluate(trainer.validation_batches());
   nlohmann::ordered_json out = {{"checkpoint", trained.weights_path},
                                 {"dataset", dataset},
                                 {"val_tokens", trainer.dataset()->val.tokens},
-                                {"val_loss", loss},
-                                {"perplexity", std::exp(loss)},
+                                {"val_targets", e.tokens},
+                                {"val_loss", e.loss},
+                                {"perplexity", std::exp(e.loss)},
                                 {"unigram_entropy", trainer.dataset()->unigram_entropy}};
   fmt::print("{}\n", out.dump());
   return kExitOk;

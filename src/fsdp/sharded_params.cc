@@ -289,24 +289,27 @@ double ShardedParams::finish_step(bool poison) {
   return std::sqrt(static_cast<double>(sum));
 }
 
-void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double clip) {
+void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale) {
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
-    if (clip < 1.0) k::scale_inplace(u.grad, u.shard, static_cast<float>(clip));
+    if (grad_scale != 1.0) k::scale_inplace(u.grad, u.shard, static_cast<float>(grad_scale));
     const int64_t begin = topo_.shard_rank() * u.shard;
     optim::adamw_update(layout_.units()[i], begin, begin + u.shard, u.master, u.grad, u.m, u.v, adam, lr, step);
   }
 }
 
-std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_tensors() {
+std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_tensors() { return gather_named(&Unit::master); }
+std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_gradients() { return gather_named(&Unit::grad); }
+
+std::vector<checkpoint::NamedTensor> ShardedParams::gather_named(float* Unit::*shard) {
   std::vector<checkpoint::NamedTensor> out;
   std::vector<float> full;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
-    const float* p = u.master;
+    const float* p = u.*shard;
     if (topo_.shard_size > 1) {
       full.resize(u.padded);
-      auto w = shard_group_->all_gather(u.master, full.data(), u.shard, dist::DType::kF32, options_);
+      auto w = shard_group_->all_gather(u.*shard, full.data(), u.shard, dist::DType::kF32, options_);
       w->wait();
       p = full.data();
     }

@@ -77,11 +77,15 @@ class ShardedParams final : public model::ParamSource {
   // poison (fault injection, core/fault.h kind nan): once this rank's reductions are done, its
   // first gradient value becomes NaN, so the replica reduction and the norm spread it.
   double finish_step(bool poison = false);
-  // Clip factor, then AdamW on this rank's shards.
-  void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double clip);
+  // Scales the gradient shards by grad_scale (the clip factor, times any rescaling of the loss),
+  // then AdamW on this rank's shards. step: AdamW's 1-based update count (bias correction).
+  void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale);
 
   // Every parameter tensor by name, gathered from all shards (a collective: all ranks call it).
   std::vector<checkpoint::NamedTensor> gather_named_tensors();
+  // The same for the gradient shards as the last step left them: reduced, and scaled by
+  // apply_update's grad_scale once it ran (a collective).
+  std::vector<checkpoint::NamedTensor> gather_named_gradients();
   // Sets this rank's shards from full tensors by name. Throws DataError naming `origin` and the
   // tensor when one is missing or has another shape.
   void load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin);
@@ -98,6 +102,7 @@ class ShardedParams final : public model::ParamSource {
 
  private:
   struct Unit;
+  std::vector<checkpoint::NamedTensor> gather_named(float* Unit::*shard);
   void issue_gather(int unit);
   void acquire_unit(int unit);  // gathers (or waits for) the unit, counts the reference, prefetches
   void free_params(int unit);

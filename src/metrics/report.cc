@@ -30,7 +30,7 @@ const std::set<std::string> kScalarKeys = {
     "time",         "elapsed_s",         "loss",       "lr",        "grad_norm",      "tokens",   "step_s",
     "data_wait_s",  "forward_s",         "backward_s", "comm_s",    "optimizer_s",    "other_s",  "checkpoint_s",
     "tokens_per_s", "model_flops_per_s", "mfu",        "rss_bytes", "peak_rss_bytes", "val_loss", "eval_s",
-    "skipped",      "skipped_steps"};
+    "val_tokens",   "skipped",           "skipped_steps"};
 const std::set<std::string> kRankKeys = {"rank_busy_s", "rank_rss_bytes"};
 
 void append(std::vector<double>* column, size_t record, double value) {

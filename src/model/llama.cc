@@ -27,6 +27,10 @@ void copy(float* dst, const float* src, int64_t n) {
 }
 }  // namespace
 
+int64_t count_valid_targets(const int32_t* targets, int64_t n) {
+  return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });
+}
+
 int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
   // Logits for a chunk of rows at a time (~32 MB): never the whole (N, V) tensor.
   return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
@@ -207,7 +211,7 @@ void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   }
 }
 
-double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
+LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
   const ModelConfig& c = layout_.config();
   const int64_t C = c.dim, V = c.vocab_size;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
@@ -221,8 +225,6 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
   k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, N_, C, static_cast<float>(c.norm_eps));
-  const int64_t valid = std::count_if(targets, targets + N_, [](int32_t t) { return t >= 0; });
-  const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
   // Logits, loss and (with grads) the head's backward, one chunk of rows at a time.
   const int64_t chunk = loss_chunk_rows(c, N_);
   double loss_sum = 0.0;
@@ -230,7 +232,7 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
     const int64_t rows = std::min(chunk, N_ - r0);
     const float* xn = b_.xn_final + r0 * C;
     linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
-    k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, dscale);
+    k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, grad_scale);
     for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
     if (with_grads) {
       const double t0 = now_seconds();
@@ -248,16 +250,16 @@ double Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_g
   }
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
-  return valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
+  return {loss_sum, count_valid_targets(targets, N_)};
 }
 
-double Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
-  const double loss = forward(params, inputs, targets, grad_scale);
+LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
+  const LossSum loss = forward(params, inputs, targets, grad_scale);
   backward(params, inputs);
   return loss;
 }
 
-double Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
+LossSum Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
   forward_blocks(params, inputs);
   return head_loss(params, targets, true, grad_scale);
 }
@@ -279,7 +281,7 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
   params.grads_ready(emb);
 }
 
-double Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
+LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
   forward_blocks(params, inputs);
   return head_loss(params, targets, false, 0.0f);
 }

@@ -12,6 +12,18 @@
 
 namespace tessera::model {
 
+// A micro-batch's cross-entropy: summed over its valid (non-negative) targets, and their count.
+// Sums, not means, so that micro-batches and ranks with different numbers of valid targets
+// combine into the mean over the whole batch (a mean of means weights them wrongly).
+struct LossSum {
+  double sum = 0.0;
+  int64_t count = 0;
+  double mean() const { return count > 0 ? sum / static_cast<double>(count) : 0.0; }
+};
+
+// Targets >= 0 among n: those the loss counts.
+int64_t count_valid_targets(const int32_t* targets, int64_t n);
+
 class Llama {
  public:
   // micro_batch: sequences per forward (B); sequences are config.seq_len tokens (T).
@@ -33,17 +45,17 @@ class Llama {
                                          int64_t checkpoint_every = 0, bool bf16 = false);
 
   // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
-  // grad_scale x (mean loss over valid targets) to the source's gradient buffers and returns the
-  // mean loss.
-  double forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // grad_scale x (the sum of the losses of the valid targets) to the source's gradient buffers
+  // (grad_scale = 1 / count_valid_targets gives the gradient of the micro-batch's mean loss).
+  LossSum forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
   // forward_backward in two halves, for timing them apart (call forward then backward, same inputs).
   // forward: the loss and, fused with it chunk by chunk, the LM head's backward, whose seconds
   // head_backward_seconds() returns; backward: the blocks' and the embedding's backward.
-  double forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
+  LossSum forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
   void backward(ParamSource& params, const int32_t* inputs);
   double head_backward_seconds() const { return head_backward_seconds_; }
-  // Mean loss without gradients.
-  double forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets);
+  // The loss without gradients.
+  LossSum forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets);
   // logits (B, T, V) for every position.
   void forward_logits(ParamSource& params, const int32_t* inputs, float* logits);
 
@@ -112,7 +124,7 @@ class Llama {
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
   void block_backward(const UnitParams& w, float* dw, const BlockActs& acts);
   // Final norm, head and loss over all rows; with grads, also their backward into b_.dx.
-  double head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
+  LossSum head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
 
   ModelLayout layout_;
   int64_t B_, T_, N_;

@@ -5,8 +5,14 @@
 // by ~1e-3 relative, and ~10 GEMMs in series compound that to a few 1e-3: the loss within 1e-2
 // relative and each gradient within cosine 0.999 of fp32 (what PyTorch's autocast gives on such a
 // model). Observed here: 1 - cosine ~2e-5 and curves within 1e-3; a wrong transpose, offset or
-// stride in any bf16 GEMM, or a norm gain read from the wrong place, drives cosines far below
-// the bound, and a bf16 path that silently ran in fp32 fails the inequality of the losses.
+// stride in any bf16 GEMM drives cosines far below the bound, and a bf16 path that silently ran
+// in fp32 fails the inequality of the losses.
+//
+// Norm gains start at exactly 1, where reading one norm's gain in place of another's changes
+// nothing; the gains are jittered here (uniform in [0.75, 1.25], as the model parity test does),
+// so that such a mix-up scales a norm's output channels by up to +-40% and its gradients leave
+// the 0.999 cosine far behind, while bf16 rounds the jittered gains no worse than the unit ones
+// (relative 2^-9 either way).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,8 +43,22 @@ ModelAndParams make(const ModelLayout& layout, bool bf16_params, bool bf16_model
   r.params =
       std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, fsdp::Topology{}, nullptr, nullptr, 1,
                                             dist::Millis(0), bf16_params ? dist::DType::kBF16 : dist::DType::kF32);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    for (const TensorSpec& t : layout.units()[u].tensors) {
+      if (t.decay) continue;  // the norm gains
+      float* g = r.params->master_shard(u) + t.offset;
+      for (int64_t i = 0; i < t.numel(); ++i) g[i] = 1.0f + 0.5f * (rng::uniform(9, u, i) - 0.5f);
+    }
+  }
   r.model = std::make_unique<Llama>(layout, kB, num_threads(), 0, bf16_model);
   return r;
+}
+
+// The gradient of the mean loss, as the trainer scales it.
+double mean_loss_step(ModelAndParams& r, const std::vector<int32_t>& in, const std::vector<int32_t>& tgt) {
+  const int64_t n = static_cast<int64_t>(tgt.size());
+  const float scale = 1.0f / static_cast<float>(count_valid_targets(tgt.data(), n));
+  return r.model->forward_backward(*r.params, in.data(), tgt.data(), scale).mean();
 }
 
 // Random tokens, so that every vocabulary row gets gradient.
@@ -87,8 +107,8 @@ TEST_P(MixedPrecision, LossAndEveryGradientMatchFp32) {
   ModelAndParams fp32 = make(lay, false, false), bf16 = make(lay, true, true);
   fp32.params->begin_step();
   bf16.params->begin_step();
-  const double loss32 = fp32.model->forward_backward(*fp32.params, in.data(), tgt.data(), 1.0f);
-  const double loss16 = bf16.model->forward_backward(*bf16.params, in.data(), tgt.data(), 1.0f);
+  const double loss32 = mean_loss_step(fp32, in, tgt);
+  const double loss16 = mean_loss_step(bf16, in, tgt);
   EXPECT_NEAR(loss16, loss32, 1e-2 * loss32);
   EXPECT_NE(loss16, loss32) << "the bf16 path did not run";
   for (int u = 0; u < lay.num_units(); ++u) {
@@ -109,8 +129,8 @@ TEST_P(MixedPrecision, Fp32SourceFallsBackBitwise) {
   ModelAndParams plain = make(lay, false, false), planned = make(lay, false, true);
   plain.params->begin_step();
   planned.params->begin_step();
-  const double a = plain.model->forward_backward(*plain.params, in.data(), tgt.data(), 1.0f);
-  const double b = planned.model->forward_backward(*planned.params, in.data(), tgt.data(), 1.0f);
+  const double a = mean_loss_step(plain, in, tgt);
+  const double b = mean_loss_step(planned, in, tgt);
   EXPECT_EQ(a, b);
   for (int u = 0; u < lay.num_units(); ++u) {
     EXPECT_EQ(0, std::memcmp(plain.params->grads(u), planned.params->grads(u), lay.units()[u].padded * sizeof(float)))
@@ -140,7 +160,7 @@ TEST_P(MixedPrecision, TrainingCurveFollowsFp32) {
         }
       }
       r.params->begin_step();
-      curves[bf16].push_back(r.model->forward_backward(*r.params, in.data(), tgt.data(), 1.0f));
+      curves[bf16].push_back(mean_loss_step(r, in, tgt));
       const double norm = r.params->finish_step();
       r.params->apply_update(adam, 3e-3, step, optim::clip_factor(norm, 1.0));
     }

@@ -135,6 +135,7 @@ double Checkpointer::save(Trainer& trainer) {
   const TrainingState state = trainer.state();
   ck::Manifest& m = job.manifest;
   job.step = m.step = state.step;
+  m.optimizer_steps = state.optimizer_steps;
   m.tokens = state.tokens;
   m.sampler_position = state.sampler_position;
   m.seed = static_cast<uint64_t>(config_.train.seed);
@@ -397,7 +398,7 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     reader.read_slice(u, "exp_avg", begin, n, params.adam_m_shard(u));
     reader.read_slice(u, "exp_avg_sq", begin, n, params.adam_v_shard(u));
   }
-  trainer.restore({m.step, m.tokens, m.sampler_position});
+  trainer.restore({m.step, m.tokens, m.sampler_position, m.optimizer_steps});
 }
 
 std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates) {

@@ -166,6 +166,7 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
   record["peak_rss_bytes"] = trainer.memory().peak;
   if (extra.val_loss) {
     record["val_loss"] = *extra.val_loss;
+    record["val_tokens"] = extra.val_tokens;
     record["eval_s"] = extra.eval_s;
   }
   if (busy.size() > 1) {

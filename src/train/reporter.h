@@ -50,6 +50,7 @@ class StepReporter {
   // What happened around the step besides Trainer::step.
   struct Extra {
     std::optional<double> val_loss;  // on evaluation steps
+    int64_t val_tokens = 0;          // the validation targets it counted
     double eval_s = 0.0;
     double checkpoint_s = 0.0;  // the step loop's stall for a save after the step
   };

@@ -211,7 +211,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const config::CheckpointConfig& ckpt = config.checkpoint;
   double last_save = now_seconds();
   const double start = now_seconds();
-  std::optional<double> val_loss;
+  std::optional<Trainer::Evaluation> final_eval;
   auto finished = [&] {
     return trainer.steps_done() >= config.train.max_steps ||
            (config.train.max_tokens > 0 && trainer.state().tokens >= config.train.max_tokens);
@@ -227,9 +227,14 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     const bool last = finished();
     StepReporter::Extra extra;
     if (config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last)) {
+      // The last evaluation covers the whole validation split, as `tessera eval` does, so that the
+      // two agree on the same weights; the periodic ones the first train.eval_batches batches.
       const double t0 = now_seconds();
-      val_loss = extra.val_loss = trainer.evaluate();
+      const Trainer::Evaluation e = trainer.evaluate(last ? trainer.validation_batches() : 0);
+      extra.val_loss = e.loss;
+      extra.val_tokens = e.tokens;
       extra.eval_s = now_seconds() - t0;
+      if (last) final_eval = e;
     }
     // Every rank decides alike (the signals are the OR over ranks). After a failed save with
     // on_failure = stop nothing more is saved: the run stops below on its last committed checkpoint.
@@ -285,11 +290,13 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   }
   log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(),
             format_count(static_cast<double>(trainer.state().tokens)), now_seconds() - start);
-  if (manifest != nullptr && val_loss) {
-    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) vs unigram entropy {:.4f} ({})", *val_loss,
-              std::exp(*val_loss), manifest->unigram_entropy,
-              *val_loss < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - *val_loss)
-                                                    : std::string("not below"));
+  if (manifest != nullptr && final_eval) {
+    const double v = final_eval->loss;
+    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) over the whole validation split ({} tokens) vs "
+              "unigram entropy {:.4f} ({})",
+              v, std::exp(v), format_count(static_cast<double>(final_eval->tokens)), manifest->unigram_entropy,
+              v < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - v)
+                                            : std::string("not below"));
   }
 }
 

@@ -103,10 +103,15 @@ void Trainer::restore(const TrainingState& state) {
                                            loader_options(config_, dist_.topology),
                                            data::SamplerState{state.sampler_position});
   step_ = state.step;
+  optimizer_steps_ = state.optimizer_steps;
   tokens_ = state.tokens;
 }
 
 StepStats Trainer::step(uint32_t signals) {
+  return step([this] { return loader_->next(); }, signals);
+}
+
+StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
@@ -124,21 +129,27 @@ StepStats Trainer::step(uint32_t signals) {
     return compute;
   };
   params_->begin_step();
-  double loss = 0.0;
+  // The step's loss is the sum over the global batch's valid targets divided by their count,
+  // which no rank knows before its backward. Each target's gradient is scaled by 1 / positions
+  // (every target of the global batch: the count when nothing is ignored) and the sum, reduced
+  // over ranks, is rescaled by positions / count once the count is known (with the loss, below):
+  // no extra collective, and no rescaling pass unless targets were ignored.
+  const int64_t positions = config_.tokens_per_step();
+  model::LossSum loss_sum;
   for (int64_t a = 0; a < accum; ++a) {
     params_->begin_micro_batch(a);
-    const data::Loader::Batch batch = loader_->next();
+    const data::Loader::Batch batch = next();
     times.data_wait += compute_since();
     if (a == 0) fault::point("forward", rank, step_ + 1);
-    // Each rank's micro-batch mean, scaled so that the sum over ranks and micro-batches is the
-    // gradient of the global batch's mean loss.
-    loss += model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(accum * world));
+    const model::LossSum mb =
+        model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(positions));
+    loss_sum.sum += mb.sum;
+    loss_sum.count += mb.count;
     times.forward += compute_since() - model_.head_backward_seconds();
     times.backward += model_.head_backward_seconds();
     model_.backward(*params_, batch.inputs);
     times.backward += compute_since();
   }
-  loss /= static_cast<double>(accum);
   const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
   // This rank's busy time (forward and backward, not the time spent waiting on collectives or
   // data): a slow rank shows here, its peers only wait for it.
@@ -148,17 +159,20 @@ StepStats Trainer::step(uint32_t signals) {
   rank_peak_rss_[rank] = memory_.peak;
   if (dist_.world != nullptr) {
     // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
-    // time and memory: [loss / W, signal bits..., busy of rank 0..W-1, RSS MiB..., peak RSS MiB...]
-    // summed over ranks.
+    // time and memory: [loss sum, valid targets, signal bits..., busy of rank 0..W-1, RSS MiB...,
+    // peak RSS MiB...] summed over ranks. A float holds the count exactly up to 2^24 targets
+    // per step, and to 6e-8 relative beyond.
     constexpr int kBits = kSignalBits;
     constexpr double kMiB = 1 << 20;
     float* sums = reduce_buffer_.data();
-    float* busy = sums + 1 + kBits;
+    float* bits = sums + 2;
+    float* busy = bits + kBits;
     float* rss = busy + world;
     float* peak = rss + world;
     std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
-    sums[0] = static_cast<float>(loss / world);
-    for (int b = 0; b < kBits; ++b) sums[1 + b] = static_cast<float>(signals >> b & 1u);
+    sums[0] = static_cast<float>(loss_sum.sum);
+    sums[1] = static_cast<float>(loss_sum.count);
+    for (int b = 0; b < kBits; ++b) bits[b] = static_cast<float>(signals >> b & 1u);
     busy[rank] = static_cast<float>(rank_busy_[rank]);
     rss[rank] = static_cast<float>(std::round(static_cast<double>(rank_rss_[rank]) / kMiB));
     peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
@@ -169,22 +183,34 @@ StepStats Trainer::step(uint32_t signals) {
         ->wait();
     times.comm += now_seconds() - t_reduce;
     t = now_seconds();
-    loss = sums[0];
+    loss_sum = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
     signals = 0;
-    for (int b = 0; b < kBits; ++b) signals |= sums[1 + b] > 0.0f ? 1u << b : 0u;
+    for (int b = 0; b < kBits; ++b) signals |= bits[b] > 0.0f ? 1u << b : 0u;
     for (int r = 0; r < world; ++r) {
       rank_busy_[r] = busy[r];
       rank_rss_[r] = static_cast<int64_t>(rss[r] * kMiB);
       rank_peak_rss_[r] = static_cast<int64_t>(peak[r] * kMiB);
     }
   }
-  const double grad_norm = params_->finish_step(poison);
+  const double loss = loss_sum.mean();
+  // positions / count: 1 unless targets were ignored; 0 when none is valid (zero gradients).
+  const double rescale =
+      loss_sum.count > 0 ? static_cast<double>(positions) / static_cast<double>(loss_sum.count) : 0.0;
+  const double grad_norm = params_->finish_step(poison) * rescale;
   times.optimizer += compute_since();
   // After the step count moved on (skipped or not).
   auto stats = [&](bool skipped) {
-    return StepStats{
-        step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, config_.tokens_per_step(),
-        signals, skipped, skipped_total_};
+    return StepStats{step_,
+                     loss,
+                     schedule_.at(step_),
+                     grad_norm,
+                     now_seconds() - t0,
+                     times,
+                     config_.tokens_per_step(),
+                     loss_sum.count,
+                     signals,
+                     skipped,
+                     skipped_total_};
   };
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
@@ -199,7 +225,8 @@ StepStats Trainer::step(uint32_t signals) {
                       "parameters are unchanged (try a lower train.lr or train.grad_clip)",
                       what, skipped_in_a_row_, config_.train.max_skipped_steps));
     }
-    // The gradients are dropped (begin_step zeroes them); the schedule and data move on.
+    // The gradients are dropped (begin_step zeroes them); the schedule and data move on, AdamW's
+    // step count (its bias correction) does not.
     ++skipped_total_;
     ++step_;
     tokens_ += config_.tokens_per_step();
@@ -209,6 +236,7 @@ StepStats Trainer::step(uint32_t signals) {
   }
   skipped_in_a_row_ = 0;
   ++step_;
+  ++optimizer_steps_;
   tokens_ += config_.tokens_per_step();
   optim::AdamWConfig adam;
   adam.beta1 = config_.train.beta1;
@@ -216,27 +244,34 @@ StepStats Trainer::step(uint32_t signals) {
   adam.eps = config_.train.eps;
   adam.weight_decay = config_.train.weight_decay;
   fault::point("optimizer", rank, step_);
-  params_->apply_update(adam, schedule_.at(step_), step_, optim::clip_factor(grad_norm, config_.train.grad_clip));
+  params_->apply_update(adam, schedule_.at(step_), optimizer_steps_,
+                        rescale * optim::clip_factor(grad_norm, config_.train.grad_clip));
   times.optimizer += compute_since();
   return stats(false);
 }
 
-double Trainer::evaluate() {
-  // The first train.eval_batches global batches of consecutive samples (T+1 tokens each) from the
-  // start of the validation split, cut among ranks as training batches are, so the figure does
-  // not depend on the world size. Rows past the split's end are padded with ignored targets and
-  // every rank runs the same number of forwards (they are collectives when sharded).
+int64_t Trainer::validation_batches() const {
+  const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(config_.model.seq_len) : 0;
+  const uint64_t G = static_cast<uint64_t>(config_.train.batch_size);
+  return static_cast<int64_t>((samples + G - 1) / G);
+}
+
+Trainer::Evaluation Trainer::evaluate(int64_t batches) {
+  // The first `batches` global batches of consecutive samples (T+1 tokens each) from the start of
+  // the validation split, cut among ranks as training batches are, so the figure does not depend
+  // on the world size. Rows past the split's end are padded with ignored targets and every rank
+  // runs the same number of forwards (they are collectives when sharded).
   const int64_t T = config_.model.seq_len, mb = config_.micro_batch(), G = config_.train.batch_size;
   const int W = dist_.topology.world, rank = dist_.topology.rank;
   const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
   if (samples == 0) throw DataError(fmt::format("validation split has {} tokens: fewer than seq_len + 1", val_tokens_));
-  const uint64_t total = std::min<uint64_t>(samples, static_cast<uint64_t>(config_.train.eval_batches * G));
+  if (batches <= 0) batches = config_.train.eval_batches;
+  const uint64_t total = std::min<uint64_t>(samples, static_cast<uint64_t>(batches) * static_cast<uint64_t>(G));
   const uint64_t global_batches = (total + G - 1) / G;
   const int64_t per_rank = G / W;
-  double loss_sum = 0.0, counted = 0.0;
+  model::LossSum loss;
   for (uint64_t b = 0; b < global_batches; ++b) {
     for (int64_t m0 = 0; m0 < per_rank; m0 += mb) {
-      int64_t valid = 0;
       for (int64_t r = 0; r < mb; ++r) {
         const uint64_t s = b * G + rank * per_rank + m0 + r;
         int32_t* in = eval_inputs_.data() + r * T;
@@ -244,23 +279,23 @@ double Trainer::evaluate() {
         if (s < total) {
           val_reader_(s * T, T, in);
           val_reader_(s * T + 1, T, tg);
-          valid += T;
         } else {
           std::fill(in, in + T, 0);
           std::fill(tg, tg + T, -1);
         }
       }
-      loss_sum += model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data()) * static_cast<double>(valid);
-      counted += static_cast<double>(valid);
+      const model::LossSum part = model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data());
+      loss.sum += part.sum;
+      loss.count += part.count;
     }
   }
   if (dist_.world != nullptr) {
-    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(counted)};
+    // Per-rank sums in double precision, reduced as floats: 6e-8 relative.
+    float sums[2] = {static_cast<float>(loss.sum), static_cast<float>(loss.count)};
     dist_.world->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
-    loss_sum = sums[0];
-    counted = sums[1];
+    loss = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
   }
-  return loss_sum / counted;
+  return {loss.mean(), loss.count, total == samples};
 }
 
 }  // namespace tessera::train

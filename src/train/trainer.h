@@ -35,12 +35,13 @@ struct StepTimes {
 
 struct StepStats {
   int64_t step = 0;   // 1-based index of the step just taken
-  double loss = 0.0;  // mean over the global batch
+  double loss = 0.0;  // mean over the global batch's valid targets
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping
   double seconds = 0.0;
   StepTimes times;            // the split of `seconds` (the rest is bookkeeping)
   int64_t tokens = 0;         // tokens in this step (global)
+  int64_t valid_targets = 0;  // targets the loss counted (global): tokens less the ignored ones
   uint32_t signals = 0;       // the OR over ranks of the signals passed to step()
   bool skipped = false;       // non-finite loss or gradient norm, update skipped (train.on_nonfinite = skip)
   int64_t skipped_total = 0;  // steps skipped so far in this process
@@ -48,9 +49,10 @@ struct StepStats {
 
 // Where training stands after a step: what a checkpoint records besides parameters and moments.
 struct TrainingState {
-  int64_t step = 0;               // optimizer steps taken
+  int64_t step = 0;               // optimizer steps taken, skipped ones included (schedule, data)
   int64_t tokens = 0;             // training tokens seen
   uint64_t sampler_position = 0;  // global position of the next batch's first sample
+  int64_t optimizer_steps = 0;    // AdamW updates applied: step less the skipped ones (bias correction)
 };
 
 // The process groups of a data-parallel run (all null in a single process).
@@ -73,16 +75,34 @@ class Trainer {
   // by every rank in the same step: both are all-reduced) parameters and optimizer state are
   // left as they were, and with train.on_nonfinite = stop it throws NonFiniteError; with skip
   // the step counts as taken (its batch is dropped, StepStats::skipped is set) unless more than
-  // train.max_skipped_steps steps in a row were non-finite, which throws. `signals`: bits this rank
+  // train.max_skipped_steps steps in a row were non-finite, which throws; a skipped step moves the
+  // schedule and the data on but not AdamW's step count, as PyTorch's GradScaler skips
+  // optimizer.step(). The loss is the mean over the global batch's valid targets (summed over
+  // micro-batches and ranks, then divided once), its gradient likewise. `signals`: bits this rank
   // raises (e.g. "stop requested"); every rank gets their OR over ranks in StepStats::signals,
   // carried by the step's loss all-reduce, so all ranks act on them after the same step.
   StepStats step(uint32_t signals = 0);
+  // This rank's next micro-batch: inputs and targets (micro_batch, T); a negative target is ignored.
+  using BatchSource = std::function<data::Loader::Batch()>;
+  // step() over micro-batches from `next` (micro_batches_per_step() calls) instead of the loader,
+  // which does not move: for batches the loader cannot express, such as masked targets.
+  StepStats step(const BatchSource& next, uint32_t signals = 0);
+  int64_t micro_batches_per_step() const { return loader_->micro_batches_per_step(); }
   static constexpr int kSignalBits = 4;  // signals < 2^kSignalBits
-  // Floats in the step's all-reduce: the loss, the signals, and per rank busy time, RSS and peak.
-  static constexpr int64_t step_reduce_floats(int world) { return 1 + kSignalBits + 3 * world; }
-  // Mean loss per token over up to train.eval_batches global batches of the validation split
-  // (the same samples at any world size).
-  double evaluate();
+  // Floats in the step's all-reduce: the loss sum, the valid-target count, the signals, and per
+  // rank busy time, RSS and peak.
+  static constexpr int64_t step_reduce_floats(int world) { return 2 + kSignalBits + 3 * world; }
+  // Mean loss per valid target over the first `batches` global batches of the validation split
+  // (the same samples at any world size); 0: train.eval_batches; the whole split when `batches`
+  // covers it. Returns the mean and the tokens it counted.
+  struct Evaluation {
+    double loss = 0.0;
+    int64_t tokens = 0;
+    bool whole_split = false;
+  };
+  Evaluation evaluate(int64_t batches = 0);
+  // Global batches that cover the whole validation split.
+  int64_t validation_batches() const;
 
   const config::Config& config() const { return config_; }
   const Distributed& distributed() const { return dist_; }
@@ -90,7 +110,7 @@ class Trainer {
   model::Llama& model() { return model_; }
   fsdp::ShardedParams& params() { return *params_; }
   int64_t steps_done() const { return step_; }
-  TrainingState state() const { return {step_, tokens_, loader_->state().position}; }
+  TrainingState state() const { return {step_, tokens_, loader_->state().position, optimizer_steps_}; }
   // Each rank's busy seconds in the last step's forward and backward (wall time less the time
   // spent waiting on collectives), as every rank learns them with the step's loss.
   const std::vector<double>& rank_busy_seconds() const { return rank_busy_; }
@@ -100,7 +120,7 @@ class Trainer {
   // several ranks).
   const std::vector<int64_t>& rank_resident_bytes() const { return rank_rss_; }
   const std::vector<int64_t>& rank_peak_resident_bytes() const { return rank_peak_rss_; }
-  // Continues from `state`: the step count, tokens seen and the data position (the loader
+  // Continues from `state`: the step counts, tokens seen and the data position (the loader
   // restarts there). Parameters and moments are set through params().
   void restore(const TrainingState& state);
   // The dataset's manifest; null for synthetic data.
@@ -127,13 +147,14 @@ class Trainer {
   optim::Schedule schedule_;
   std::vector<int32_t> eval_inputs_, eval_targets_;  // one micro-batch
   int64_t step_ = 0;
+  int64_t optimizer_steps_ = 0;
   int64_t tokens_ = 0;
   int64_t skipped_in_a_row_ = 0, skipped_total_ = 0;
   std::vector<double> rank_busy_;  // world size
   metrics::ProcessMemory memory_;
   std::vector<int64_t> rank_rss_, rank_peak_rss_;  // world size
-  // The step's all-reduce: loss, kSignalBits signals, then per rank busy seconds, RSS and peak
-  // RSS (MiB).
+  // The step's all-reduce: loss sum, valid-target count, kSignalBits signals, then per rank busy
+  // seconds, RSS and peak RSS (MiB).
   std::vector<float> reduce_buffer_;
 };
 

@@ -121,7 +121,7 @@ TEST(Trainer, ActivationCheckpointingIsBitwiseIdenticalAndSavesMemory) {
       EXPECT_EQ(a.loss, b.loss);
       EXPECT_EQ(a.grad_norm, b.grad_norm);
     }
-    EXPECT_EQ(reference.evaluate(), on.evaluate());
+    EXPECT_EQ(reference.evaluate().loss, on.evaluate().loss);
     const auto ta = reference.params().gather_named_tensors(), tb = on.params().gather_named_tensors();
     for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
   }
@@ -139,7 +139,7 @@ TEST(Trainer, Bf16ComputeIsDeterministicWithAndWithoutCheckpointing) {
     EXPECT_EQ(a.loss, b.loss);
     EXPECT_EQ(a.grad_norm, b.grad_norm);
   }
-  EXPECT_EQ(plain.evaluate(), checkpointed.evaluate());
+  EXPECT_EQ(plain.evaluate().loss, checkpointed.evaluate().loss);
   const auto ta = plain.params().gather_named_tensors(), tb = checkpointed.params().gather_named_tensors();
   for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
 }
