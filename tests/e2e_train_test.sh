@@ -40,6 +40,17 @@ if grep -q "first use" "$dir/train2.log"; then fail "the bundled corpus was prep
 
 "$tessera" eval --checkpoint "$dir/run" >"$dir/eval.json" || fail "eval failed"
 /usr/bin/python3 -c 'import json, math, sys; r = json.load(open(sys.argv[1])); assert abs(r["perplexity"] - math.exp(r["val_loss"])) < 1e-6 * r["perplexity"], r; print("eval:", r)' "$dir/eval.json"
+# One validation loss per model: the run's last evaluation covers the whole validation split, as
+# eval does, and the two agree on the same weights (to the summation order of other micro-batches).
+grep -q "over the whole validation split" "$dir/train.log" || fail "the run's last evaluation does not say what it covered"
+/usr/bin/python3 - "$dir/run/metrics.jsonl" "$dir/eval.json" <<'PY' || fail "train's last validation loss differs from eval's"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+e = json.load(open(sys.argv[2]))
+assert last["val_tokens"] == e["val_targets"], (last["val_tokens"], e["val_targets"])
+assert abs(last["val_loss"] - e["val_loss"]) <= 1e-6 * e["val_loss"], (last["val_loss"], e["val_loss"])
+print(f"train's last val_loss {last['val_loss']:.6f} over {last['val_tokens']} targets; eval {e['val_loss']:.6f}")
+PY
 
 gen() { "$tessera" generate --checkpoint "$dir/run" --prompt "And God said" --max-tokens 30 "$@"; }
 a=$(gen --seed 7) && b=$(gen --seed 7) && c=$(gen --seed 8) && g=$(gen --temperature 0) || fail "generate failed"

@@ -102,12 +102,13 @@ for f in "$ck"/step_00000002/shard_*.bin; do  # masters and moments: bitwise unc
 done
 cmp -s "$ck/step_00000003/shard_00000.bin" "$ck/step_00000004/shard_00000.bin" && fail "nan-skip: step 4 did not update"
 $py -c 'import json,sys; a, b = (json.load(open(p)) for p in sys.argv[1:])
-assert b["step"] == 3 and b["tokens"] > a["tokens"], (a["tokens"], b["tokens"])' \
+assert b["step"] == 3 and b["tokens"] > a["tokens"], (a["tokens"], b["tokens"])
+assert a["optimizer_steps"] == 2 and b["optimizer_steps"] == 2, "AdamW counted the skipped step"' \
   "$ck/step_00000002/manifest.json" "$ck/step_00000003/manifest.json" || fail "nan-skip: step 3's manifest"
 # The first two steps equal the reference run's; the run goes on from step 2's parameters.
 cmp -s "$dir/ref/checkpoints/step_00000002/shard_00000.bin" "$ck/step_00000002/shard_00000.bin" ||
   fail "nan-skip: step 2 differs from the reference run"
-echo "ok: NaN on rank 1 at step 3 with on_nonfinite=skip: finished in ${secs}s, step 3 skipped, its checkpoint bitwise equals step 2's, all values finite, verify ok"
+echo "ok: NaN on rank 1 at step 3 with on_nonfinite=skip: finished in ${secs}s, step 3 skipped, its checkpoint bitwise equals step 2's (AdamW's count too), all values finite, verify ok"
 
 # --- skip, but every step non-finite: stops after max_skipped_steps in a row
 TESSERA_FAULT='1:*:backward:nan' run nan-always 11 --set train.on_nonfinite=skip --set train.max_skipped_steps=2

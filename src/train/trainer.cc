@@ -251,6 +251,8 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
 }
 
 int64_t Trainer::validation_batches() const {
+  // Synthetic tokens are an endless seeded stream: no split to cover.
+  if (!val_stream_) return config_.train.eval_batches;
   const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(config_.model.seq_len) : 0;
   const uint64_t G = static_cast<uint64_t>(config_.train.batch_size);
   return static_cast<int64_t>((samples + G - 1) / G);

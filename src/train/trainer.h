@@ -101,7 +101,8 @@ class Trainer {
     bool whole_split = false;
   };
   Evaluation evaluate(int64_t batches = 0);
-  // Global batches that cover the whole validation split.
+  // Global batches that cover the whole validation split (train.eval_batches for synthetic data,
+  // an endless stream).
   int64_t validation_batches() const;
 
   const config::Config& config() const { return config_; }
