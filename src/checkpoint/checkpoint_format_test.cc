@@ -257,7 +257,7 @@ TEST(Manifest, BadFieldsNameTheKey) {
 // A committed checkpoint written by hand at shard size S over units of the given sizes.
 void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vector<int64_t>& numels) {
   Manifest m = sample_manifest();
-  m.step = step;
+  m.step = m.optimizer_steps = step;
   m.world = m.shard_size = S;
   m.units.clear();
   m.files.clear();
