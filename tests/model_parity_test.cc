@@ -53,12 +53,14 @@ TEST_P(ModelParity, MatchesPyTorch) {
   fsdp::ShardedParams params(layout, 42, fsdp::Strategy::kNoShard, {}, nullptr, nullptr, 1, dist::Millis(0));
   model::Llama llama(layout, B, num_threads());
 
-  // Norm gains start at exactly 1; jitter them so that gradients that depend on the gain are
-  // checked with a general value.
+  // Norm gains start at exactly 1; jitter them, by their offset in the unit so that a block's two
+  // norms differ, so that gradients that depend on the gain are checked with a general value and
+  // a gain read for the wrong norm shows.
   for (int u = 0; u < layout.num_units(); ++u) {
+    float* unit = params.master_shard(u);
     for (const auto& t : layout.units()[u].tensors) {
       if (t.decay) continue;
-      for (int64_t i = 0; i < t.numel(); ++i) params.master_shard(u)[t.offset + i] = 1.0f + 0.5f * (rng::uniform(9, u, i) - 0.5f);
+      for (int64_t e = t.offset; e < t.offset + t.numel(); ++e) unit[e] = 1.0f + 0.5f * (rng::uniform(9, u, e) - 0.5f);
     }
   }
 

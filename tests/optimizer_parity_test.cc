@@ -87,8 +87,8 @@ TEST(OptimizerParity, UpdateAfterASkippedStepMatchesPyTorch) {
                               {"decay", decay}};
   std::ofstream(dir / "config.json") << cfg.dump(2);
 
-  const std::string cmd = fmt::format("{} {}/tests/torch_ref/check_adamw.py {}", TESSERA_TORCH_PYTHON,
-                                      TESSERA_SOURCE_DIR, dir.string());
+  const std::string cmd =
+      fmt::format("{} {}/tests/torch_ref/check_adamw.py {}", TESSERA_TORCH_PYTHON, TESSERA_SOURCE_DIR, dir.string());
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << "AdamW after a skipped step differs from PyTorch (data kept in " << dir << "): " << cmd;
   if (rc == 0) fs::remove_all(dir);

@@ -101,7 +101,7 @@ int cmd_eval(const Args& args) {
   nlohmann::ordered_json out = {{"checkpoint", trained.weights_path},
                                 {"dataset", dataset},
                                 {"val_tokens", trainer.dataset()->val.tokens},
-                                {"val_targets", e.tokens},
+                                {"val_targets", e.targets},
                                 {"val_loss", e.loss},
                                 {"perplexity", std::exp(e.loss)},
                                 {"unigram_entropy", trainer.dataset()->unigram_entropy}};

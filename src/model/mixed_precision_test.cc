@@ -1,18 +1,18 @@
 // bf16 compute (Llama with bf16 = true over a source that hands out bf16 images) against fp32 on
 // the tiny config: loss, every gradient, a short training run, and the fallback to fp32.
 //
-// Bounds: each GEMM input is rounded to bf16 (relative error up to 2^-9), so a GEMM output moves
-// by ~1e-3 relative, and ~10 GEMMs in series compound that to a few 1e-3: the loss within 1e-2
-// relative and each gradient within cosine 0.999 of fp32 (what PyTorch's autocast gives on such a
-// model). Observed here: 1 - cosine ~2e-5 and curves within 1e-3; a wrong transpose, offset or
-// stride in any bf16 GEMM drives cosines far below the bound, and a bf16 path that silently ran
-// in fp32 fails the inequality of the losses.
+// Bounds: each GEMM input is rounded to bf16 (relative error up to 2^-9 = 2e-3, random in sign),
+// so a GEMM output moves by ~1e-3 relative, and ~10 GEMMs in series compound that to a few 1e-3:
+// the loss within 1e-2 relative, and each gradient's direction within 1.4e-2 of fp32's, i.e.
+// 1 - cosine <= 1e-4 (1 - cos = e^2 / 2 for a relative error e orthogonal to the gradient).
+// Observed: 1 - cosine <= 2.7e-5 (Zen 3, widened bf16 GEMMs; ~2e-5 with avx512_bf16 kernels) and
+// curves within 1e-3; a bf16 path that silently ran in fp32 fails the inequality of the losses.
 //
 // Norm gains start at exactly 1, where reading one norm's gain in place of another's changes
-// nothing; the gains are jittered here (uniform in [0.75, 1.25], as the model parity test does),
-// so that such a mix-up scales a norm's output channels by up to +-40% and its gradients leave
-// the 0.999 cosine far behind, while bf16 rounds the jittered gains no worse than the unit ones
-// (relative 2^-9 either way).
+// nothing; the gains are jittered here (uniform in [0.75, 1.25] by their offset in the unit, as
+// the model parity test does, so that a block's two norms differ). The bf16 path reading the
+// attention norm's gain for the MLP norm (docs/testing.md, M6) then gives 1 - cosine = 1.4e-3,
+// 14x over the bound; bf16 rounds the jittered gains no worse than the unit ones (2^-9 either way).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,7 +47,7 @@ ModelAndParams make(const ModelLayout& layout, bool bf16_params, bool bf16_model
     for (const TensorSpec& t : layout.units()[u].tensors) {
       if (t.decay) continue;  // the norm gains
       float* g = r.params->master_shard(u) + t.offset;
-      for (int64_t i = 0; i < t.numel(); ++i) g[i] = 1.0f + 0.5f * (rng::uniform(9, u, i) - 0.5f);
+      for (int64_t i = 0; i < t.numel(); ++i) g[i] = 1.0f + 0.5f * (rng::uniform(9, u, t.offset + i) - 0.5f);
     }
   }
   r.model = std::make_unique<Llama>(layout, kB, num_threads(), 0, bf16_model);
@@ -115,7 +115,7 @@ TEST_P(MixedPrecision, LossAndEveryGradientMatchFp32) {
     for (const TensorSpec& t : lay.units()[u].tensors) {
       const float* g32 = fp32.params->grads(u) + t.offset;
       const float* g16 = bf16.params->grads(u) + t.offset;
-      EXPECT_GT(cosine(g16, g32, t.numel()), 0.999) << t.name;
+      EXPECT_GT(cosine(g16, g32, t.numel()), 1 - 1e-4) << t.name;
     }
   }
 }

@@ -212,6 +212,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   double last_save = now_seconds();
   const double start = now_seconds();
   std::optional<Trainer::Evaluation> final_eval;
+  double final_eval_s = 0.0;
   auto finished = [&] {
     return trainer.steps_done() >= config.train.max_steps ||
            (config.train.max_tokens > 0 && trainer.state().tokens >= config.train.max_tokens);
@@ -232,9 +233,12 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       const double t0 = now_seconds();
       const Trainer::Evaluation e = trainer.evaluate(last ? trainer.validation_batches() : 0);
       extra.val_loss = e.loss;
-      extra.val_tokens = e.tokens;
+      extra.val_tokens = e.targets;
       extra.eval_s = now_seconds() - t0;
-      if (last) final_eval = e;
+      if (last) {
+        final_eval = e;
+        final_eval_s = extra.eval_s;
+      }
     }
     // Every rank decides alike (the signals are the OR over ranks). After a failed save with
     // on_failure = stop nothing more is saved: the run stops below on its last committed checkpoint.
@@ -292,11 +296,12 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
             format_count(static_cast<double>(trainer.state().tokens)), now_seconds() - start);
   if (manifest != nullptr && final_eval) {
     const double v = final_eval->loss;
-    log::info("validation loss {:.4f} nats/token (perplexity {:.1f}) over the whole validation split ({} tokens) vs "
-              "unigram entropy {:.4f} ({})",
-              v, std::exp(v), format_count(static_cast<double>(final_eval->tokens)), manifest->unigram_entropy,
-              v < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - v)
-                                            : std::string("not below"));
+    log::info(
+        "validation loss {:.4f} nats/token (perplexity {:.1f}) over the whole validation split ({} tokens, "
+        "{:.1f}s) vs unigram entropy {:.4f} ({})",
+        v, std::exp(v), format_count(static_cast<double>(final_eval->targets)), final_eval_s, manifest->unigram_entropy,
+        v < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - v)
+                                      : std::string("not below"));
   }
 }
 

@@ -200,17 +200,9 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   times.optimizer += compute_since();
   // After the step count moved on (skipped or not).
   auto stats = [&](bool skipped) {
-    return StepStats{step_,
-                     loss,
-                     schedule_.at(step_),
-                     grad_norm,
-                     now_seconds() - t0,
-                     times,
-                     config_.tokens_per_step(),
-                     loss_sum.count,
-                     signals,
-                     skipped,
-                     skipped_total_};
+    return StepStats{
+        step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, config_.tokens_per_step(),
+        signals, skipped, skipped_total_};
   };
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
@@ -297,7 +289,7 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
     dist_.world->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
     loss = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
   }
-  return {loss.mean(), loss.count, total == samples};
+  return {loss.mean(), loss.count};
 }
 
 }  // namespace tessera::train

@@ -41,7 +41,6 @@ struct StepStats {
   double seconds = 0.0;
   StepTimes times;            // the split of `seconds` (the rest is bookkeeping)
   int64_t tokens = 0;         // tokens in this step (global)
-  int64_t valid_targets = 0;  // targets the loss counted (global): tokens less the ignored ones
   uint32_t signals = 0;       // the OR over ranks of the signals passed to step()
   bool skipped = false;       // non-finite loss or gradient norm, update skipped (train.on_nonfinite = skip)
   int64_t skipped_total = 0;  // steps skipped so far in this process
@@ -94,11 +93,10 @@ class Trainer {
   static constexpr int64_t step_reduce_floats(int world) { return 2 + kSignalBits + 3 * world; }
   // Mean loss per valid target over the first `batches` global batches of the validation split
   // (the same samples at any world size); 0: train.eval_batches; the whole split when `batches`
-  // covers it. Returns the mean and the tokens it counted.
+  // covers it (validation_batches()). Returns the mean and the targets it counted.
   struct Evaluation {
     double loss = 0.0;
-    int64_t tokens = 0;
-    bool whole_split = false;
+    int64_t targets = 0;
   };
   Evaluation evaluate(int64_t batches = 0);
   // Global batches that cover the whole validation split (train.eval_batches for synthetic data,
