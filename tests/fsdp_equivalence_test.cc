@@ -32,7 +32,7 @@ struct Case {
   int shard_group_size;  // hybrid only
   int micro_batch;       // per rank; global batch 12
   bool tied;
-  bool bf16 = false;     // parameters gathered (so computed) and gradients reduced in bf16; 1 process fp32
+  bool bf16 = false;          // parameters gathered (so computed) and gradients reduced in bf16; 1 process fp32
   bool bf16_compute = false;  // param_dtype bf16 in both runs, gradients reduced in fp32
 };
 
@@ -227,8 +227,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"no_shard", 3, 0, 4, false}, Case{"no_shard", 4, 0, 3, false},
                       Case{"full_shard", 2, 0, 6, false, true}, Case{"hybrid_shard", 4, 2, 3, false, true},
                       Case{"full_shard", 2, 0, 6, false, false, true}, Case{"full_shard", 2, 0, 6, true, false, true},
-                      Case{"shard_grad_op", 2, 0, 3, false, false, true},
-                      Case{"no_shard", 2, 0, 6, false, false, true}, Case{"hybrid_shard", 4, 2, 3, false, false, true}),
+                      Case{"shard_grad_op", 2, 0, 3, false, false, true}, Case{"no_shard", 2, 0, 6, false, false, true},
+                      Case{"hybrid_shard", 4, 2, 3, false, false, true}),
     [](const auto& p) {
       return fmt::format("{}_w{}_mb{}{}{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
                          p.param.tied ? "_tied" : "", p.param.bf16 ? "_bf16" : "",
@@ -248,8 +248,14 @@ class MaskedTargets : public ::testing::TestWithParam<Case> {};
 class MaskedSource {
  public:
   MaskedSource(const config::Config& c, int rank, int world)
-      : T_(c.model.seq_len), V_(c.model.vocab_size), mb_(c.micro_batch()), rank_(rank), world_(world),
-        accum_(c.accumulation_steps()), inputs_(mb_ * T_), targets_(mb_ * T_) {}
+      : T_(c.model.seq_len),
+        V_(c.model.vocab_size),
+        mb_(c.micro_batch()),
+        rank_(rank),
+        world_(world),
+        accum_(c.accumulation_steps()),
+        inputs_(mb_ * T_),
+        targets_(mb_ * T_) {}
   data::Loader::Batch operator()() {
     const int64_t G = 12, step = calls_ / accum_, a = calls_ % accum_;
     ++calls_;

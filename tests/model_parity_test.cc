@@ -15,10 +15,10 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "fsdp/sharded_params.h"
 #include "model/llama.h"
 #include "npy.h"
 #include "optim/adamw.h"
-#include "fsdp/sharded_params.h"
 
 namespace tessera {
 namespace {
@@ -67,14 +67,27 @@ TEST_P(ModelParity, MatchesPyTorch) {
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("parity_{}_{}", variant.name, ::getpid());
   for (const char* sub : {"params", "grads", "final"}) fs::create_directories(dir / sub);
   optim::AdamWConfig adam{1e-3, 0.9, 0.95, 1e-8, 0.1};
-  nlohmann::json cfg = {{"vocab_size", c.vocab_size}, {"dim", c.dim}, {"n_layers", c.n_layers},
-                        {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads}, {"ffn_hidden", c.ffn_hidden},
-                        {"seq_len", c.seq_len}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
-                        {"tied_embeddings", c.tied_embeddings}, {"batch", B}, {"steps", steps},
-                        {"lr", adam.lr}, {"beta1", adam.beta1}, {"beta2", adam.beta2}, {"eps", adam.eps},
-                        {"weight_decay", adam.weight_decay}, {"grad_clip", variant.grad_clip}};
+  nlohmann::json cfg = {{"vocab_size", c.vocab_size},
+                        {"dim", c.dim},
+                        {"n_layers", c.n_layers},
+                        {"n_heads", c.n_heads},
+                        {"n_kv_heads", c.n_kv_heads},
+                        {"ffn_hidden", c.ffn_hidden},
+                        {"seq_len", c.seq_len},
+                        {"rope_theta", c.rope_theta},
+                        {"norm_eps", c.norm_eps},
+                        {"tied_embeddings", c.tied_embeddings},
+                        {"batch", B},
+                        {"steps", steps},
+                        {"lr", adam.lr},
+                        {"beta1", adam.beta1},
+                        {"beta2", adam.beta2},
+                        {"eps", adam.eps},
+                        {"weight_decay", adam.weight_decay},
+                        {"grad_clip", variant.grad_clip}};
   std::ofstream(dir / "config.json") << cfg.dump(2);
-  for (const auto& t : params.gather_named_tensors()) testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
+  for (const auto& t : params.gather_named_tensors())
+    testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
 
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int64_t i = 0; i < B * T; ++i) {
@@ -116,15 +129,17 @@ TEST_P(ModelParity, MatchesPyTorch) {
   }
   if (variant.grad_clip > 0) {
     // The clip matters only where it changes from step to step (AdamW is blind to a constant factor).
-    EXPECT_GT(clipped, 0) << "no step crossed grad_clip " << variant.grad_clip << ": norms " << fmt::format("{}", fmt::join(norms, " "));
+    EXPECT_GT(clipped, 0) << "no step crossed grad_clip " << variant.grad_clip << ": norms "
+                          << fmt::format("{}", fmt::join(norms, " "));
     EXPECT_LT(clipped, steps) << "every step crossed grad_clip " << variant.grad_clip;
   }
   testing::write_npy(dir / "losses.npy", losses, {steps});
   testing::write_npy(dir / "grad_norms.npy", norms, {steps});
-  for (const auto& t : params.gather_named_tensors()) testing::write_npy(dir / "final" / (t.name + ".npy"), t.data, t.shape);
+  for (const auto& t : params.gather_named_tensors())
+    testing::write_npy(dir / "final" / (t.name + ".npy"), t.data, t.shape);
 
-  const std::string cmd = fmt::format("{} {}/tests/torch_ref/check_parity.py {}", TESSERA_TORCH_PYTHON,
-                                      TESSERA_SOURCE_DIR, dir.string());
+  const std::string cmd =
+      fmt::format("{} {}/tests/torch_ref/check_parity.py {}", TESSERA_TORCH_PYTHON, TESSERA_SOURCE_DIR, dir.string());
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << "PyTorch parity failed for " << variant.name << " (data kept in " << dir << "): " << cmd;
   if (rc == 0) fs::remove_all(dir);
