@@ -13,6 +13,7 @@ packages=(
   libfmt-dev
   libgloo-dev  # CPU collectives (dist/gloo)
   libcurl4-openssl-dev  # the etcd store speaks to etcd's v3 JSON gateway over HTTP
+  libssl-dev  # libcrypto: the stores' HMAC proofs of the job token
   etcd-server  # /usr/bin/etcd for the etcd store's tests (they start their own on free ports)
   python3 python3-torch python3-numpy python3-yaml  # python3-yaml: tests/deploy_test.py
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)

@@ -166,12 +166,13 @@ launch guarded 1 2 --set train.max_steps=400 2>"$dir/guarded.log" &
 agent=$!
 wait_step "$dir/guarded" 5
 set +e
-TESSERA_JOB_TOKEN=intruder "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/rdzv-guarded" \
+TESSERA_JOB_TOKEN=stranger-secret-7f3a "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/rdzv-guarded" \
   --run-id guarded --run-dir "$dir/intruder" "${train_args[@]}" 2>"$dir/intruder.log"
 rc=$?
 set -e
 ((rc != 0)) || fail "a stray agent without the job token was accepted"
-grep -q "belongs to job token" "$dir/intruder.log" || { cat "$dir/intruder.log"; fail "stray agent: unclear refusal"; }
+grep -q -e stranger-secret-7f3a -e "$TESSERA_JOB_TOKEN" "$dir/intruder.log" && fail "stray agent: the refusal printed a token"
+grep -q "wrong job token" "$dir/intruder.log" || { cat "$dir/intruder.log"; fail "stray agent: unclear refusal"; }
 worker=$(workers_of $agent | head -1)
 # Gloo listens only while its pairs connect; afterwards every socket of a worker (any state) must
 # be bound to loopback.

@@ -81,7 +81,7 @@ int cmd_launch(const Args& args) {
   const char* token = std::getenv("TESSERA_JOB_TOKEN");
   if (token == nullptr || *token == '\0') {
     throw ConfigError("TESSERA_JOB_TOKEN is not set: every agent and worker of a job needs the job's secret token "
-                      "(e.g. export TESSERA_JOB_TOKEN=$(head -c 12 /dev/urandom | base64 | tr '+/' '-_'))");
+                      "(e.g. export TESSERA_JOB_TOKEN=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_'))");
   }
   o.job_token = token;
   if (!all_of_chars(o.job_token, kNameChars, 128)) {

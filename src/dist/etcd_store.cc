@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist/store_impl.h"
@@ -362,27 +363,27 @@ class LeaseImpl final : public EtcdLease {
 
 class EtcdStoreImpl final : public EtcdStore {
  public:
-  EtcdStoreImpl(std::string endpoint, std::string prefix, std::string job_token, std::string round, Millis timeout)
+  EtcdStoreImpl(std::string endpoint, std::string prefix, std::string job, std::string round, Millis timeout)
       : endpoint_(std::move(endpoint)),
         http_(endpoint_),
-        base_("/" + prefix + "/" + job_token + "/" + round + "/"),
-        name_("etcd://" + endpoint_ + "/" + prefix + "/" + job_token + "/" + round),
+        base_("/" + prefix + "/" + job + "/" + round + "/"),
+        name_("etcd://" + endpoint_ + "/" + prefix + "/" + job + "/" + round),
         timeout_(timeout) {}
 
-  // The first opener writes /PREFIX/token in a transaction (create if absent), so exactly one
-  // token wins; a retried transaction that had been applied reads back its own token.
-  void claim(const std::string& prefix, const std::string& job_token) {
-    std::string key = "/" + prefix + "/token";
+  // The first opener writes /PREFIX/job (the job's namespace) in a transaction (create if
+  // absent), so exactly one job wins; a retried transaction that had been applied reads back
+  // its own namespace.
+  void claim(const std::string& prefix, const std::string& job) {
+    std::string key = "/" + prefix + "/job";
     std::string k64 = base64_encode(key);
-    json req = txn(create_compare(k64), put_op(k64, base64_encode(job_token)), range_op(k64));
+    json req = txn(create_compare(k64), put_op(k64, base64_encode(job)), range_op(k64));
     json reply = call(http_, name_, "/v3/kv/txn", req, Deadline::after(timeout_), "key '" + key + "'", Retry::kAlways);
     if (succeeded(reply)) return;
     std::string theirs;
     const json* kv = first_kv(txn_range(reply, 0));
     if (kv != nullptr) theirs = value_of(*kv);
-    if (theirs != job_token)
-      throw StoreError("etcd store: etcd://" + endpoint_ + "/" + prefix + " belongs to job token '" + theirs +
-                       "', not '" + job_token + "'");
+    if (theirs != job)
+      throw StoreError("etcd store: etcd://" + endpoint_ + "/" + prefix + " belongs to another job: wrong job token");
   }
 
   void set(const std::string& key, const Bytes& value) override { put(key, value, 0); }
@@ -526,8 +527,8 @@ class EtcdStoreImpl final : public EtcdStore {
 
   std::string endpoint_;
   Http http_;
-  std::string base_;  // "/PREFIX/TOKEN/ROUND/"
-  std::string name_;  // for messages: etcd://ENDPOINT/PREFIX/TOKEN/ROUND
+  std::string base_;  // "/PREFIX/JOB/ROUND/", JOB = auth::job_namespace(token)
+  std::string name_;  // for messages: etcd://ENDPOINT/PREFIX/JOB/ROUND
   Millis timeout_;
 };
 
@@ -542,12 +543,12 @@ std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const st
   std::string clean = detail::clean_store_prefix(prefix);
   if (clean.empty())
     throw StoreError("etcd store: invalid prefix '" + prefix + "' (use NAME[/NAME...] of [A-Za-z0-9_.-])");
-  if (!detail::valid_store_name(job_token))
-    throw StoreError("etcd store: invalid job token '" + job_token + "' (use [A-Za-z0-9_.-])");
+  if (!detail::valid_store_name(job_token)) throw StoreError("etcd store: invalid job token (use [A-Za-z0-9_.-])");
   if (!detail::valid_store_name(round))
     throw StoreError("etcd store: invalid round '" + round + "' (use [A-Za-z0-9_.-])");
-  auto store = std::make_unique<EtcdStoreImpl>(endpoint, clean, job_token, round, timeout);
-  store->claim(clean, job_token);
+  const std::string job = auth::job_namespace(job_token);
+  auto store = std::make_unique<EtcdStoreImpl>(endpoint, clean, job, round, timeout);
+  store->claim(clean, job);
   return store;
 }
 

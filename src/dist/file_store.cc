@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist/store_impl.h"
@@ -30,7 +31,7 @@ void check_name(const std::string& kind, const std::string& name) {
 }
 
 void make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) throw StoreError(sys_error("cannot create", path));
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) throw StoreError(sys_error("cannot create", path));
 }
 
 // Keys may hold any byte ('/' in Gloo's prefixed keys): escape to a flat, unambiguous file
@@ -97,7 +98,8 @@ std::string write_temp(const std::string& dir, const Bytes& value) {
   static std::atomic<uint64_t> counter{0};
   std::string tmp = dir + "/.tmp." + std::to_string(::getpid()) + "." +
                     std::to_string(counter.fetch_add(1, std::memory_order_relaxed));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_EXCL | O_NOFOLLOW: a name planted in advance (a symlink to a victim file) fails the open.
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw StoreError(sys_error("cannot create", tmp));
   size_t done = 0;
   while (done < value.size()) {
@@ -141,7 +143,7 @@ class FileStore final : public Store {
   // The value is the decimal text of the integer, so get() of an added key reads it back.
   int64_t add(const std::string& key, int64_t delta) override {
     std::string lock_path = dir_ + "/.lock";
-    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) throw StoreError(sys_error("cannot open", lock_path));
     while (::flock(fd, LOCK_EX) != 0) {
       if (errno != EINTR) {
@@ -230,27 +232,26 @@ class FileStore final : public Store {
 
 std::unique_ptr<Store> make_file_store(const std::string& dir, const std::string& job_token,
                                        const std::string& round) {
-  check_name("job token", job_token);
+  if (!detail::valid_store_name(job_token)) throw StoreError("file store: invalid job token (use [A-Za-z0-9_.-])");
   check_name("round", round);
   make_dir(dir);
-  // The first process publishes DIR/token with link(2), which fails if it exists, so exactly
-  // one token wins and it is never seen half-written.
-  std::string token_path = dir + "/token";
-  Bytes mine(job_token.begin(), job_token.end());
+  // The first process publishes DIR/job (the job's namespace, never the token) with link(2),
+  // which fails if it exists, so exactly one job wins and it is never seen half-written.
+  const std::string job = auth::job_namespace(job_token);
+  std::string claim_path = dir + "/job";
+  Bytes mine(job.begin(), job.end());
   std::string tmp = write_temp(dir, mine);
-  int rc = ::link(tmp.c_str(), token_path.c_str());
+  int rc = ::link(tmp.c_str(), claim_path.c_str());
   int link_errno = errno;
   ::unlink(tmp.c_str());
   if (rc != 0) {
     errno = link_errno;
-    if (link_errno != EEXIST) throw StoreError(sys_error("cannot create", token_path));
+    if (link_errno != EEXIST) throw StoreError(sys_error("cannot create", claim_path));
     Bytes theirs;
-    if (!read_file(token_path, &theirs)) throw StoreError(sys_error("cannot read", token_path));
-    if (theirs != mine)
-      throw StoreError("file store: " + dir + " belongs to job token '" + std::string(theirs.begin(), theirs.end()) +
-                       "', not '" + job_token + "'");
+    if (!read_file(claim_path, &theirs)) throw StoreError(sys_error("cannot read", claim_path));
+    if (theirs != mine) throw StoreError("file store: " + dir + " belongs to another job: wrong job token");
   }
-  std::string job_dir = dir + "/" + job_token;
+  std::string job_dir = dir + "/" + job;
   make_dir(job_dir);
   std::string round_dir = job_dir + "/" + round;
   make_dir(round_dir);

@@ -33,10 +33,12 @@ class Store {
 };
 
 // A store in a directory of a local (or shared) file system: one file per key under
-// DIR/<job token>/<round>/, written to a temporary name and renamed, so readers never see a
-// partial value; add() is serialized with flock(2) and stores the integer as decimal text.
-// Opening checks DIR/token, which the first process writes: a process with another token for the
-// same directory is refused with a StoreError. Token and round must match [A-Za-z0-9_.-]+.
+// DIR/<job namespace>/<round>/ (auth::job_namespace: derived from the token, never the token),
+// written to a temporary name and renamed, so readers never see a partial value; add() is
+// serialized with flock(2) and stores the integer as decimal text. Opening checks DIR/job, which
+// the first process writes with the namespace: a process with another token for the same
+// directory is refused with a StoreError ("wrong job token"). Files are 0600, directories 0700.
+// Token and round must match [A-Za-z0-9_.-]+.
 std::unique_ptr<Store> make_file_store(const std::string& dir, const std::string& job_token, const std::string& round);
 
 // An etcd lease: keys set with it are deleted when it is revoked or expires, which it does `ttl`
@@ -59,9 +61,9 @@ class EtcdLease {
 };
 
 // A store in etcd (v3 JSON gateway over HTTP, etcd >= 3.4): the key K of a round is the etcd key
-// /PREFIX/<job token>/<round>/K, and /PREFIX/token holds the job token, created by the first
-// opener in a transaction; an opener with another token is refused with a StoreError naming the
-// prefix. get() and wait() poll with a backoff from 2 ms to 100 ms. An unreachable etcd is
+// /PREFIX/<job namespace>/<round>/K (auth::job_namespace), and /PREFIX/job holds the namespace,
+// created by the first opener in a transaction; an opener with another token is refused with a
+// StoreError naming the prefix ("wrong job token"). The token itself never reaches etcd. get() and wait() poll with a backoff from 2 ms to 100 ms. An unreachable etcd is
 // retried until the operation's deadline (its own timeout for get and wait, `timeout` for the
 // others), then a StoreError names the endpoint and the key. add() is a compare-and-swap on the
 // key's mod_revision, each transaction on a fresh connection (curl would silently re-send a
@@ -81,17 +83,19 @@ class EtcdStore : public Store {
 std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const std::string& prefix,
                                            const std::string& job_token, const std::string& round, Millis timeout);
 
-// A rendezvous URL (`tessera launch --rdzv URL`): etcd://HOST:PORT/PREFIX or file://DIR.
 // A store kept in memory by one process of the job and served over TCP (torchrun's
 // MASTER_ADDR:MASTER_PORT): that process runs a TcpStoreServer, and every process (the server's
 // too) opens clients with make_tcp_store or make_store("tcp://HOST:PORT"). Keys live under the
-// client's round; the first client's job token claims the server and a client with another token
-// is refused with a StoreError naming both. Waiting polls. IPv4 only.
+// client's round. Client and server prove to each other that they hold the job token (HMAC of
+// fresh nonces, tcp_store_frame.h) without sending it; a client with another token is refused
+// with a StoreError that names neither. Waiting polls. IPv4 only.
 class TcpStoreServer {
  public:
-  // Listens on host:port (port 0: any free one); throws StoreError naming the address.
-  TcpStoreServer(const std::string& host, int port);
-  ~TcpStoreServer();  // stops accepting and closes every connection
+  // Listens on host:port (port 0: any free one) for the job holding `job_token`; throws
+  // StoreError naming the address. One thread serves every connection; a stranger costs at
+  // most one of 64 pending connections for 5 s and a few hundred bytes (tcp_store.cc).
+  TcpStoreServer(const std::string& host, int port, const std::string& job_token);
+  ~TcpStoreServer();  // stops serving, joins its thread and closes every connection
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const;
@@ -101,10 +105,13 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
 };
 // Connects to a TcpStoreServer at "HOST:PORT", retrying until `timeout` (the server may start
-// later), and polls for keys it waits on.
+// later), and polls for keys it waits on. Every request and its reply must complete within
+// `timeout`, or the connection is dropped and the request throws StoreError.
 std::unique_ptr<Store> make_tcp_store(const std::string& endpoint, const std::string& job_token,
                                       const std::string& round, Millis timeout);
 
+// A rendezvous URL (`tessera launch --rdzv URL`): etcd://HOST:PORT/PREFIX, file://DIR or
+// tcp://HOST:PORT.
 struct StoreUrl {
   enum class Kind { kFile, kEtcd, kTcp } kind = Kind::kFile;
   std::string dir;       // kFile

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/test_util.h"
 
@@ -204,7 +205,7 @@ class StoreContract : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "tcp") {
-      server_ = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+      server_ = std::make_unique<TcpStoreServer>("127.0.0.1", 0, "job1");
       url_ = "tcp://127.0.0.1:" + std::to_string(server_->port());
       location_ = "127.0.0.1:" + std::to_string(server_->port());
     } else if (GetParam() == "etcd") {
@@ -346,28 +347,38 @@ TEST_P(StoreContract, ListByPrefix) {
   EXPECT_EQ(s->list("").size(), 6u);
 }
 
+// Refused without naming either token (RELIABILITY.md row 23: the token is never printed).
 TEST_P(StoreContract, WrongJobTokenRefused) {
-  auto a = open("jobA", "r0");
-  auto a2 = open("jobA", "r1");  // same job, later round: fine
+  auto a = open("job1", "r0");
+  auto a2 = open("job1", "r1");  // same job, later round: fine
   try {
-    open("jobB", "r0");
+    open("secretB", "r0");
     FAIL() << "another job's token was accepted";
   } catch (const StoreError& e) {
-    EXPECT_TRUE(contains(e.what(), "jobA")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "jobB")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "wrong job token")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "job1")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "secretB")) << e.what();
     EXPECT_TRUE(contains(e.what(), location_)) << e.what();
   }
-  EXPECT_THROW(open("../evil", "r0"), StoreError);
-  EXPECT_THROW(open("jobA", ""), StoreError);
-  EXPECT_THROW(open("jobA", "a/b"), StoreError);
+  for (const std::string bad : {"../evil", "se cret", ""}) {
+    try {
+      open(bad, "r0");
+      ADD_FAILURE() << "invalid token accepted";
+    } catch (const StoreError& e) {
+      EXPECT_TRUE(contains(e.what(), "invalid job token")) << e.what();
+      EXPECT_TRUE(bad.empty() || !contains(e.what(), bad)) << e.what();
+    }
+  }
+  EXPECT_THROW(open("job1", ""), StoreError);
+  EXPECT_THROW(open("job1", "a/b"), StoreError);
 }
 
 TEST_P(StoreContract, ConcurrentAddFromProcesses) {
   constexpr int kProcs = 4, kAdds = 50;
-  open("job", "r0");  // the token exists before the race
+  open("job1", "r0");  // the job's claim exists before the race
   auto t0 = Clock::now();
   auto status = run_ranks(kProcs, [&](int rank) {
-    auto s = open("job", "r0");
+    auto s = open("job1", "r0");
     for (int i = 0; i < kAdds; ++i) s->add("counter", rank + 1);
     // Every process also takes one ticket: the tickets are exactly 1..kProcs.
     int64_t ticket = s->add("ticket", 1);
@@ -377,7 +388,7 @@ TEST_P(StoreContract, ConcurrentAddFromProcesses) {
   });
   double seconds = seconds_since(t0);
   expect_all_ok(status);
-  auto s = open("job", "r0");
+  auto s = open("job1", "r0");
   EXPECT_EQ(s->add("counter", 0), kAdds * (1 + 2 + 3 + 4));
   EXPECT_EQ(s->list("ticket/"), (std::vector<std::string>{"ticket/1", "ticket/2", "ticket/3", "ticket/4"}));
   std::printf("[ %s ] %d processes x %d contended adds: %.3f s\n", GetParam().c_str(), kProcs, kAdds + 1, seconds);
@@ -507,7 +518,7 @@ TEST(EtcdStore, SurvivesRestartWithinTimeout) {
     ADD_FAILURE() << "opened with etcd down";
   } catch (const StoreError& e) {
     EXPECT_TRUE(contains(e.what(), endpoint)) << e.what();
-    EXPECT_TRUE(contains(e.what(), "/job-prefix/token")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "/job-prefix/job")) << e.what();
   }
 
   // Back after ~1 s: operations begun while it was down complete. The operations run on a
@@ -683,7 +694,7 @@ TEST(EtcdStore, UnreachableEndpointNamed) {
     FAIL() << "opened a store with no etcd";
   } catch (const StoreError& e) {
     EXPECT_TRUE(contains(e.what(), endpoint)) << e.what();
-    EXPECT_TRUE(contains(e.what(), "'/p/token'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'/p/job'")) << e.what();
   }
   EXPECT_GE(seconds_since(t0), 0.19);
   EXPECT_LT(seconds_since(t0), 1.0);
@@ -732,7 +743,7 @@ TEST(StoreUrl, FileUrlOpensTheFileStore) {
   TempDir dir;
   auto s = make_store("file://" + dir.path, "job", "r0", Millis(10));
   s->set("k", Bytes{1});
-  EXPECT_TRUE(std::filesystem::exists(dir.path + "/job/r0/k_k"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path + "/" + auth::job_namespace("job") + "/r0/k_k"));
   EXPECT_EQ(dynamic_cast<EtcdStore*>(s.get()), nullptr);
 }
 

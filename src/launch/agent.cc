@@ -21,6 +21,7 @@
 #include "core/parallel.h"
 #include "core/signals.h"
 #include "core/timer.h"
+#include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "train/distributed.h"
@@ -465,7 +466,7 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   o.run_dir = run_dir;
   o.rdzv = "file://" + run_dir + "/rendezvous";
   o.run_id = "train";
-  o.job_token = fmt::format("job-{}-{}", getpid(), std::chrono::system_clock::now().time_since_epoch().count());
+  o.job_token = dist::auth::new_job_token();
   o.max_restarts = 0;
   o.monitor_interval_s = 0.2;
   o.config_path = run_dir + "/config.toml";

@@ -344,7 +344,7 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   if (url.kind == dist::StoreUrl::Kind::kTcp && env.rank == 0) {
     const size_t colon = url.endpoint.rfind(':');
     server = std::make_unique<dist::TcpStoreServer>(url.endpoint.substr(0, colon),
-                                                    std::stoi(url.endpoint.substr(colon + 1)));
+                                                    std::stoi(url.endpoint.substr(colon + 1)), env.job_token);
   }
   ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
                        dist::Millis(config.parallel.timeout_ms), env.host);
