@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +29,17 @@ int64_t step_of(const std::string& name) {
     step = step * 10 + (name[i] - '0');
   }
   return step;
+}
+
+enum class Commit { kCommitted, kUncommitted, kUnknown };
+
+// Whether a step directory holds its manifest. Only ENOENT means "never committed": any other
+// error (EIO, ESTALE or EACCES from NFS or FUSE) is kUnknown, with errno in *err.
+Commit commit_state(const fs::path& step_dir, int* err) {
+  struct stat st;
+  if (::lstat((step_dir / "manifest.json").c_str(), &st) == 0) return Commit::kCommitted;
+  *err = errno;
+  return errno == ENOENT ? Commit::kUncommitted : Commit::kUnknown;
 }
 
 uint64_t tree_bytes(const fs::path& p) {
@@ -84,7 +98,14 @@ uint64_t remove_uncommitted(const std::string& root, int64_t in_progress) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     const int64_t step = step_of(name);
-    const bool garbage_dir = step >= 0 && step != in_progress && !fs::exists(e.path() / "manifest.json", ec);
+    int err = 0;
+    const Commit state = step >= 0 && step != in_progress ? commit_state(e.path(), &err) : Commit::kCommitted;
+    if (state == Commit::kUnknown) {
+      log::warn("cannot tell whether {} was committed (manifest.json: {}); left in place", e.path().string(),
+                std::strerror(err));
+      continue;
+    }
+    const bool garbage_dir = state == Commit::kUncommitted;
     const bool garbage_file = name.ends_with(".tmp");
     if (!garbage_dir && !garbage_file) continue;
     const uint64_t bytes = garbage_dir ? tree_bytes(e.path()) : e.file_size(ec);

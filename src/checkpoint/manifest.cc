@@ -180,7 +180,8 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = step_dir + "/manifest.json";
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw DataError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  if (!in && errno == ENOENT) throw DataError(fmt::format("{} is missing", path));
+  if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));  // may be sound
   const auto size = static_cast<uint64_t>(in.tellg());
   if (size > kMaxManifestBytes) throw DataError(fmt::format("{}: {} bytes is too large for a manifest", path, size));
   std::string text(size, '\0');

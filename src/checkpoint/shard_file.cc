@@ -35,13 +35,15 @@ struct Hasher {
   uint64_t digest() const { return XXH64_digest(state); }
 };
 
-// pread of exactly n bytes at offset; false at end of file.
-bool read_at(int fd, void* out, uint64_t n, uint64_t offset) {
+// pread of exactly n bytes at offset; false at end of file. A failed read (EIO, ESTALE) throws
+// IoError naming `path`: the file may well be sound, so it is not reported as damage.
+bool read_at(int fd, void* out, uint64_t n, uint64_t offset, const std::string& path) {
   auto* p = static_cast<char*>(out);
   while (n > 0) {
     const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
+    if (r < 0) throw IoError(fmt::format("cannot read checkpoint shard {}: {}", path, std::strerror(errno)));
+    if (r == 0) return false;
     p += r;
     n -= static_cast<uint64_t>(r);
     offset += static_cast<uint64_t>(r);
@@ -124,17 +126,27 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
 
 ShardFile::ShardFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw DataError(fmt::format("cannot open checkpoint shard {}: {}", path, std::strerror(errno)));
-  auto bad = [&](const std::string& why) {
+  if (fd_ < 0 && errno == ENOENT) throw DataError(fmt::format("checkpoint shard {} is missing", path));
+  if (fd_ < 0) throw IoError(fmt::format("cannot open checkpoint shard {}: {}", path, std::strerror(errno)));
+  try {
+    parse_header();
+  } catch (...) {
     ::close(fd_);
     fd_ = -1;
+    throw;
+  }
+}
+
+void ShardFile::parse_header() {
+  const std::string& path = path_;
+  auto bad = [&](const std::string& why) {
     return DataError(fmt::format("checkpoint shard {} is damaged: {}", path, why));
   };
   struct stat st{};
-  if (::fstat(fd_, &st) != 0) throw bad(std::strerror(errno));
+  if (::fstat(fd_, &st) != 0) throw IoError(fmt::format("cannot stat checkpoint shard {}: {}", path, std::strerror(errno)));
   const auto size = static_cast<uint64_t>(st.st_size);
   char prefix[kPrefix];
-  if (size < kPrefix || !read_at(fd_, prefix, kPrefix, 0)) {
+  if (size < kPrefix || !read_at(fd_, prefix, kPrefix, 0, path)) {
     throw bad(fmt::format("{} bytes, shorter than the {}-byte prefix", size, kPrefix));
   }
   if (std::memcmp(prefix, kMagic, 8) != 0) throw bad("not a Tessera shard file (bad magic)");
@@ -148,7 +160,7 @@ ShardFile::ShardFile(const std::string& path) : path_(path) {
     throw bad(fmt::format("header of {} bytes does not fit in the file of {} bytes", header_size, size));
   }
   std::string header(header_size, '\0');
-  if (!read_at(fd_, header.data(), header_size, kPrefix)) throw bad("truncated header");
+  if (!read_at(fd_, header.data(), header_size, kPrefix, path)) throw bad("truncated header");
   if (XXH64(header.data(), header.size(), 0) != header_sum) throw bad("header checksum mismatch");
   data_begin_ = align_up(kPrefix + header_size);
   const uint64_t data_size = size >= data_begin_ ? size - data_begin_ : 0;
@@ -194,7 +206,7 @@ const ShardEntry* ShardFile::find(const std::string& name) const {
 }
 
 void ShardFile::read(const ShardEntry& entry, float* out) const {
-  if (!read_at(fd_, out, entry.bytes, data_begin_ + entry.offset)) {
+  if (!read_at(fd_, out, entry.bytes, data_begin_ + entry.offset, path_)) {
     throw DataError(fmt::format("checkpoint shard {}: tensor {} is truncated", path_, entry.name));
   }
   if (XXH64(out, entry.bytes, 0) != entry.xxh64) {

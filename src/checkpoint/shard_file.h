@@ -46,7 +46,8 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
 
 // A shard file opened for reading: the header is parsed and checked against the file's size
 // (magic, version, header checksum, every tensor inside the data region, no overlaps), so a
-// hostile file costs at most its own size. Throws DataError naming the file.
+// hostile file costs at most its own size. Throws DataError naming the file when it is damaged or
+// missing, IoError when opening or reading it fails (EIO, ESTALE, EACCES: it may be sound).
 class ShardFile {
  public:
   explicit ShardFile(const std::string& path);
@@ -59,10 +60,12 @@ class ShardFile {
   // The entry called `name`, or null.
   const ShardEntry* find(const std::string& name) const;
   // Reads the entry's bytes / 4 floats into out and checks its checksum; throws DataError naming
-  // the file and the tensor on a mismatch.
+  // the file and the tensor on a mismatch, IoError when the read fails.
   void read(const ShardEntry& entry, float* out) const;
 
  private:
+  void parse_header();
+
   std::string path_;
   int fd_ = -1;
   uint64_t data_begin_ = 0;

@@ -1,8 +1,10 @@
 // The per-node agent of `tessera launch`: rendezvous rounds, workers, watchdog, restarts.
 #include "launch/agent.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +28,7 @@
 #include "dist/store.h"
 #include "train/distributed.h"
 #include "train/run.h"
+#include "train/run_lock.h"
 
 extern char** environ;
 
@@ -74,6 +77,13 @@ class Agent {
   std::string key(int r, const char* what) const { return fmt::format("rdzv.{}.{}", r, what); }
   int64_t counter(int r, const char* what) { return store_->add(key(r, what), 0); }
   bool join(int r, Round* out);
+  // Whether round r will never go on: its agents ended it (done, stopped, gave up, a failure not
+  // worth restarting) or are gone (none bumped the round's beat counter for a few monitor ticks).
+  // A relaunched agent then starts a new generation in round r + 1 instead of waiting as a late
+  // node for a round that will never come.
+  bool round_over(int r);
+  // Marks round r ended for good (best effort: a relaunch also detects a silent round).
+  int end_round(int r, int exit_code);
   void start_workers(const Round& round, int restart_count);
   Outcome monitor(const Round& round);
   void kill_workers(int signo);
@@ -128,6 +138,26 @@ bool Agent::join(int r, Round* out) {
   return index < out->nodes;
 }
 
+bool Agent::round_over(int r) {
+  if (counter(r, "ended") > 0) return true;
+  const int64_t beat = counter(r, "beat");
+  const Clock::time_point t0 = Clock::now();
+  while (seconds_since(t0) < std::max(2.0, 4 * o_.monitor_interval_s)) {
+    if (StopSignals::received() != 0 || counter(r, "beat") != beat) return false;
+    sleep_s(0.1);
+  }
+  return true;
+}
+
+int Agent::end_round(int r, int exit_code) {
+  try {
+    store_->add(key(r, "ended"), 1);
+  } catch (const dist::StoreError& e) {
+    log::warn("cannot mark round {} ended in the store: {}", r, e.what());
+  }
+  return exit_code;
+}
+
 void Agent::start_workers(const Round& round, int restart_count) {
   const int world = round.nodes * o_.nproc_per_node;
   // Validated for this world size before any worker starts: a bad config is exit 2 here.
@@ -153,7 +183,10 @@ void Agent::start_workers(const Round& round, int restart_count) {
     w.local_rank = local;
     w.rank = round.node_rank * o_.nproc_per_node + local;
     w.heartbeat = fmt::format("{}/rank{}", heartbeat_dir_, w.rank);
-    std::ofstream(w.heartbeat, std::ios::trunc) << "0\n";
+    const int fd = ::open(w.heartbeat.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const bool written = fd >= 0 && ::write(fd, "0\n", 2) == 2;
+    if (fd >= 0) ::close(fd);
+    if (!written) throw IoError(fmt::format("cannot write the heartbeat file {}: {}", w.heartbeat, std::strerror(errno)));
     w.last_beat = "0\n";
     w.progress = Clock::now();
     // The environment is built before fork: the child may only call async-signal-safe functions.
@@ -285,6 +318,7 @@ Agent::Outcome Agent::monitor(const Round& round) {
   const int r = round.index;
   for (;;) {
     sleep_s(o_.monitor_interval_s);
+    store_->add(key(r, "beat"), 1);  // this round is alive (round_over)
     // Workers: exits and heartbeats. Of the failures seen in one tick, a worker that lost a peer
     // (exit 12) is the consequence of another's; the other is recorded as the cause.
     Worker* failed = nullptr;
@@ -376,10 +410,17 @@ Agent::Outcome Agent::monitor(const Round& round) {
 
 int Agent::run() {
   const StopSignals stop;  // before any thread: workers and the store run alongside
+  // The agents of one job (same token and run id, on any node) share the run directory's lock.
+  const train::RunLock lock(o_.run_dir, dist::auth::job_namespace(o_.job_token) + "." + o_.run_id);
   store_ = dist::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
                             dist::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
-  heartbeat_dir_ = fmt::format("{}/heartbeats.{}.{}", fs::temp_directory_path().string(), o_.run_id, getpid());
-  fs::create_directories(heartbeat_dir_);
+  // A private directory (mkdtemp: a fresh name, mode 0700), so no other local user can plant a
+  // symlink where a heartbeat file will be written.
+  std::string tmpl = (fs::temp_directory_path() / "tessera-heartbeats.XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw IoError(fmt::format("cannot create a heartbeat directory {}: {}", tmpl, std::strerror(errno)));
+  }
+  heartbeat_dir_ = tmpl;
   struct Cleanup {
     std::string dir;
     ~Cleanup() {
@@ -406,15 +447,21 @@ int Agent::run() {
     Round round;
     while (!join(r, &round)) {
       if (StopSignals::received() != 0) return kExitOk;
+      if (round_over(r)) {  // a relaunch after a stop, a finish or a give-up
+        log::info("round {} is over (its agents ended or are gone): a new generation starts in round {}", r, r + 1);
+        ++r;
+        continue;
+      }
       log::info("round {} closed with {} nodes before this agent joined; waiting for the next round", r, round.nodes);
       store_->add(key(r, "late"), 1);
       while (!store_->check({key(r + 1, "joined")})) {
         if (StopSignals::received() != 0) return kExitOk;
+        const bool over = round_over(r);  // waits up to a few ticks; returns at the next beat of a live round
         if (counter(r, "done") > 0) {
           log::info("the job finished without this node");
           return kExitOk;
         }
-        sleep_s(0.1);
+        if (over) break;  // stopped or died while this node waited: start it again
       }
       ++r;
     }
@@ -427,13 +474,13 @@ int Agent::run() {
     if (outcome == Outcome::kDone) {
       store_->add(key(r, "done"), 1);
       log::info("done: this node's workers exited 0");
-      return kExitOk;
+      return end_round(r, kExitOk);
     }
     if (outcome == Outcome::kStopped) {
       // Not finished: 128 + the signal, as a process ended by it, so that a scheduler replaces
       // this node (Kubernetes counts an exit 0 as a completed index) and the job resumes.
       log::info("stopped by signal {}: the workers checkpointed; resume by launching again", StopSignals::received());
-      return o_.stopped_exit_code >= 0 ? o_.stopped_exit_code : 128 + StopSignals::received();
+      return end_round(r, o_.stopped_exit_code >= 0 ? o_.stopped_exit_code : 128 + StopSignals::received());
     }
     if (outcome == Outcome::kFailed) {
       const auto [code, summary] = read_failure(r);
@@ -441,12 +488,12 @@ int Agent::run() {
       if (!restartable(code)) {
         log::error("not restarting: exit code {} (configuration, data or health check) fails the same way again; {}",
                    code, summary);
-        return code;
+        return end_round(r, code);
       }
       if (restarts == o_.max_restarts) {
         log::error("giving up: {} restart(s) used (--max-restarts {}); first failure: {}; last: {}", restarts,
                    o_.max_restarts, first_failure, summary);
-        return first_code != 0 ? first_code : kExitFailure;
+        return end_round(r, first_code != 0 ? first_code : kExitFailure);
       }
       ++restarts;
       log::warn("round {} failed ({}); restarting every worker from the latest checkpoint, restart {}/{}", r, summary,
@@ -472,6 +519,10 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   o.config_path = run_dir + "/config.toml";
   o.resume = resume.empty() ? "none" : resume;
   o.stopped_exit_code = kExitOk;
+  // Held through run_agent (which shares it: same job), so a second run here is refused before
+  // it touches the store or the config.
+  const train::RunLock lock(run_dir, dist::auth::job_namespace(o.job_token) + "." + o.run_id);
+  train::refuse_fresh_run_over_checkpoints(run_dir, resume);
   std::error_code ec;
   fs::remove_all(run_dir + "/rendezvous", ec);  // a crashed run's store, under another token
   fs::create_directories(run_dir, ec);

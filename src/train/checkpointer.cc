@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -401,25 +403,100 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   trainer.restore({m.step, m.tokens, m.sampler_position, m.optimizer_steps});
 }
 
+namespace {
+
+// Rank 0's text on every rank (two broadcasts: the length, then the bytes; broadcast copies
+// elements, so any bytes travel in f32 slots).
+std::string broadcast_text(const Distributed& dist, std::string text, dist::Millis timeout) {
+  float length_slot = 0.0f;
+  const auto length = static_cast<uint32_t>(text.size());
+  std::memcpy(&length_slot, &length, 4);
+  dist.world->broadcast(&length_slot, 1, dist::DType::kF32, 0, {timeout})->wait();
+  uint32_t n = 0;
+  std::memcpy(&n, &length_slot, 4);
+  std::vector<float> slots((n + 3) / 4);
+  std::memcpy(slots.data(), text.data(), std::min<size_t>(text.size(), n));
+  if (!slots.empty()) dist.world->broadcast(slots.data(), static_cast<int64_t>(slots.size()), dist::DType::kF32, 0, {timeout})->wait();
+  text.assign(reinterpret_cast<const char*>(slots.data()), n);
+  return text;
+}
+
+// Moves a damaged checkpoint aside (STEP.damaged-TIME): out of every listing, kept for a person.
+void quarantine(const std::string& step_dir) {
+  const std::string aside = step_dir + ".damaged-" + utc_now("%Y%m%dT%H%M%S");
+  std::error_code ec;
+  fs::rename(step_dir, aside, ec);
+  if (ec) {
+    log::warn("cannot move the damaged checkpoint {} aside: {}", step_dir, ec.message());
+  } else {
+    sync_parent_dir(aside);
+    log::warn("moved the damaged checkpoint {} aside to {}", step_dir, aside);
+  }
+}
+
+constexpr int kReadAttempts = 4;  // a failed read is retried after 0.5, 1 and 2 s
+
+}  // namespace
+
+std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
+                                                  const std::string& spec, const Distributed& dist) {
+  if (dist.world == nullptr) return resume_candidates(config, root, spec);
+  std::string text;
+  if (dist.topology.rank == 0) {
+    try {
+      for (const std::string& c : resume_candidates(config, root, spec)) text += c + "\n";
+    } catch (const DataError& e) {
+      text = std::string("\x01") + e.what();
+    }
+  }
+  text = broadcast_text(dist, text, dist::Millis(config.parallel.timeout_ms));
+  if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out.push_back(line);
+  return out;
+}
+
 std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates) {
   const Distributed& dist = trainer.distributed();
   std::string errors;
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string error;
-    try {
-      load_checkpoint(trainer, candidates[i]);
-    } catch (const DataError& e) {
-      error = e.what();
+    float outcome[2] = {0.0f, 0.0f};  // ranks that found it damaged, ranks that could not read it
+    for (int attempt = 1;; ++attempt) {
+      try {
+        load_checkpoint(trainer, candidates[i]);
+        error.clear();
+        outcome[1] = 0.0f;
+        break;
+      } catch (const IoError& e) {
+        error = e.what();
+        outcome[1] = 1.0f;
+        if (attempt == kReadAttempts) break;
+        const double pause = 0.5 * (1 << (attempt - 1));
+        log::warn("{} (attempt {} of {}); retrying in {:.1f} s", error, attempt, kReadAttempts, pause);
+        std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+      } catch (const DataError& e) {
+        error = e.what();
+        outcome[0] = 1.0f;
+        break;
+      }
     }
-    float failed = error.empty() ? 0.0f : 1.0f;
     if (dist.world != nullptr) {
-      dist.world->all_reduce(&failed, 1, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
-          ->wait();
+      dist.world->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})->wait();
     }
-    if (failed == 0.0f) return candidates[i];
+    if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
     if (!error.empty()) log::error("{}", error);
+    if (outcome[1] > 0.0f) {
+      throw IoError(fmt::format("cannot read the checkpoint {} ({}) after {} attempts; stopping without falling back "
+                                "to an older one, since this one may be sound: nothing was deleted",
+                                candidates[i], error.empty() ? "on another rank" : error, kReadAttempts));
+    }
     errors += fmt::format("\n  {}: {}", candidates[i], error.empty() ? "damaged on another rank" : error);
-    if (i + 1 < candidates.size()) log::warn("falling back to the previous checkpoint {}", candidates[i + 1]);
+    if (i + 1 < candidates.size()) {
+      if (dist.topology.rank == 0) quarantine(candidates[i]);
+      log::warn("falling back to the previous checkpoint {}", candidates[i + 1]);
+    }
   }
   throw DataError(fmt::format("no checkpoint could be loaded (checkpoint.fallback = {}):{}",
                               trainer.config().checkpoint.fallback, errors));

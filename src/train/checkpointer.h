@@ -81,13 +81,22 @@ class Checkpointer {
 // "auto" finds nothing. Throws DataError when an explicit path holds no committed checkpoint.
 std::vector<std::string> resume_candidates(const config::Config& config, const std::string& root,
                                            const std::string& spec);
+// resume_candidates as rank 0 sees them, on every rank (broadcast): a rank that listed the
+// directory itself could read another `latest` (NFS attribute caching, a racing writer) and
+// load another step. Rank 0's DataError is thrown on every rank.
+std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
+                                                  const std::string& spec, const Distributed& dist);
 // Loads a committed checkpoint into the trainer: this rank's slices of parameters and moments
 // (re-cut for its world size and strategy), step, tokens and data position. Throws DataError
 // naming the file and tensor when something is damaged or was written for another model.
 void load_checkpoint(Trainer& trainer, const std::string& step_dir);
 // Tries the candidates in order; every rank loads the same one (they agree through an all-reduce).
-// Returns the directory loaded. Throws DataError when none loads (after trying the older ones
-// only when checkpoint.fallback is set).
+// A damaged candidate (DataError: checksum, truncation, a missing file) is moved aside by rank 0
+// (STEP.damaged-TIME, named in the log) when an older one is tried next, never deleted. A read
+// that fails (IoError: EIO, ESTALE) is retried with backoff, then every rank throws IoError
+// (exit 10) naming the file: the checkpoint may be sound, so the run neither falls back from it
+// nor lets an older one replace it. Returns the directory loaded. Throws DataError when none
+// loads (after trying the older ones only when checkpoint.fallback is set).
 std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates);
 
 // Writes the checkpoint `src` (a committed step directory) re-cut for the world size and strategy

@@ -23,12 +23,14 @@
 #include "core/parallel.h"
 #include "core/signals.h"
 #include "core/timer.h"
+#include "dist/job_auth.h"
 #include "tessera/build_config.h"
 #include "train/bundled.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
 #include "train/health.h"
 #include "train/reporter.h"
+#include "train/run_lock.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -110,7 +112,7 @@ enum : uint32_t { kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4 };
 class Heartbeat {
  public:
   explicit Heartbeat(const std::string& path) {
-    if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!path.empty() && fd_ < 0) log::warn("cannot write the heartbeat file {}: {}", path, std::strerror(errno));
   }
   ~Heartbeat() {
@@ -187,14 +189,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (peak.known()) run_info.update({{"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source}});
   const std::string root = run_dir + "/checkpoints";
   std::vector<std::string> candidates;
-  if (!resume.empty()) {
-    candidates = resume_candidates(config, root, resume);
-  } else if (const int64_t latest = checkpoint::read_latest(root); latest >= 0) {
-    throw ConfigError(
-        fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
-                    "train in another --run-dir",
-                    root, checkpoint::step_dir_name(latest)));
-  }
+  if (!resume.empty()) candidates = agreed_resume_candidates(config, root, resume, dist);
   Checkpointer checkpointer(config, root, dist);
   if (!candidates.empty()) {
     const double t0 = now_seconds();
@@ -307,10 +302,20 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
 
 }  // namespace
 
+void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::string& resume) {
+  if (!resume.empty()) return;
+  const std::string root = run_dir + "/checkpoints";
+  int64_t found = checkpoint::read_latest(root);
+  if (const auto steps = checkpoint::committed_steps(root); found < 0 && !steps.empty()) found = steps.back();
+  if (found < 0) return;
+  throw ConfigError(fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
+                                "train in another --run-dir",
+                                root, checkpoint::step_dir_name(found)));
+}
+
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
+  const RunLock lock(run_dir, "");
+  refuse_fresh_run_over_checkpoints(run_dir, resume);
   open_for_write(run_dir + "/config.toml") << config::to_toml(config);
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
   // Several local workers are the single-node case of `tessera launch` (launch::run_local_job).
@@ -328,6 +333,11 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
     throw ConfigError(fmt::format("parallel.nproc = {} but this job has {} ranks (set parallel.nproc = {})",
                                   config.parallel.nproc, env.world, env.world));
   }
+  // An agent holds the run directory's lock for its workers; ranks started without one (Slurm,
+  // torchrun-style) share it as one job: the same token and round.
+  std::optional<RunLock> lock;
+  if (env.heartbeat.empty()) lock.emplace(run_dir, dist::auth::job_namespace(env.job_token) + "." + env.round);
+  refuse_fresh_run_over_checkpoints(run_dir, resume);
   if (env.rank == 0) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);

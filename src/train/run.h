@@ -17,15 +17,21 @@ namespace tessera::train {
 // checkpoint.save_final, model.safetensors with the resolved config in its metadata.
 // resume: "" starts afresh (refused when RUN_DIR already holds a committed checkpoint), "auto"
 // continues from RUN_DIR's latest checkpoint if there is one, else a checkpoint path. SIGTERM or
-// SIGINT finishes the step, saves a checkpoint and returns normally. Throws tessera::Error
-// subclasses for faults.
+// SIGINT finishes the step, saves a checkpoint and returns normally. Holds RUN_DIR's lock
+// (RunLock): a second run there is refused (exit 2). Throws tessera::Error subclasses for faults.
 // One process (parallel.nproc = 1); several are `launch::run_local_job`.
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume = "");
 
 // One rank of a job that something else started (`tessera launch`, Slurm, torchrun-style
 // variables: see WorkerEnv): joins the job's store round, trains, checkpoints. parallel.nproc
-// must equal the job's world size. resume: as run_training's, "none" meaning "".
+// must equal the job's world size. resume: as run_training's, "none" meaning "". Without an agent
+// (no heartbeat file) the ranks share the run directory's lock (RunLock) as one job.
 void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume);
+
+// Throws ConfigError when a fresh run (resume "") would start in a run directory that holds a
+// committed checkpoint (named by `latest`, or a step whose first commit died before `latest` was
+// written): called before anything is written, so a refused run changes nothing.
+void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::string& resume);
 
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.
