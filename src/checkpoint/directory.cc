@@ -2,7 +2,6 @@
 #include "checkpoint/directory.h"
 
 #include <fmt/format.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>

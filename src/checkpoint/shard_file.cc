@@ -143,7 +143,8 @@ void ShardFile::parse_header() {
     return DataError(fmt::format("checkpoint shard {} is damaged: {}", path, why));
   };
   struct stat st{};
-  if (::fstat(fd_, &st) != 0) throw IoError(fmt::format("cannot stat checkpoint shard {}: {}", path, std::strerror(errno)));
+  if (::fstat(fd_, &st) != 0)
+    throw IoError(fmt::format("cannot stat checkpoint shard {}: {}", path, std::strerror(errno)));
   const auto size = static_cast<uint64_t>(st.st_size);
   char prefix[kPrefix];
   if (size < kPrefix || !read_at(fd_, prefix, kPrefix, 0, path)) {

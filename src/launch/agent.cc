@@ -186,7 +186,8 @@ void Agent::start_workers(const Round& round, int restart_count) {
     const int fd = ::open(w.heartbeat.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     const bool written = fd >= 0 && ::write(fd, "0\n", 2) == 2;
     if (fd >= 0) ::close(fd);
-    if (!written) throw IoError(fmt::format("cannot write the heartbeat file {}: {}", w.heartbeat, std::strerror(errno)));
+    if (!written)
+      throw IoError(fmt::format("cannot write the heartbeat file {}: {}", w.heartbeat, std::strerror(errno)));
     w.last_beat = "0\n";
     w.progress = Clock::now();
     // The environment is built before fork: the child may only call async-signal-safe functions.

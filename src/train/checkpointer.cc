@@ -416,7 +416,8 @@ std::string broadcast_text(const Distributed& dist, std::string text, dist::Mill
   std::memcpy(&n, &length_slot, 4);
   std::vector<float> slots((n + 3) / 4);
   std::memcpy(slots.data(), text.data(), std::min<size_t>(text.size(), n));
-  if (!slots.empty()) dist.world->broadcast(slots.data(), static_cast<int64_t>(slots.size()), dist::DType::kF32, 0, {timeout})->wait();
+  if (!slots.empty())
+    dist.world->broadcast(slots.data(), static_cast<int64_t>(slots.size()), dist::DType::kF32, 0, {timeout})->wait();
   text.assign(reinterpret_cast<const char*>(slots.data()), n);
   return text;
 }
@@ -483,14 +484,16 @@ std::string resume_from(Trainer& trainer, const std::vector<std::string>& candid
       }
     }
     if (dist.world != nullptr) {
-      dist.world->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})->wait();
+      dist.world->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
+          ->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
     if (!error.empty()) log::error("{}", error);
     if (outcome[1] > 0.0f) {
-      throw IoError(fmt::format("cannot read the checkpoint {} ({}) after {} attempts; stopping without falling back "
-                                "to an older one, since this one may be sound: nothing was deleted",
-                                candidates[i], error.empty() ? "on another rank" : error, kReadAttempts));
+      throw IoError(
+          fmt::format("cannot read the checkpoint {} ({}) after {} attempts; stopping without falling back "
+                      "to an older one, since this one may be sound: nothing was deleted",
+                      candidates[i], error.empty() ? "on another rank" : error, kReadAttempts));
     }
     errors += fmt::format("\n  {}: {}", candidates[i], error.empty() ? "damaged on another rank" : error);
     if (i + 1 < candidates.size()) {

@@ -308,9 +308,10 @@ void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::st
   int64_t found = checkpoint::read_latest(root);
   if (const auto steps = checkpoint::committed_steps(root); found < 0 && !steps.empty()) found = steps.back();
   if (found < 0) return;
-  throw ConfigError(fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
-                                "train in another --run-dir",
-                                root, checkpoint::step_dir_name(found)));
+  throw ConfigError(
+      fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
+                  "train in another --run-dir",
+                  root, checkpoint::step_dir_name(found)));
 }
 
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
