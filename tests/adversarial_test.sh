@@ -113,8 +113,9 @@ done
 "$tessera" checkpoint verify "$run/checkpoints/step_00000004" >/dev/null || fail "cleanup: step 4 no longer verifies"
 echo "ok: item 4, stat of a committed manifest failing with EIO, ESTALE, EACCES: the checkpoint is kept and the warning names it"
 
-# snapshot DIR: every file's name, size and hash (what "changes nothing on disk" compares).
-snapshot() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum && find . | sort); }
+# snapshot DIR [NAME]: every file's name, size and hash (what "changes nothing on disk" compares),
+# but for files called NAME.
+snapshot() { (cd "$1" && find . -type f ! -name "${2:-/}" -print0 | sort -z | xargs -0 sha256sum && find . ! -name "${2:-/}" | sort); }
 
 # --- item 6 (row 19): a second train or launch on a live run directory is refused with exit 2
 # naming the holder, and changes nothing on disk. The live run is frozen (SIGSTOP; it keeps its
@@ -240,13 +241,13 @@ TESSERA_IO_FAULT_COUNT=2 with_io_fault step_00000012/shard_ read EIO resume2 eio
 grep -q "cannot read checkpoint shard .*step_00000012/shard_.*Input/output error (attempt 2 of 4); retrying" \
   "$dir/eio.transient.log" || fail "item 5: the retries were not reported"
 grep -q "resumed from .*step_00000012 in" "$dir/eio.transient.log" || fail "item 5: not resumed from step 12 after the retries"
-before=$(snapshot "$dir/eio/checkpoints")
+before=$(snapshot "$dir/eio/checkpoints" .attempt)  # each start writes its fence, .attempt
 rc=0
 with_io_fault step_00000014/shard_ read EIO resume2 eio 16 2>"$dir/eio.persistent.log" || rc=$?
 ((rc == 10)) || { grep -v "info: step" "$dir/eio.persistent.log" | tail; fail "item 5: a persistent EIO exited $rc, not 10"; }
 grep -q "cannot read the checkpoint .*step_00000014 (.*shard_.*Input/output error) after 4 attempts; .*nothing was deleted" \
   "$dir/eio.persistent.log" || { grep -v "info: step" "$dir/eio.persistent.log" | tail; fail "item 5: the file is not named"; }
-[[ $(snapshot "$dir/eio/checkpoints") == "$before" ]] || fail "item 5: an unreadable checkpoint changed the checkpoints"
+[[ $(snapshot "$dir/eio/checkpoints" .attempt) == "$before" ]] || fail "item 5: an unreadable checkpoint changed the checkpoints"
 unset TESSERA_IO_FAULT_RANK
 resume2 eio 16 2>"$dir/eio.after.log" || fail "item 5: resume once the reads work again"
 grep -q "resumed from .*step_00000014 in" "$dir/eio.after.log" || fail "item 5: not resumed from step 14 once reads work"
@@ -274,3 +275,28 @@ for r in 0 1; do
   grep -q "resumed from .*step_00000008 in" "$dir/agree/logs/rank_$r.log" || fail "item 9: rank $r did not load rank 0's choice"
 done
 echo "ok: item 9, rank 1 blind to latest: both ranks loaded rank 0's choice (step 8)"
+
+# --- item 7 (row 24): a Slurm requeue reuses the store round (SLURM_JOB_ID.0), so the earlier
+# attempt's `checkpoint.4.rank1 = ok` is still there. With rank 1 slow mid-write (2 s), rank 0 used
+# to read that stale report and commit step 4 over a half-written shard (the manifest recording
+# the old checksum). Commit keys now carry the attempt id, and rank 0 reads every shard back
+# against its report before the manifest goes in.
+requeue() {  # requeue NAME SEED [VAR=VALUE...]: 2 ranks started as srun does, SLURM_JOB_ID 77, one store
+  local name=$1 seed=$2 pids=() r
+  shift 2
+  for r in 0 1; do
+    env SLURM_JOB_ID=77 SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r TESSERA_RDZV="file://$dir/requeue-store" "$@" \
+      "$tessera" train "${train_args[@]}" --set parallel.nproc=2 --set train.max_steps=8 --set train.seed=$seed \
+      --run-dir "$dir/$name" 2>"$dir/$name.$r.log" &
+    pids+=($!)
+  done
+  for r in 0 1; do wait "${pids[$r]}" || { cat "$dir/$name.$r.log"; fail "item 7: $name rank $r"; }; done
+}
+requeue first 1
+requeue second 5 TESSERA_FAULT=1:4:checkpoint.shard:slow
+commit_s=$(sed -n 's/.*checkpoint step 4 committed in \([0-9.]*\)s.*/\1/p' "$dir/second.0.log")
+[[ -n $commit_s ]] || { grep -v "info: step" "$dir/second.0.log"; fail "item 7: step 4 of the requeued run did not commit"; }
+awk -v s="$commit_s" 'BEGIN { exit !(s >= 1.9) }' || fail "item 7: step 4 committed after ${commit_s}s, before the slow rank wrote it"
+"$tessera" checkpoint verify "$dir/second/checkpoints/step_00000004" >/dev/null ||
+  fail "item 7: the requeued run committed a checkpoint that does not verify"
+echo "ok: item 7 (row 24), a requeue on the same store round: step 4 committed after the slow rank's write (${commit_s} s), and verifies"

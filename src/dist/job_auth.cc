@@ -41,7 +41,9 @@ std::string random_bytes(size_t bytes) {
   return out;
 }
 
-std::string new_job_token() { return "job-" + hex(random_bytes(16)); }
+std::string random_hex(size_t bytes) { return hex(random_bytes(bytes)); }
+
+std::string new_job_token() { return "job-" + random_hex(16); }
 
 std::string job_namespace(const std::string& token) {
   return hex(hmac_sha256(token, "tessera job namespace v1").substr(0, 16));

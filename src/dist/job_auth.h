@@ -15,6 +15,9 @@ inline constexpr size_t kProofBytes = 32;
 // if it fails, since a predictable nonce or token would be worse than stopping.
 std::string random_bytes(size_t bytes);
 
+// 2 x `bytes` hex digits of random_bytes(bytes): fresh ids (attempts, tokens).
+std::string random_hex(size_t bytes);
+
 // A fresh token for a job that did not bring one (`tessera train --nproc N`): 128 random bits.
 std::string new_job_token();
 

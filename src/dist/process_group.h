@@ -69,6 +69,10 @@ class ProcessGroup {
   virtual uint64_t bytes_sent(OpKind op) const = 0;
 };
 
+// Root's text on every rank of `group` (two broadcasts: its length, then its bytes; a broadcast
+// copies elements, so any bytes travel in f32 slots).
+std::string broadcast_string(ProcessGroup& group, const std::string& text, int root, const CollectiveOptions& options);
+
 // Gloo over TCP on `interface_host` (e.g. "127.0.0.1"), rendezvous through `store`. Throws
 // StoreError or CollectiveError when the peers do not all arrive within `timeout`.
 std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, const std::string& interface_host,

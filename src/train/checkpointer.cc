@@ -73,7 +73,11 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
-  if (dist_.topology.rank == 0) ck::remove_uncommitted(root_);
+  if (dist_.topology.rank == 0) {
+    // The fence first: from here on a process of an earlier attempt can neither commit nor delete.
+    if (!dist_.attempt.empty()) write_file_atomic(fence_path(), dist_.attempt + "\n");
+    ck::remove_uncommitted(root_);
+  }
   if (dist_.world != nullptr) {  // no rank writes a checkpoint before the cleanup is done
     dist_.world->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
   }
@@ -205,11 +209,24 @@ void Checkpointer::writer_loop() {
   }
 }
 
+std::string Checkpointer::fence_path() const { return root_ + "/.attempt"; }
+
+std::string Checkpointer::fenced() const {
+  if (dist_.attempt.empty()) return "";
+  std::ifstream in(fence_path());
+  std::string owner;
+  std::getline(in, owner);
+  if (owner == dist_.attempt) return "";
+  return fmt::format("fenced: attempt {} of this job now owns {} (this process belongs to attempt {})",
+                     owner.empty() ? "(unreadable)" : owner, root_, dist_.attempt);
+}
+
 bool Checkpointer::write_and_commit(const Job& job) {
   const int rank = dist_.topology.rank, W = dist_.topology.world, S = dist_.topology.shard_size;
   const dist::Millis timeout(config_.parallel.timeout_ms);
   const std::string dir = root_ + "/" + ck::step_dir_name(job.step);
-  auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}", job.step, what); };
+  // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
+  auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}.{}", dist_.attempt, job.step, what); };
   std::string error;
   ck::FileDigest digest;
   try {
@@ -274,6 +291,20 @@ bool Checkpointer::write_and_commit(const Job& job) {
       failure = fmt::format("rank {} sent a malformed report \"{}\"", r, report);
     }
   }
+  // The files must be what their ranks reported, read back from disk, before anything commits.
+  for (int k = 0; k < S && failure.empty(); ++k) {
+    const std::string path = dir + "/" + ck::shard_file_name(k);
+    try {
+      const ck::FileDigest d = ck::digest_file(path);
+      if (d.bytes != digests[k].bytes || d.xxh64 != digests[k].xxh64) {
+        failure = fmt::format("{} holds {} bytes with checksum {}, but rank {} reported {} bytes with {}", path,
+                              d.bytes, ck::hex64(d.xxh64), k, digests[k].bytes, ck::hex64(digests[k].xxh64));
+      }
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  if (failure.empty()) failure = fenced();
   if (failure.empty()) {
     try {
       ck::Manifest m = job.manifest;
@@ -303,7 +334,8 @@ bool Checkpointer::write_and_commit(const Job& job) {
                latest >= 0 ? fmt::format("{} stays the latest", ck::step_dir_name(latest))
                            : std::string("there is no earlier checkpoint"));
     std::error_code ec;
-    if (!fs::exists(dir + "/manifest.json", ec)) fs::remove_all(dir, ec);
+    // Only this attempt's own uncommitted directory; a fenced process leaves it to the owner.
+    if (fenced().empty() && !fs::exists(dir + "/manifest.json", ec) && ec.value() == 0) fs::remove_all(dir, ec);
   }
   return failure.empty();
 }
@@ -405,23 +437,6 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
 
 namespace {
 
-// Rank 0's text on every rank (two broadcasts: the length, then the bytes; broadcast copies
-// elements, so any bytes travel in f32 slots).
-std::string broadcast_text(const Distributed& dist, std::string text, dist::Millis timeout) {
-  float length_slot = 0.0f;
-  const auto length = static_cast<uint32_t>(text.size());
-  std::memcpy(&length_slot, &length, 4);
-  dist.world->broadcast(&length_slot, 1, dist::DType::kF32, 0, {timeout})->wait();
-  uint32_t n = 0;
-  std::memcpy(&n, &length_slot, 4);
-  std::vector<float> slots((n + 3) / 4);
-  std::memcpy(slots.data(), text.data(), std::min<size_t>(text.size(), n));
-  if (!slots.empty())
-    dist.world->broadcast(slots.data(), static_cast<int64_t>(slots.size()), dist::DType::kF32, 0, {timeout})->wait();
-  text.assign(reinterpret_cast<const char*>(slots.data()), n);
-  return text;
-}
-
 // Moves a damaged checkpoint aside (STEP.damaged-TIME): out of every listing, kept for a person.
 void quarantine(const std::string& step_dir) {
   const std::string aside = step_dir + ".damaged-" + utc_now("%Y%m%dT%H%M%S");
@@ -450,7 +465,7 @@ std::vector<std::string> agreed_resume_candidates(const config::Config& config, 
       text = std::string("\x01") + e.what();
     }
   }
-  text = broadcast_text(dist, text, dist::Millis(config.parallel.timeout_ms));
+  text = dist::broadcast_string(*dist.world, text, 0, {dist::Millis(config.parallel.timeout_ms)});
   if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
   std::vector<std::string> out;
   std::istringstream lines(text);

@@ -4,9 +4,12 @@
 // Save: the step loop copies this rank's shards (fp32 master parameters, AdamW moments) into a
 // host buffer and goes on; a writer thread writes and fsyncs RUN/checkpoints/step_N/shard_K.bin
 // (one file per shard rank: replicas hold the same shard, so only the first replica writes) and
-// reports to rank 0 through the store. Rank 0 commits once every rank has reported success:
-// manifest.json written to a temporary name, fsynced, renamed, then `latest` replaced the same
-// way; then it tells every rank the outcome, so all agree whether the save failed. A directory
+// reports to rank 0 through the store, under keys of this attempt (Distributed::attempt). Rank 0
+// commits once every rank has reported success and every shard file read back has the size and
+// checksum its rank reported, unless a later attempt owns the directory (ROOT/.attempt, written
+// at start-up: the fence): manifest.json written to a temporary name, fsynced, renamed, then
+// `latest` replaced the same way; then it tells every rank the outcome, so all agree whether the
+// save failed. A directory
 // without a manifest is never loaded and is removed. Checkpoints must live on a file system every
 // rank of the job sees (the local disk of a single node, or a shared one); `checkpoint.mirror_dir`
 // receives a verified copy of each committed checkpoint in the background.
@@ -55,6 +58,8 @@ class Checkpointer {
   };
   void writer_loop();
   bool write_and_commit(const Job& job);  // on the writer thread; returns the agreed outcome
+  std::string fence_path() const;         // ROOT/.attempt: the attempt that owns the directory
+  std::string fenced() const;             // why this attempt may not commit or delete; "" if it may
   void mirror_loop();
 
   config::Config config_;

@@ -16,6 +16,11 @@
 namespace tessera::train {
 namespace {
 
+void checkpoint_ok_or_fail(Checkpointer& checkpointer, Trainer& trainer, bool expected) {
+  checkpointer.save(trainer);
+  EXPECT_EQ(checkpointer.wait(), expected) << "step " << trainer.steps_done();
+}
+
 TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   dist::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
@@ -42,6 +47,35 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(checkpoint::read_latest(root), 1);
   EXPECT_FALSE(std::filesystem::exists(root + "/" + checkpoint::step_dir_name(2)));
+}
+
+// Issue 12 item 7: once a later attempt of the job has taken the checkpoint directory (its
+// fence, ROOT/.attempt), a process of the earlier attempt can neither commit there nor remove
+// the directory it was writing; the later attempt commits as usual.
+TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
+  dist::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = config::load("", {{"model.preset", "tiny"},
+                                             {"data.synthetic", "true"},
+                                             {"train.batch_size", "8"},
+                                             {"train.threads", "1"},
+                                             {"checkpoint.interval_minutes", "0"}});
+  Distributed old_attempt, new_attempt;
+  old_attempt.attempt = "0123456789abcdef";
+  new_attempt.attempt = "fedcba9876543210";
+  Trainer trainer(c, "", old_attempt);
+  Checkpointer early(c, root, old_attempt);
+  trainer.step();
+  checkpoint_ok_or_fail(early, trainer, true);
+  Checkpointer later(c, root, new_attempt);  // e.g. a Slurm requeue while the old rank 0 lingers
+  trainer.step();
+  checkpoint_ok_or_fail(early, trainer, false);
+  EXPECT_EQ(checkpoint::read_latest(root), 1);
+  EXPECT_TRUE(std::filesystem::exists(root + "/" + checkpoint::step_dir_name(2)))
+      << "the fenced attempt removed a directory it no longer owns";
+  trainer.step();
+  checkpoint_ok_or_fail(later, trainer, true);
+  EXPECT_EQ(checkpoint::read_latest(root), 3);
 }
 
 }  // namespace

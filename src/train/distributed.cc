@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/signals.h"
+#include "dist/job_auth.h"
 
 namespace tessera::train {
 
@@ -32,6 +33,7 @@ ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& to
     return dist::make_gloo_group(*stores_.back(), group_rank, group_size, host, timeout);
   };
   world_ = group("world", rank, world);
+  attempt_ = dist::broadcast_string(*world_, rank == 0 ? dist::auth::random_hex(8) : "", 0, {timeout});
   checkpoint_store_ = store_dir.find("://") != std::string::npos
                           ? dist::make_store(store_dir, token, round + ".checkpoint", timeout)
                           : dist::make_file_store(store_dir, token, round + ".checkpoint");
@@ -48,6 +50,7 @@ Distributed ProcessGroups::view() const {
   d.topology = topology_;
   d.world = world_.get();
   d.store = checkpoint_store_.get();
+  d.attempt = attempt_;
   const int S = topology_.shard_size, W = topology_.world;
   d.shard = S == 1 ? nullptr : S == W ? world_.get() : shard_.get();
   d.replica = W / S == 1 ? nullptr : S == 1 ? world_.get() : replica_.get();

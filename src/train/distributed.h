@@ -28,6 +28,7 @@ class ProcessGroups {
   std::vector<std::unique_ptr<dist::Store>> stores_;  // one key prefix per group
   std::unique_ptr<dist::ProcessGroup> world_, shard_, replica_;
   std::unique_ptr<dist::Store> checkpoint_store_;  // used by the checkpoint writer thread only
+  std::string attempt_;                            // Distributed::attempt
 };
 
 // A worker of a job started by something else: `tessera launch` (TESSERA_RANK, TESSERA_WORLD_SIZE,

@@ -61,6 +61,10 @@ struct Distributed {
   dist::ProcessGroup* shard = nullptr;    // the ranks sharing this rank's units (S > 1)
   dist::ProcessGroup* replica = nullptr;  // the ranks holding the same shard (W/S > 1)
   dist::Store* store = nullptr;           // for agreement off the training thread (checkpoint commits)
+  // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
+  // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
+  // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
+  std::string attempt;
 };
 
 class Trainer {
