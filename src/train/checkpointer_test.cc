@@ -16,6 +16,17 @@
 namespace tessera::train {
 namespace {
 
+// The tiny model on synthetic tokens, one thread, no timed saves; `extra` on top.
+config::Config tiny_config(config::Overrides extra = {}) {
+  config::Overrides o = {{"model.preset", "tiny"},
+                         {"data.synthetic", "true"},
+                         {"train.batch_size", "8"},
+                         {"train.threads", "1"},
+                         {"checkpoint.interval_minutes", "0"}};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return config::load("", o);
+}
+
 void checkpoint_ok_or_fail(Checkpointer& checkpointer, Trainer& trainer, bool expected) {
   checkpointer.save(trainer);
   EXPECT_EQ(checkpointer.wait(), expected) << "step " << trainer.steps_done();
@@ -24,13 +35,7 @@ void checkpoint_ok_or_fail(Checkpointer& checkpointer, Trainer& trainer, bool ex
 TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   dist::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
-  const config::Config c = config::load("", {{"model.preset", "tiny"},
-                                             {"data.synthetic", "true"},
-                                             {"train.batch_size", "8"},
-                                             {"train.threads", "1"},
-                                             {"parallel.nproc", "2"},
-                                             {"parallel.timeout_ms", "20000"},
-                                             {"checkpoint.interval_minutes", "0"}});
+  const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
   // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
   const int rc = run_local_workers(2, [&](int rank) {
     ProcessGroups groups(dir.path + "/store", "job", "0", rank, 2, 2, dist::Millis(20000));
@@ -55,11 +60,7 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
 TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
   dist::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
-  const config::Config c = config::load("", {{"model.preset", "tiny"},
-                                             {"data.synthetic", "true"},
-                                             {"train.batch_size", "8"},
-                                             {"train.threads", "1"},
-                                             {"checkpoint.interval_minutes", "0"}});
+  const config::Config c = tiny_config();
   Distributed old_attempt, new_attempt;
   old_attempt.attempt = "0123456789abcdef";
   new_attempt.attempt = "fedcba9876543210";
