@@ -95,12 +95,15 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> stop{false};
   std::map<std::string, std::string> data;
   std::vector<Conn> conns;
+  Clock::time_point accept_again;  // accepting paused until then (out of fds)
   std::thread loop;
 
   void run() {
     std::vector<pollfd> fds;
     while (!stop) {
-      fds.assign({{wake[0], POLLIN, 0}, {listen_fd, POLLIN, 0}});
+      // Out of fds, the listening socket stays readable: leave it alone for a while, not spin.
+      const short accepting = Clock::now() >= accept_again ? POLLIN : 0;
+      fds.assign({{wake[0], POLLIN, 0}, {listen_fd, accepting, 0}});
       for (const Conn& c : conns) {
         const short want = static_cast<short>((c.closing ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT));
         fds.push_back({c.fd, want, 0});
@@ -124,7 +127,10 @@ struct TcpStoreServer::Impl {
   void accept_all(Clock::time_point now) {
     for (;;) {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;  // EAGAIN, or out of fds: the kernel's backlog holds the rest
+      if (fd < 0) {  // EAGAIN; or out of fds (EMFILE, ENFILE): the kernel's backlog holds the rest
+        if (errno == EMFILE || errno == ENFILE) accept_again = now + Millis(100);
+        return;
+      }
       const int on = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
       std::vector<Conn*> pending;

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -198,6 +200,52 @@ TEST(TcpStoreServer, FloodOfStrangersLeavesTheJobWorking) {
   }
   EXPECT_EQ(closed, static_cast<int>(idle.size()));
   EXPECT_EQ(job->get("b", Millis(100)), Bytes{2});
+}
+
+// CPU seconds (user + system) process `pid` has used, from /proc/PID/stat.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
+  std::string f;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stol(f);
+    if (i == 15) stime = std::stol(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// A server out of file descriptors (EMFILE) waits for them instead of spinning on accept.
+TEST(TcpStoreServer, OutOfFdsDoesNotSpin) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(20);
+    const rlimit few{24, 24};
+    ::setrlimit(RLIMIT_NOFILE, &few);
+    TcpStoreServer server("127.0.0.1", 0, kToken);
+    const int port = server.port();
+    (void)!::write(pipe_fds[1], &port, sizeof(port));
+    for (;;) ::pause();
+  }
+  int port = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  std::vector<int> fds;
+  for (int i = 0; i < 60; ++i) fds.push_back(raw_connect(port, 100));  // the backlog holds what is not accepted
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double cpu0 = cpu_seconds(child);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double used = cpu_seconds(child) - cpu0;
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  for (int fd : fds) ::close(fd);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  EXPECT_LT(used, 0.3) << "CPU seconds in 1 s while out of fds";
 }
 
 // Issue 12 item 8: a server that stops mid-run makes requests fail within the store's timeout.
