@@ -300,3 +300,14 @@ awk -v s="$commit_s" 'BEGIN { exit !(s >= 1.9) }' || fail "item 7: step 4 commit
 "$tessera" checkpoint verify "$dir/second/checkpoints/step_00000004" >/dev/null ||
   fail "item 7: the requeued run committed a checkpoint that does not verify"
 echo "ok: item 7 (row 24), a requeue on the same store round: step 4 committed after the slow rank's write (${commit_s} s), and verifies"
+
+# --- item 12 (part): a damaged or hostile store value (the current round) is a clear error
+# naming the key (exit 12), not std::terminate.
+current=$(find "$dir/rdzv-finished" -name k_current)
+[[ -n $current ]] || fail "item 12: no 'current' key in the finished job's store"
+printf 'garbage' >"$current"
+rc=0
+(launch finished --set train.max_steps=16) 2>"$dir/garbage.log" || rc=$?
+((rc == 12)) && grep -q "the store's key 'current' holds \"garbage\", not a count" "$dir/garbage.log" ||
+  { cat "$dir/garbage.log"; fail "item 12: a garbage round number ended in exit $rc"; }
+echo "ok: item 12, a garbage round number in the store: exit 12 naming the key"

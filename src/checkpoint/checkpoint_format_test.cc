@@ -320,6 +320,21 @@ TEST(CheckpointReader, ReadsAnySliceAtAnyPadding) {
   EXPECT_EQ(params[1].data[99], 1099.f);
 }
 
+// Issue 12 item 12: a manifest whose numel (and padded) claim far more than the shard files hold
+// is a DataError before anything is sized by it (it used to make `generate` allocate until killed).
+TEST(CheckpointReader, CraftedNumelIsRejectedBeforeAllocating) {
+  Dir d;
+  write_checkpoint(d.path, 5, 2, {37});
+  const fs::path manifest = d.path / step_dir_name(5) / "manifest.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(manifest));
+  j["units"][0]["numel"] = int64_t{1} << 40;
+  j["units"][0]["padded"] = int64_t{1} << 40;
+  spit(manifest, j.dump());
+  CheckpointReader r((d.path / step_dir_name(5)).string());
+  const std::string error = error_of([&] { r.parameters(); });
+  EXPECT_NE(error.find("tensor u0.param is of the wrong size"), std::string::npos) << error;
+}
+
 TEST(CheckpointDirectory, VerifyNamesTheDamagedFileAndTensor) {
   Dir d;
   write_checkpoint(d.path, 5, 2, {40, 64});

@@ -204,6 +204,16 @@ ShardFile& CheckpointReader::shard(int shard_rank) {
   return *slot;
 }
 
+const ShardEntry& CheckpointReader::slice_entry(int shard_rank, const ManifestUnit& u, const char* kind) {
+  ShardFile& file = shard(shard_rank);
+  const std::string name = Manifest::tensor_name(u.name, kind);
+  const ShardEntry* e = file.find(name);
+  if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(u.padded / manifest_.shard_size)) {
+    throw DataError(fmt::format("{}: tensor {} is {}", file.path(), name, e ? "of the wrong size" : "missing"));
+  }
+  return *e;
+}
+
 void CheckpointReader::read_slice(int unit, const char* kind, int64_t begin, int64_t count, float* out) {
   const ManifestUnit& u = manifest_.units.at(unit);
   const int64_t per_shard = u.padded / manifest_.shard_size;
@@ -211,14 +221,10 @@ void CheckpointReader::read_slice(int unit, const char* kind, int64_t begin, int
   const int64_t end = std::min(begin + count, u.numel);
   for (int64_t pos = begin; pos < end;) {
     const int k = static_cast<int>(pos / per_shard);
+    const ShardEntry& e = slice_entry(k, u, kind);
     ShardFile& file = shard(k);
-    const std::string name = Manifest::tensor_name(u.name, kind);
-    const ShardEntry* e = file.find(name);
-    if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(per_shard)) {
-      throw DataError(fmt::format("{}: tensor {} is {}", file.path(), name, e ? "of the wrong size" : "missing"));
-    }
     scratch_.resize(per_shard);
-    file.read(*e, scratch_.data());
+    file.read(e, scratch_.data());
     const int64_t stop = std::min(end, (k + 1) * per_shard);
     std::copy(scratch_.begin() + (pos - k * per_shard), scratch_.begin() + (stop - k * per_shard), out + (pos - begin));
     pos = stop;
@@ -230,6 +236,9 @@ std::vector<NamedTensor> CheckpointReader::parameters() {
   std::vector<float> full;
   for (size_t i = 0; i < manifest_.units.size(); ++i) {
     const ManifestUnit& u = manifest_.units[i];
+    // Every shard must hold its slice before the manifest's numel sizes anything: a crafted
+    // numel then costs at most what the files hold.
+    for (int k = 0; k < manifest_.shard_size; ++k) slice_entry(k, u, "param");
     full.resize(u.numel);
     read_slice(static_cast<int>(i), "param", 0, u.numel, full.data());
     for (const ManifestTensor& t : u.tensors) {

@@ -60,6 +60,8 @@ class CheckpointReader {
 
  private:
   ShardFile& shard(int shard_rank);
+  // Shard `shard_rank`'s entry for unit u's `kind`, checked to hold padded / shard_size floats.
+  const ShardEntry& slice_entry(int shard_rank, const ManifestUnit& u, const char* kind);
 
   std::string dir_;
   Manifest manifest_;

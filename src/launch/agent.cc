@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +63,18 @@ struct Worker {
   bool hung = false;  // the watchdog sent the SIGTERM
   Clock::time_point term_at;
 };
+
+// A round number or node count the store holds; a StoreError naming the key when it is not one
+// (a damaged or hostile store must end in a clear error, not std::terminate).
+int stored_count(const dist::Bytes& value, const std::string& key) {
+  const std::string text(value.begin(), value.end());
+  int n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || n < 0) {
+    throw dist::StoreError(fmt::format("the store's key '{}' holds \"{}\", not a count", key, text.substr(0, 32)));
+  }
+  return n;
+}
 
 class Agent {
  public:
@@ -134,7 +147,7 @@ bool Agent::join(int r, Round* out) {
   const dist::Bytes nodes = store_->get(key(r, "nodes"), timeout);
   out->index = r;
   out->node_rank = static_cast<int>(index);
-  out->nodes = std::stoi(std::string(nodes.begin(), nodes.end()));
+  out->nodes = stored_count(nodes, key(r, "nodes"));
   return index < out->nodes;
 }
 
@@ -440,7 +453,7 @@ int Agent::run() {
   int r = 0;
   if (store_->check({"current"})) {
     const dist::Bytes b = store_->get("current", dist::Millis(1000));
-    r = std::stoi(std::string(b.begin(), b.end()));
+    r = stored_count(b, "current");
   }
   int restarts = 0, first_code = 0;
   std::string first_failure;
