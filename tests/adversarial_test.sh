@@ -311,3 +311,14 @@ rc=0
 ((rc == 12)) && grep -q "the store's key 'current' holds \"garbage\", not a count" "$dir/garbage.log" ||
   { cat "$dir/garbage.log"; fail "item 12: a garbage round number ended in exit $rc"; }
 echo "ok: item 12, a garbage round number in the store: exit 12 naming the key"
+
+# --- item 12 (part): an fsync error on the directory a commit renames into (EIO) fails the
+# save, naming the directory; it used to be ignored, so a manifest whose rename was never made
+# durable passed for committed. The previous checkpoint stays latest.
+run=$dir/dirsync
+with_io_fault 'step_00000008$' fsync EIO "$tessera" train "${train_args[@]}" --set train.max_steps=8 --run-dir "$run" \
+  2>"$dir/dirsync.log" || { cat "$dir/dirsync.log"; fail "item 12: dirsync run"; }
+grep -q "checkpoint step 8 failed: .*cannot fsync the directory .*step_00000008: Input/output error" "$dir/dirsync.log" ||
+  { grep -v "info: step" "$dir/dirsync.log" | tail; fail "item 12: a failed directory fsync passed for a commit"; }
+[[ $(cat "$run/checkpoints/latest") == step_00000004 ]] || fail "item 12: latest moved past the failed save"
+echo "ok: item 12, a directory fsync error (EIO) fails the save naming the directory; step 4 stays latest"

@@ -125,7 +125,11 @@ void remove_checkpoint(const fs::path& dir) {
   std::error_code ec;
   // The manifest goes first, so a half-removed directory is never taken for a checkpoint.
   fs::remove(dir / "manifest.json", ec);
-  sync_parent_dir((dir / "manifest.json").string());
+  try {
+    sync_parent_dir((dir / "manifest.json").string());
+  } catch (const Error& e) {  // a removal that may not be durable yet: the next start sees it again
+    log::warn("{}", e.what());
+  }
   fs::remove_all(dir, ec);
   if (ec) log::warn("cannot remove the checkpoint {}: {}", dir.string(), ec.message());
 }

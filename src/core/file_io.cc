@@ -36,10 +36,14 @@ void fsync_path(const std::string& path) {
 void sync_parent_dir(const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  // EINVAL: a file system that cannot fsync a directory (some FUSE mounts) has nothing to flush.
+  if (dfd < 0 || (::fsync(dfd) != 0 && errno != EINVAL)) {
+    const int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    throw IoError(fmt::format("cannot fsync the directory {}: {}", dir, std::strerror(err)));
   }
+  ::close(dfd);
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {

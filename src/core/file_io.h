@@ -14,7 +14,8 @@ void write_all(int fd, const void* data, size_t n, const std::string& path);
 // fsyncs the file `path` (its data is on disk once this returns). Throws IoError naming it.
 void fsync_path(const std::string& path);
 
-// fsyncs the directory that holds `path`, so that a rename into it is durable (best effort).
+// fsyncs the directory that holds `path`, so that a rename into it is durable. Throws IoError
+// naming the directory when that fails: a lost rename must not pass for a durable one.
 void sync_parent_dir(const std::string& path);
 
 // Writes `bytes` to `path` through "<path>.tmp": write, fsync, rename, fsync the directory.

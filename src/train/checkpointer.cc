@@ -444,9 +444,13 @@ void quarantine(const std::string& step_dir) {
   fs::rename(step_dir, aside, ec);
   if (ec) {
     log::warn("cannot move the damaged checkpoint {} aside: {}", step_dir, ec.message());
-  } else {
+    return;
+  }
+  log::warn("moved the damaged checkpoint {} aside to {}", step_dir, aside);
+  try {
     sync_parent_dir(aside);
-    log::warn("moved the damaged checkpoint {} aside to {}", step_dir, aside);
+  } catch (const Error& e) {
+    log::warn("{}", e.what());
   }
 }
 

@@ -1,6 +1,7 @@
 // An LD_PRELOAD library that makes file system calls fail on chosen paths, as a flaky NFS or
 // FUSE mount does (EIO, ESTALE, EACCES), for tests/adversarial_test.sh. Configured by:
-//   TESSERA_IO_FAULT_PATH   calls on a path containing this text fail (unset: the library is inert)
+//   TESSERA_IO_FAULT_PATH   calls on a path containing this text fail (unset: the library is
+//                           inert); a final '$' means "ending with" (a directory, not its files)
 //   TESSERA_IO_FAULT_OPS    which calls, comma-separated: stat, open, read, fsync (default: all)
 //   TESSERA_IO_FAULT_ERRNO  the error: EIO (default), ESTALE, EACCES, ENOSPC, ENOENT
 //   TESSERA_IO_FAULT_COUNT  fail only the first N matching calls of this process (a transient
@@ -35,7 +36,13 @@ static int fault_errno(void) {
 // Whether a call `op` on `path` fails; sets errno when it does.
 static int should_fail(const char* op, const char* path) {
   const char* pattern = getenv("TESSERA_IO_FAULT_PATH");
-  if (pattern == NULL || *pattern == '\0' || path == NULL || strstr(path, pattern) == NULL) return 0;
+  if (pattern == NULL || *pattern == '\0' || path == NULL) return 0;
+  const size_t plen = strlen(pattern), path_len = strlen(path);
+  if (pattern[plen - 1] == '$') {
+    if (path_len < plen - 1 || strncmp(path + path_len - (plen - 1), pattern, plen - 1) != 0) return 0;
+  } else if (strstr(path, pattern) == NULL) {
+    return 0;
+  }
   const char* rank = getenv("TESSERA_IO_FAULT_RANK");
   const char* mine = getenv("TESSERA_RANK");
   if (rank != NULL && *rank != '\0' && (mine == NULL || strcmp(rank, mine) != 0)) return 0;
