@@ -322,3 +322,21 @@ grep -q "checkpoint step 8 failed: .*cannot fsync the directory .*step_00000008:
   { grep -v "info: step" "$dir/dirsync.log" | tail; fail "item 12: a failed directory fsync passed for a commit"; }
 [[ $(cat "$run/checkpoints/latest") == step_00000004 ]] || fail "item 12: latest moved past the failed save"
 echo "ok: item 12, a directory fsync error (EIO) fails the save naming the directory; step 4 stays latest"
+
+# --- item 12 (part): symlinks planted in a run directory (by another local user, or a copy of a
+# hostile run) are never written through, and `tessera report` does not show a file one points
+# at: config.toml, run.json and config.toml.tmp link to a victim file; the run writes its own.
+run=$dir/planted
+mkdir -p "$run"
+echo precious >"$dir/victim"
+echo SECRET-4242 >"$dir/secret"
+for name in config.toml run.json config.toml.tmp run.json.tmp; do ln -s "$dir/victim" "$run/$name"; done
+"$tessera" train "${train_args[@]}" --set train.max_steps=2 --run-dir "$run" 2>"$dir/planted.log" ||
+  { cat "$dir/planted.log"; fail "item 12: the run over planted links"; }
+[[ $(cat "$dir/victim") == precious ]] || fail "item 12: the run wrote through a planted symlink"
+[[ -f $run/config.toml && ! -L $run/config.toml && ! -L $run/run.json ]] || fail "item 12: config.toml or run.json is still a link"
+rm "$run/config.toml" && ln -s "$dir/secret" "$run/config.toml"
+"$tessera" report "$run" >/dev/null 2>"$dir/report.log" || { cat "$dir/report.log"; fail "item 12: report"; }
+grep -q SECRET-4242 "$run/report.html" && fail "item 12: report showed the file a symlinked config.toml points at"
+grep -q "config.toml is a symbolic link: not shown" "$run/report.html" || fail "item 12: report did not say why the config is missing"
+echo "ok: item 12, planted symlinks (config.toml, run.json and their temporaries) never written through; report shows no linked file"

@@ -48,7 +48,10 @@ void sync_parent_dir(const std::string& path) {
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A leftover temporary (a crash) or a planted symlink goes first; O_EXCL | O_NOFOLLOW then
+  // never writes through a link another user placed there in the meantime.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
   try {
     write_all(fd, bytes.data(), bytes.size(), tmp);

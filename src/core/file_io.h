@@ -19,7 +19,9 @@ void fsync_path(const std::string& path);
 void sync_parent_dir(const std::string& path);
 
 // Writes `bytes` to `path` through "<path>.tmp": write, fsync, rename, fsync the directory.
-// Throws IoError naming the file; leaves no temporary file behind on failure.
+// Never writes through a symlink (at `path` the rename replaces the link itself; the temporary
+// is created afresh with O_EXCL | O_NOFOLLOW). Throws IoError naming the file; leaves no
+// temporary file behind on failure.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
 }  // namespace tessera

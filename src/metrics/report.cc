@@ -690,7 +690,9 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
     const std::string named = info["config"].get<std::string>();
     if (!named.empty() && fs::path(named).filename() == named && named != "..") config_name = named;
   }
-  if (std::ifstream in(dir / config_name); in) {
+  if (fs::is_symlink(dir / config_name, ec)) {  // shows what is in the run, not a file it points at
+    html += fmt::format("<p class=\"note\">{} is a symbolic link: not shown</p>\n", html_escape(config_name));
+  } else if (std::ifstream in(dir / config_name); in) {
     std::ostringstream text;
     text << in.rdbuf();
     html += fmt::format("<details>\n<summary>{}</summary>\n<pre>{}</pre>\n</details>\n", html_escape(config_name),

@@ -38,12 +38,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::ofstream open_for_write(const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw IoError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-  return out;
-}
-
 }  // namespace
 
 std::string resolve_dataset(const config::Config& config) {
@@ -201,7 +195,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   } else if (resume == "auto") {
     log::info("no checkpoint in {}: starting from step 0", root);
   }
-  if (leader) open_for_write(run_dir + "/run.json") << run_info.dump(2) << '\n';
+  if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
   StepReporter reporter(config, run_dir, dist, peak, trainer.steps_done());
   const config::CheckpointConfig& ckpt = config.checkpoint;
   double last_save = now_seconds();
@@ -317,7 +311,7 @@ void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::st
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
   const RunLock lock(run_dir, "");
   refuse_fresh_run_over_checkpoints(run_dir, resume);
-  open_for_write(run_dir + "/config.toml") << config::to_toml(config);
+  write_file_atomic(run_dir + "/config.toml", config::to_toml(config));
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
   // Several local workers are the single-node case of `tessera launch` (launch::run_local_job).
   CHECK_MSG(config.parallel.nproc == 1, "run_training runs one process; launch::run_local_job runs several");
