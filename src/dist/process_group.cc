@@ -14,10 +14,10 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
   group.broadcast(&length_slot, 1, DType::kF32, root, options)->wait();
   uint32_t n = 0;
   std::memcpy(&n, &length_slot, 4);
+  if (n == 0) return "";
   std::vector<float> slots((n + 3) / 4);
   if (group.rank() == root) std::memcpy(slots.data(), text.data(), n);
-  if (!slots.empty())
-    group.broadcast(slots.data(), static_cast<int64_t>(slots.size()), DType::kF32, root, options)->wait();
+  group.broadcast(slots.data(), static_cast<int64_t>(slots.size()), DType::kF32, root, options)->wait();
   return std::string(reinterpret_cast<const char*>(slots.data()), n);
 }
 
