@@ -65,14 +65,17 @@ kill -TERM "${pids[@]}"
 for p in "${pids[@]}"; do wait "$p" || { grep -v "info: step" "$dir/tcp.0.log" "$dir/tcp.1.log"; fail "tcp: a worker failed after the stranger"; }; done
 grep -q "stopped at step" "$dir/tcp.0.log" || fail "tcp: no checkpoint on the stop"
 "$tessera" checkpoint verify "$dir/tcp" >/dev/null 2>&1 || fail "tcp: the checkpoint saved after the stranger does not verify"
-$py - "$report" "$fds0" "$max_fds" "$rss0" "$max_rss" <<'PY' || fail "row 23: $report"
+# ASan keeps freed memory in its quarantine (256 MiB by default): RSS bounds hold for release builds.
+rss_bound_mib=64
+if "$tessera" info 2>/dev/null | grep -q "sanitizers"; then rss_bound_mib=320; fi
+$py - "$report" "$fds0" "$max_fds" "$rss0" "$max_rss" "$rss_bound_mib" <<'PY' || fail "row 23: $report"
 import json, sys
-r = json.loads(sys.argv[1]); fds0, fds, rss0, rss = map(int, sys.argv[2:])
+r = json.loads(sys.argv[1]); fds0, fds, rss0, rss, bound = map(int, sys.argv[2:])
 assert not r["secret_seen"], "a reply carried the token"
 assert r["closed_by_server"] == r["attacks"], f"{r['attacks'] - r['closed_by_server']} attacking connections left open"
 assert r["idle"] == 1000 and r["idle_closed_by_server"] == 1000, "idle strangers outlived the hello deadline"
 assert fds - fds0 <= 70, f"rank 0 held {fds - fds0} more fds during the flood"
-assert rss - rss0 <= 64 * 1024, f"rank 0 grew {(rss - rss0) // 1024} MiB during the flood"
+assert rss - rss0 <= bound * 1024, f"rank 0 grew {(rss - rss0) // 1024} MiB during the flood (bound {bound})"
 PY
 echo "ok: row 23, a stranger on the TCP store port ($(tr -d '\n' <<<"$report")): rank 0 fds +$((max_fds - fds0)), RSS +$(((max_rss - rss0) / 1024)) MiB; trained on from step $step_after and stopped with a verified checkpoint"
 
