@@ -95,6 +95,10 @@ class Agent {
   // A relaunched agent then starts a new generation in round r + 1 instead of waiting as a late
   // node for a round that will never come.
   bool round_over(int r);
+  // Bumps round r's beat counter. Any change of it counts as a sign of life, so an increment lost
+  // or applied twice while the store is briefly unreachable is harmless: the next tick tries again
+  // (and the monitor's reads wait out an outage or fail on it).
+  void beat(int r);
   // Marks round r ended for good (best effort: a relaunch also detects a silent round).
   int end_round(int r, int exit_code);
   void start_workers(const Round& round, int restart_count);
@@ -160,6 +164,13 @@ bool Agent::round_over(int r) {
     sleep_s(0.1);
   }
   return true;
+}
+
+void Agent::beat(int r) {
+  try {
+    store_->add(key(r, "beat"), 1);
+  } catch (const dist::StoreError&) {
+  }
 }
 
 int Agent::end_round(int r, int exit_code) {
@@ -332,7 +343,7 @@ Agent::Outcome Agent::monitor(const Round& round) {
   const int r = round.index;
   for (;;) {
     sleep_s(o_.monitor_interval_s);
-    store_->add(key(r, "beat"), 1);  // this round is alive (round_over)
+    beat(r);  // this round is alive (round_over)
     // Workers: exits and heartbeats. Of the failures seen in one tick, a worker that lost a peer
     // (exit 12) is the consequence of another's; the other is recorded as the cause.
     Worker* failed = nullptr;
