@@ -173,17 +173,29 @@ for n in 1 2; do
   echo "ok: SIGTERM at step $step with $n rank(s): saved and exited 0 in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s; resumed bitwise equal"
 done
 
-# --- mirror: a verified copy of each commit; resume from it when the local checkpoints are gone
+# --- mirror: a verified copy of each commit under the run's name (MIRROR/RUN_NAME); runs sharing
+# a mirror never prune each other's copies; resume from it when the local checkpoints are gone
 run=$dir/mirrored
-train --set checkpoint.mirror_dir="$dir/mirror" --run-dir "$run" 2>"$run.log" || fail "mirror run"
-grep -q "mirrored to" "$run.log" || fail "mirror: no copy reported"
-[[ $(cat "$dir/mirror/latest") == step_00000012 ]] || fail "mirror: latest is not step 12"
-"$tessera" checkpoint verify "$dir/mirror" >/dev/null || fail "mirror: the copies do not verify"
-rm -rf "$run/checkpoints"
-train --set checkpoint.mirror_dir="$dir/mirror" --set train.max_steps=16 --run-dir "$run" --resume auto 2>"$run.resume.log" ||
+mirror=(--set checkpoint.mirror_dir="$dir/mirror" --set checkpoint.keep=2)
+train "${mirror[@]}" --run-dir "$run" 2>"$run.log" || fail "mirror run"
+grep -q "mirrored to $dir/mirror/mirrored " "$run.log" || fail "mirror: no copy to $dir/mirror/mirrored reported"
+train "${mirror[@]}" --set train.max_steps=8 --run-dir "$dir/other" 2>"$dir/other.log" || fail "mirror: second run"
+[[ $(cat "$dir/mirror/mirrored/latest") == step_00000012 ]] || fail "mirror: latest is not step 12"
+[[ $(cat "$dir/mirror/other/latest") == step_00000008 ]] || fail "mirror: the second run's latest is not step 8"
+[[ $(ls "$dir/mirror/mirrored") == $'latest\nstep_00000008\nstep_00000012' ]] ||
+  fail "mirror: the second run changed the first one's copies: $(ls "$dir/mirror/mirrored" | tr '\n' ' ')"
+"$tessera" checkpoint verify "$dir/mirror/mirrored" >/dev/null || fail "mirror: the copies do not verify"
+rm -rf "$run"  # the node and its disk are gone; a fresh run of the same name must not restart over the mirror
+set +e
+train "${mirror[@]}" --run-dir "$run" 2>"$run.fresh.log"; rc=$?
+set -e
+((rc == 2)) && grep -q "$dir/mirror/mirrored already holds checkpoints (latest: step_00000012), this run's mirror" \
+  "$run.fresh.log" || { cat "$run.fresh.log"; fail "mirror: a fresh run over its mirror was not refused (exit $rc)"; }
+[[ $(cat "$dir/mirror/mirrored/latest") == step_00000012 ]] || fail "mirror: the refused run changed the mirror"
+train "${mirror[@]}" --set train.max_steps=16 --run-dir "$run" --resume auto 2>"$run.resume.log" ||
   fail "mirror: resume"
-grep -q "resuming from the mirror" "$run.resume.log" || fail "mirror: did not resume from the mirror"
-echo "ok: mirror holds verified copies; resume reads it when the local checkpoints are gone"
+grep -q "resuming from the mirror $dir/mirror/mirrored" "$run.resume.log" || fail "mirror: did not resume from the mirror"
+echo "ok: mirror holds verified copies under the run's name; a second run on it leaves them alone; a fresh run over them is refused; resume reads it when the local checkpoints are gone"
 
 # --- a fresh run never overwrites a run directory with checkpoints
 set +e

@@ -33,6 +33,17 @@ void fsync_path(const std::string& path) {
   ::close(fd);
 }
 
+void fsync_and_drop_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw IoError(fmt::format("cannot fsync {}: {}", path, std::strerror(err)));
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages only, hence after the fsync
+  ::close(fd);
+}
+
 void sync_parent_dir(const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);

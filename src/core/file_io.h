@@ -14,6 +14,12 @@ void write_all(int fd, const void* data, size_t n, const std::string& path);
 // fsyncs the file `path` (its data is on disk once this returns). Throws IoError naming it.
 void fsync_path(const std::string& path);
 
+// fsyncs `path`, then asks the kernel to drop its cached pages, so that the next read of it comes
+// from the storage device: a verification that reads a copy back checks what is on disk, not the
+// memory it was written from. Throws IoError naming the file when the fsync fails; the drop is
+// advice (a file system without a separate cache, such as tmpfs, keeps its pages).
+void fsync_and_drop_cache(const std::string& path);
+
 // fsyncs the directory that holds `path`, so that a rename into it is durable. Throws IoError
 // naming the directory when that fails: a lost rename must not pass for a durable one.
 void sync_parent_dir(const std::string& path);

@@ -547,7 +547,7 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   // Held through run_agent (which shares it: same job), so a second run here is refused before
   // it touches the store or the config.
   const train::RunLock lock(run_dir, dist::auth::job_namespace(o.job_token) + "." + o.run_id);
-  train::refuse_fresh_run_over_checkpoints(run_dir, resume);
+  train::refuse_fresh_run_over_checkpoints(config, run_dir, resume);
   std::error_code ec;
   fs::remove_all(run_dir + "/rendezvous", ec);  // a crashed run's store, under another token
   fs::create_directories(run_dir, ec);

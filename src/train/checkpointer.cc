@@ -53,7 +53,7 @@ void mirror_checkpoint(const std::string& root, int64_t step, const std::string&
     const std::string to = dst + "/" + f.name;
     fs::copy_file(src + "/" + f.name, to, fs::copy_options::overwrite_existing, ec);
     if (ec) throw IoError(fmt::format("cannot copy {} to {}: {}", src + "/" + f.name, to, ec.message()));
-    fsync_path(to);
+    fsync_and_drop_cache(to);  // the digest below reads the disk's copy, not the page cache's
     const ck::FileDigest d = ck::digest_file(to);
     if (d.bytes != f.bytes || d.xxh64 != f.xxh64) {
       throw IoError(fmt::format("the copy {} differs from the checkpoint ({} bytes, checksum {}; expected {} and {})",
@@ -68,8 +68,22 @@ void mirror_checkpoint(const std::string& root, int64_t step, const std::string&
 
 }  // namespace
 
+std::string mirror_root(const config::Config& config, const std::string& root) {
+  if (config.checkpoint.mirror_dir.empty()) return "";
+  std::error_code ec;
+  fs::path run = fs::weakly_canonical(fs::absolute(root).parent_path(), ec);
+  if (ec) run = fs::absolute(root).parent_path();
+  const std::string name = run.filename().string();
+  if (name.empty() || name == "." || name == "..") {
+    throw ConfigError(fmt::format("checkpoint.mirror_dir: the run directory {} has no name to file its mirror under; "
+                                  "use a named --run-dir",
+                                  run.string()));
+  }
+  return (fs::path(config.checkpoint.mirror_dir) / name).string();
+}
+
 Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist)
-    : config_(config), root_(root), dist_(dist) {
+    : config_(config), root_(root), mirror_root_(mirror_root(config, root)), dist_(dist) {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
@@ -82,7 +96,7 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
     dist_.world->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
   }
   writer_ = std::thread([this] { writer_loop(); });
-  if (dist_.topology.rank == 0 && !config_.checkpoint.mirror_dir.empty()) {
+  if (dist_.topology.rank == 0 && !mirror_root_.empty()) {
     mirror_ = std::thread([this] { mirror_loop(); });
   }
 }
@@ -352,9 +366,8 @@ void Checkpointer::mirror_loop() {
     }
     const double t0 = now_seconds();
     try {
-      mirror_checkpoint(root_, step, config_.checkpoint.mirror_dir, static_cast<int>(config_.checkpoint.keep));
-      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, config_.checkpoint.mirror_dir,
-                now_seconds() - t0);
+      mirror_checkpoint(root_, step, mirror_root_, static_cast<int>(config_.checkpoint.keep));
+      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
     } catch (const Error& e) {
       log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
     }
@@ -388,9 +401,9 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
     return out;
   }
   std::vector<std::string> out = from_root(root);
-  if (out.empty() && !config.checkpoint.mirror_dir.empty()) {
-    out = from_root(config.checkpoint.mirror_dir);
-    if (!out.empty()) log::info("no checkpoint in {}; resuming from the mirror {}", root, config.checkpoint.mirror_dir);
+  if (const std::string mirror = mirror_root(config, root); out.empty() && !mirror.empty()) {
+    out = from_root(mirror);
+    if (!out.empty()) log::info("no checkpoint in {}; resuming from the mirror {}", root, mirror);
   }
   return out;
 }

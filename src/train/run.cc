@@ -296,21 +296,25 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
 
 }  // namespace
 
-void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::string& resume) {
+void refuse_fresh_run_over_checkpoints(const config::Config& config, const std::string& run_dir,
+                                       const std::string& resume) {
   if (!resume.empty()) return;
   const std::string root = run_dir + "/checkpoints";
-  int64_t found = checkpoint::read_latest(root);
-  if (const auto steps = checkpoint::committed_steps(root); found < 0 && !steps.empty()) found = steps.back();
-  if (found < 0) return;
-  throw ConfigError(
-      fmt::format("{} already holds checkpoints (latest: {}); continue it with --resume auto, or "
-                  "train in another --run-dir",
-                  root, checkpoint::step_dir_name(found)));
+  for (const std::string& dir : {root, mirror_root(config, root)}) {
+    if (dir.empty()) continue;
+    int64_t found = checkpoint::read_latest(dir);
+    if (const auto steps = checkpoint::committed_steps(dir); found < 0 && !steps.empty()) found = steps.back();
+    if (found < 0) continue;
+    throw ConfigError(
+        fmt::format("{} already holds checkpoints (latest: {}){}; continue it with --resume auto, or "
+                    "train in another --run-dir",
+                    dir, checkpoint::step_dir_name(found), dir == root ? "" : ", this run's mirror"));
+  }
 }
 
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
   const RunLock lock(run_dir, "");
-  refuse_fresh_run_over_checkpoints(run_dir, resume);
+  refuse_fresh_run_over_checkpoints(config, run_dir, resume);
   write_file_atomic(run_dir + "/config.toml", config::to_toml(config));
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
   // Several local workers are the single-node case of `tessera launch` (launch::run_local_job).
@@ -332,7 +336,7 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // torchrun-style) share it as one job: the same token and round.
   std::optional<RunLock> lock;
   if (env.heartbeat.empty()) lock.emplace(run_dir, dist::auth::job_namespace(env.job_token) + "." + env.round);
-  refuse_fresh_run_over_checkpoints(run_dir, resume);
+  refuse_fresh_run_over_checkpoints(config, run_dir, resume);
   if (env.rank == 0) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
