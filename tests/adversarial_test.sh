@@ -374,3 +374,18 @@ if [[ $(id -u) == 0 ]] && mount -t tmpfs -o size=5m tessera-enospc "$run/checkpo
 else
   echo "skipped: a real ENOSPC mid-save (needs root to mount a small tmpfs)"
 fi
+
+# --- item 11: heartbeat files in a predictable /tmp path that follow symlinks. As it was found:
+# another local user plants TMPDIR/heartbeats.RUN_ID.PID/rank0 -> a file the agent can write (the
+# wrapper knows the PID, exec keeps it). The agent's heartbeats live in a private mkdtemp
+# directory, opened O_NOFOLLOW, so the victim is untouched and TMPDIR holds nothing of the run.
+mkdir -p "$dir/tmp"
+echo precious >"$dir/hb-victim"
+TMPDIR=$dir/tmp bash -c 'mkdir -p "$TMPDIR/heartbeats.hb.$$" && ln -s "$1" "$TMPDIR/heartbeats.hb.$$/rank0" && exec "${@:2}"' \
+  _ "$dir/hb-victim" "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/hb-rdzv" --run-id hb \
+  --run-dir "$dir/hb" --monitor-interval 0.2 --rdzv-timeout 60 "${train_args[@]}" --set train.max_steps=4 \
+  2>"$dir/hb.log" || { cat "$dir/hb.log"; fail "item 11: launch"; }
+[[ $(cat "$dir/hb-victim") == precious ]] || fail "item 11: the agent wrote through a planted heartbeat symlink"
+left=$(find "$dir/tmp" -mindepth 1 -maxdepth 1 ! -name 'heartbeats.hb.*' | head -3)
+[[ -z $left ]] || fail "item 11: the agent left $left in TMPDIR"
+echo "ok: item 11, a heartbeat symlink planted at the old predictable path: not followed, victim intact, nothing left in TMPDIR"
