@@ -6,9 +6,11 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstring>
@@ -74,6 +76,51 @@ int stored_count(const dist::Bytes& value, const std::string& key) {
     throw dist::StoreError(fmt::format("the store's key '{}' holds \"{}\", not a count", key, text.substr(0, 32)));
   }
   return n;
+}
+
+constexpr const char* kHeartbeatPrefix = "tessera-heartbeats.";
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Removes the heartbeat directories in `tmp` that agents of this user on this host left when they
+// were killed (kill -9 skips every destructor): a real directory owned by this user whose
+// agent.pid names this host and a process that no longer exists. Anything else is left alone.
+void remove_stale_heartbeat_dirs(const fs::path& tmp) {
+  const std::string host = host_name();
+  std::error_code ec;
+  for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path dir = it->path();
+    struct stat st {};
+    if (dir.filename().string().rfind(kHeartbeatPrefix, 0) != 0 || ::lstat(dir.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+      continue;
+    }
+    std::ifstream in(dir / "agent.pid");
+    std::string owner_host;
+    long pid = 0;
+    if (!(in >> owner_host >> pid) || owner_host != host || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code removed;
+    fs::remove_all(dir, removed);
+  }
+}
+
+// A private directory for this agent's heartbeat files (mkdtemp: a fresh name, mode 0700, so no
+// other local user can plant a symlink where a heartbeat file will be written), with agent.pid
+// ("HOST PID") so that a later agent can remove it if this one is killed.
+std::string make_heartbeat_dir() {
+  const fs::path tmp = fs::temp_directory_path();
+  remove_stale_heartbeat_dirs(tmp);
+  std::string dir = (tmp / (std::string(kHeartbeatPrefix) + "XXXXXX")).string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    throw IoError(fmt::format("cannot create a heartbeat directory {}: {}", dir, std::strerror(errno)));
+  }
+  write_file_atomic(dir + "/agent.pid", fmt::format("{} {}\n", host_name(), ::getpid()));
+  return dir;
 }
 
 class Agent {
@@ -439,13 +486,7 @@ int Agent::run() {
   const train::RunLock lock(o_.run_dir, dist::auth::job_namespace(o_.job_token) + "." + o_.run_id);
   store_ = dist::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
                             dist::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
-  // A private directory (mkdtemp: a fresh name, mode 0700), so no other local user can plant a
-  // symlink where a heartbeat file will be written.
-  std::string tmpl = (fs::temp_directory_path() / "tessera-heartbeats.XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw IoError(fmt::format("cannot create a heartbeat directory {}: {}", tmpl, std::strerror(errno)));
-  }
-  heartbeat_dir_ = tmpl;
+  heartbeat_dir_ = make_heartbeat_dir();
   struct Cleanup {
     std::string dir;
     ~Cleanup() {

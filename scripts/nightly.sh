@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Nightly: the heavy variants of the fault tests, too slow or too random for every CI run (not
+# run by scripts/test.sh or CI). Builds the release preset (scripts/build.sh release), then runs
+#   - tests/kill_loop_test.sh with TESSERA_NIGHTLY_KILLS kills (default 30) for each seed in
+#     TESSERA_NIGHTLY_SEEDS (default "1 2 3"); ctest runs 10 kills with seed 21;
+#   - tests/launch_test.sh and tests/adversarial_test.sh, TESSERA_NIGHTLY_REPEAT times each
+#     (default 3), to catch what fails one time in several (timing, ports, races).
+# Every test runs to the end even after a failure; each one's output goes to
+# TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
+# Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
+# existing build/release as it is. Each 30-kill loop takes about 25 s on two cores.
+# usage: scripts/nightly.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kills=${TESSERA_NIGHTLY_KILLS:-30}
+seeds=${TESSERA_NIGHTLY_SEEDS:-1 2 3}
+repeat=${TESSERA_NIGHTLY_REPEAT:-3}
+logs=${TESSERA_NIGHTLY_LOGS:-build/nightly/$(date -u +%Y%m%d-%H%M%S)}
+[[ $kills =~ ^[1-9][0-9]*$ && $repeat =~ ^[0-9]+$ ]] ||
+  { echo "TESSERA_NIGHTLY_KILLS must be a positive and TESSERA_NIGHTLY_REPEAT a non-negative integer" >&2; exit 2; }
+
+[[ ${TESSERA_NIGHTLY_SKIP_BUILD:-0} == 1 ]] || scripts/build.sh release
+tessera=$PWD/build/release/bin/tessera
+io_faults=$PWD/build/release/tests/libtessera_io_faults.so
+[[ -x $tessera && -f $io_faults ]] || { echo "no release build (build/release): run scripts/build.sh release" >&2; exit 2; }
+mkdir -p "$logs"
+
+passed=0
+failed=()
+check() {  # check NAME COMMAND...: runs it, output in $logs/NAME.log; prints its verdict
+  local name=$1 t0=$EPOCHREALTIME rc=0
+  shift
+  "$@" >"$logs/$name.log" 2>&1 || rc=$?
+  local s
+  s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }')
+  if ((rc == 0)); then
+    passed=$((passed + 1))
+    echo "pass  $name (${s} s)$(grep -m1 '^ok: [0-9]* kill' "$logs/$name.log" | sed 's/^ok:/:/')"
+  else
+    failed+=("$name")
+    echo "FAIL  $name (exit $rc, ${s} s): $(grep -m1 '^FAIL' "$logs/$name.log" || tail -1 "$logs/$name.log")"
+  fi
+}
+
+for seed in $seeds; do
+  check "kill_loop-$kills-seed$seed" tests/kill_loop_test.sh "$tessera" "$kills" "$seed"
+done
+for ((i = 1; i <= repeat; i++)); do
+  check "launch_test-$i" tests/launch_test.sh "$tessera"
+  check "adversarial_test-$i" tests/adversarial_test.sh "$tessera" "$io_faults"
+done
+
+echo "nightly: $passed passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}; logs in $logs"
+((${#failed[@]} == 0))
