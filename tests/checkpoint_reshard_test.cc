@@ -56,31 +56,39 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
 
   // 4 ranks, full_shard: 3 steps, then a checkpoint.
   const config::Config c4 = make_config(4, "full_shard", 0);
-  ASSERT_EQ(train::run_local_workers(4, [&](int rank) {
-    train::ProcessGroups groups((dir / "store4").string(), "job", "0", rank, 4, 4, dist::Millis(30000));
-    train::Trainer trainer(c4, "", groups.view());
-    for (int i = 0; i < 3; ++i) trainer.step();
-    train::Checkpointer checkpointer(c4, saved, groups.view());
-    checkpointer.save(trainer);
-    return checkpointer.wait() ? 0 : 1;
-  }), 0);
+  ASSERT_EQ(train::run_local_workers(4,
+                                     [&](int rank) {
+                                       train::ProcessGroups groups((dir / "store4").string(), "job", "0", rank,
+                                                                   parallel::ParallelDims{1, 1, 4, 1},
+                                                                   dist::Millis(30000));
+                                       train::Trainer trainer(c4, "", groups.view());
+                                       for (int i = 0; i < 3; ++i) trainer.step();
+                                       train::Checkpointer checkpointer(c4, saved, groups.view());
+                                       checkpointer.save(trainer);
+                                       return checkpointer.wait() ? 0 : 1;
+                                     }),
+            0);
   const std::string step_dir = saved + "/" + checkpoint::step_dir_name(3);
 
   // Load at the target, check the data position, save again.
   const config::Config ct = make_config(t.world, t.strategy, t.group);
-  const int S = train::shard_size_of(ct, t.world);
-  ASSERT_EQ(train::run_local_workers(t.world, [&](int rank) {
-    train::ProcessGroups groups((dir / "store").string(), "job", "0", rank, t.world, S, dist::Millis(30000));
-    train::Trainer trainer(ct, "", groups.view());
-    train::load_checkpoint(trainer, step_dir);
-    const train::TrainingState s = trainer.state();
-    if (s.step != 3 || s.tokens != 3 * 12 * 64 || s.sampler_position != 36) return 2;
-    train::Checkpointer checkpointer(ct, loaded, groups.view());
-    checkpointer.save(trainer);
-    if (!checkpointer.wait()) return 3;
-    trainer.step();  // continues with the next global batch: samples [36, 48)
-    return trainer.state().sampler_position == 48 ? 0 : 4;
-  }), 0);
+  const parallel::ParallelDims dims = parallel::dims_for(ct, t.world);
+  const int S = dims.dp_shard;
+  ASSERT_EQ(train::run_local_workers(t.world,
+                                     [&](int rank) {
+                                       train::ProcessGroups groups((dir / "store").string(), "job", "0", rank, dims,
+                                                                   dist::Millis(30000));
+                                       train::Trainer trainer(ct, "", groups.view());
+                                       train::load_checkpoint(trainer, step_dir);
+                                       const train::TrainingState s = trainer.state();
+                                       if (s.step != 3 || s.tokens != 3 * 12 * 64 || s.sampler_position != 36) return 2;
+                                       train::Checkpointer checkpointer(ct, loaded, groups.view());
+                                       checkpointer.save(trainer);
+                                       if (!checkpointer.wait()) return 3;
+                                       trainer.step();  // continues with the next global batch: samples [36, 48)
+                                       return trainer.state().sampler_position == 48 ? 0 : 4;
+                                     }),
+            0);
 
   checkpoint::CheckpointReader a(step_dir), b(loaded + "/" + checkpoint::step_dir_name(3));
   EXPECT_EQ(b.manifest().world, t.world);

@@ -32,6 +32,11 @@ expect_exit 2 "model.dim = 100: must be divisible by model.n_heads = 8" -- train
 expect_exit 2 "unknown option --bogus" -- train --bogus
 expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml
 expect_exit 2 "train.batch_size = 6" -- config --set train.batch_size=6 --set train.micro_batch_size=4
+# The parallel layout: hybrid sharding in groups of 2 at 8 ranks (the output stays TOML).
+expect_exit 0 "# dp_replicate \(2 groups of 4\): \[0 2 4 6\] \[1 3 5 7\]" -- config --nproc 8 \
+  --set parallel.strategy=hybrid_shard --set parallel.shard_group_size=2 --set train.batch_size=48
+expect_exit 2 "parallel.shard_group_size = 3" -- config --nproc 8 --set parallel.strategy=hybrid_shard \
+  --set parallel.shard_group_size=3 --set train.batch_size=48
 
 # A short run writes its outputs; loss values round-trip exactly (17 significant digits).
 run() { "$tessera" train --set model.preset=tiny --set data.synthetic=true --set train.batch_size=8 --set train.micro_batch_size=4 \

@@ -180,7 +180,7 @@ TEST_P(Fsdp, MatchesOneProcess) {
   fs::create_directories(dir / "ref");
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
   const int rc = train::run_local_workers(c.world, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "test-job", "0", rank, c.world, train::shard_size_of(sharded, c.world),
+    train::ProcessGroups groups(dir.string(), "test-job", "0", rank, parallel::dims_for(sharded, c.world),
                                 dist::Millis(30000));
     train::Trainer trainer(sharded, "", groups.view());
     jitter_norm_gains(trainer);
@@ -285,7 +285,7 @@ TEST_P(MaskedTargets, MatchOneProcess) {
   fs::create_directories(dir / "ref");
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
   const int rc = train::run_local_workers(c.world, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "masked", "0", rank, c.world, train::shard_size_of(sharded, c.world),
+    train::ProcessGroups groups(dir.string(), "masked", "0", rank, parallel::dims_for(sharded, c.world),
                                 dist::Millis(30000));
     train::Trainer trainer(sharded, "", groups.view());
     const train::Trainer::BatchSource next = MaskedSource(sharded, rank, c.world);
@@ -326,16 +326,17 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const config::Config cfg = make_config(c, c.micro_batch, c.world);
-  const int S = train::shard_size_of(cfg, c.world), W = c.world;
+  const int S = parallel::dims_for(cfg, c.world).dp_shard, W = c.world;
   const int rc = train::run_local_workers(W, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, W, S, dist::Millis(30000));
+    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, parallel::dims_for(cfg, W), dist::Millis(30000));
     const train::Distributed d = groups.view();
     train::Trainer trainer(cfg, "", d);
     trainer.step();  // the first step records the order; count the second
     auto sent = [&](dist::ProcessGroup* g, dist::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };
     auto snapshot = [&] {
       std::vector<uint64_t> v;
-      for (dist::ProcessGroup* g : {d.shard, d.replica, d.world}) {
+      for (dist::ProcessGroup* g :
+           {d.mesh->group(parallel::Dim::kDpShard), d.mesh->group(parallel::Dim::kDpReplicate), d.world()}) {
         for (auto op : {dist::OpKind::kAllGather, dist::OpKind::kReduceScatter, dist::OpKind::kAllReduce}) {
           v.push_back(sent(g, op));
         }

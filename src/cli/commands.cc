@@ -23,6 +23,7 @@
 #include "launch/agent.h"
 #include "metrics/memory.h"
 #include "model/model_config.h"
+#include "parallel/mesh.h"
 #include "tessera/build_config.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
@@ -54,8 +55,9 @@ commands:
   bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...
                  time N training steps on synthetic tokens (and checkpoint saves into DIR);
                  prints one JSON object
-  config [CONFIG] [--set key=value]...
-                 print the resolved configuration (every key) after validation
+  config [CONFIG] [--set key=value]... [--nproc N]
+                 print the resolved configuration (every key) after validation, and the
+                 parallel layout: the dimensions and which ranks form each group
   tokenizer train --input FILE... --vocab-size N --out MODEL
                  train a SentencePiece BPE tokenizer on text files (plain or .zst)
   prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
@@ -172,12 +174,20 @@ int cmd_info(const Args& args) {
 }
 
 int cmd_config(const Args& args) {
-  const ParsedArgs a = parse_args(args, {});
+  ParsedArgs a = parse_args(args, {"--nproc"});
   if (a.help) {
-    std::fputs("usage: tessera config [CONFIG] [--set key=value]...\n", stdout);
+    std::fputs("usage: tessera config [CONFIG] [--set key=value]... [--nproc N]\n", stdout);
     return kExitOk;
   }
-  fmt::print("{}", config::to_toml(load_config(a)));
+  if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
+  const config::Config c = load_config(a);
+  fmt::print("{}", config::to_toml(c));
+  // The layout, as TOML comments: the output stays a config file.
+  const int world = static_cast<int>(c.parallel.nproc);
+  const parallel::ParallelDims dims = parallel::dims_for(c, world);
+  fmt::print("\n# parallel layout at {} rank(s): {}\n", world, dims.to_string());
+  if (world > 1) fmt::print("# rank order, innermost first: tp, dp_shard, dp_replicate, pp\n");
+  for (const std::string& line : parallel::describe_layout(dims)) fmt::print("# {}\n", line);
   return kExitOk;
 }
 
@@ -270,15 +280,15 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
   const double tokens_per_s = static_cast<double>(c.tokens_per_step()) / median;
   const SaveTimes saves = checkpoint_dir.empty() ? SaveTimes{} : bench_saves(trainer, checkpoint_dir, dist);
   // Peak RSS of every rank, gathered to report the largest.
-  const int W = dist.topology.world;
+  const int W = dist.world_size();
   std::vector<float> rss(W, 0.0f);
   const float mine = static_cast<float>(metrics::process_memory().peak) / (1 << 20);
-  if (dist.world != nullptr) {
-    dist.world->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
+  if (dist.world() != nullptr) {
+    dist.world()->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
   } else {
     rss[0] = mine;
   }
-  if (dist.topology.rank != 0) return;
+  if (dist.rank() != 0) return;
   const fsdp::StateBytes state = trainer.params().state_bytes();
   nlohmann::ordered_json out = {
       {"impl", "tessera"},
@@ -360,7 +370,7 @@ int cmd_bench(const Args& args) {
   const std::string store = fmt::format("/tmp/tessera-bench-{}", getpid());
   const int rc = train::run_local_workers(world, [&](int rank) {
     train::configure_threads(c);
-    train::ProcessGroups groups(store, "bench", "0", rank, world, train::shard_size_of(c, world),
+    train::ProcessGroups groups(store, "bench", "0", rank, parallel::dims_for(c, world),
                                 dist::Millis(c.parallel.timeout_ms));
     bench_worker(c, steps, groups.view(), checkpoint_dir);
     return 0;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <variant>
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -309,6 +310,42 @@ Config load_text(const std::string& toml_text, const std::string& origin, const 
   return apply(std::move(assignments), overrides);
 }
 
+namespace {
+constexpr std::pair<const char*, Strategy> kStrategyNames[] = {{"full_shard", Strategy::kFullShard},
+                                                               {"shard_grad_op", Strategy::kShardGradOp},
+                                                               {"hybrid_shard", Strategy::kHybridShard},
+                                                               {"no_shard", Strategy::kNoShard}};
+}  // namespace
+
+bool parse_strategy(const std::string& name, Strategy* out) {
+  for (const auto& [n, s] : kStrategyNames) {
+    if (name == n) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* strategy_name(Strategy s) {
+  for (const auto& [n, v] : kStrategyNames) {
+    if (v == s) return n;
+  }
+  return "?";
+}
+
+std::string strategy_names() {
+  std::string out;
+  for (const auto& [n, v] : kStrategyNames) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+Strategy ParallelConfig::strategy_kind() const {
+  Strategy s = Strategy::kFullShard;
+  CHECK_MSG(parse_strategy(strategy, &s), "parallel.strategy is validated with the config");
+  return s;
+}
+
 void validate(const Config& c) {
   const model::ModelConfig& m = c.model;
   auto positive = [](const std::string& key, int64_t v) { require(v > 0, key, fmt::format("{}", v), "must be > 0"); };
@@ -351,9 +388,8 @@ void validate(const Config& c) {
   positive("parallel.nproc", c.parallel.nproc);
   require(c.parallel.nproc <= 1024, "parallel.nproc", fmt::format("{}", c.parallel.nproc), "must be <= 1024");
   const ParallelConfig& p = c.parallel;
-  require(p.strategy == "full_shard" || p.strategy == "shard_grad_op" || p.strategy == "hybrid_shard" ||
-              p.strategy == "no_shard",
-          "parallel.strategy", p.strategy, "must be one of full_shard, shard_grad_op, hybrid_shard, no_shard");
+  Strategy strategy{};
+  require(parse_strategy(p.strategy, &strategy), "parallel.strategy", p.strategy, "must be one of " + strategy_names());
   require(p.shard_group_size >= 0 && (p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0),
           "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
           fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));

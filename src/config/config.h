@@ -47,11 +47,23 @@ struct DataConfig {
   bool synthetic = false;  // seeded random tokens of the model's vocabulary instead
 };
 
+// How data-parallel ranks hold a unit's parameters (ARCHITECTURE.md, "Sharding math"):
+//   full_shard     shard over every data-parallel rank; gather for forward, free, gather again
+//   shard_grad_op  the same, keeping the gathered parameters from forward until backward is done
+//   hybrid_shard   full_shard inside groups of parallel.shard_group_size ranks, replicated across
+//   no_shard       every rank holds all parameters; gradients all-reduced (DDP)
+enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
+// The one table of strategy names: false for a name not in it.
+bool parse_strategy(const std::string& name, Strategy* out);
+const char* strategy_name(Strategy s);
+std::string strategy_names();  // "full_shard, shard_grad_op, hybrid_shard, no_shard"
+
 struct ParallelConfig {
   int64_t nproc = 1;  // local worker processes
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
   std::string strategy = "full_shard";
+  Strategy strategy_kind() const;  // strategy parsed (validated with the config)
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
   int64_t timeout_ms = 300000;   // every collective
   // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).

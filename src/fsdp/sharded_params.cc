@@ -21,34 +21,6 @@ namespace tessera::fsdp {
 
 namespace k = tessera::kernels::cpu;
 
-
-bool parse_strategy(const std::string& name, Strategy* out) {
-  static const std::pair<const char*, Strategy> kNames[] = {{"full_shard", Strategy::kFullShard},
-                                                            {"shard_grad_op", Strategy::kShardGradOp},
-                                                            {"hybrid_shard", Strategy::kHybridShard},
-                                                            {"no_shard", Strategy::kNoShard}};
-  for (const auto& [n, s] : kNames) {
-    if (name == n) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
-
-int shard_size_for(Strategy strategy, int world, int shard_group_size) {
-  switch (strategy) {
-    case Strategy::kFullShard:
-    case Strategy::kShardGradOp:
-      return world;
-    case Strategy::kHybridShard:
-      return shard_group_size;
-    case Strategy::kNoShard:
-      return 1;
-  }
-  return world;
-}
-
 struct ShardedParams::Unit {
   int64_t padded = 0, shard = 0;  // L and L/S
   float *master = nullptr, *grad = nullptr, *m = nullptr, *v = nullptr;  // this rank's shard
@@ -66,20 +38,19 @@ struct ShardedParams::Unit {
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
-                             const Topology& topology, dist::ProcessGroup* shard_group,
-                             dist::ProcessGroup* replica_group, int64_t accumulation, dist::Millis timeout,
+                             const parallel::Mesh& mesh, int64_t accumulation, dist::Millis timeout,
                              dist::DType param_dtype, dist::DType reduce_dtype)
     : layout_(layout),
       strategy_(strategy),
-      topo_(topology),
-      shard_group_(shard_group),
-      replica_group_(replica_group),
+      shard_rank_(mesh.rank(parallel::Dim::kDpShard)),
+      shards_(mesh.size(parallel::Dim::kDpShard)),
+      shard_group_(mesh.group(parallel::Dim::kDpShard)),
+      replica_group_(mesh.group(parallel::Dim::kDpReplicate)),
       accumulation_(accumulation),
       param_dtype_(param_dtype),
       reduce_dtype_(reduce_dtype) {
-  const int S = topo_.shard_size;
-  CHECK(S >= 1 && topo_.world % S == 0 && accumulation >= 1);
-  CHECK((S > 1) == (shard_group != nullptr) && (topo_.replicas() > 1) == (replica_group != nullptr));
+  const int S = shards_;
+  CHECK(accumulation >= 1);
   options_.timeout = timeout;
   int64_t shard_total = 0, max_padded = 0;
   for (const model::UnitLayout& u : layout_.units()) {
@@ -100,7 +71,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     u->grad = state_.take<float>(u->shard);
     u->m = state_.take<float>(u->shard);
     u->v = state_.take<float>(u->shard);
-    const int64_t begin = topo_.shard_rank() * u->shard;
+    const int64_t begin = shard_rank_ * u->shard;
     model::init_unit_slice(layout_, i, seed, begin, begin + u->shard, u->master);
     if (S == 1) u->full = u->master;
     if (bf16) {
@@ -165,7 +136,7 @@ void ShardedParams::finish_gather(Unit& u) {
 
 void ShardedParams::free_params(int unit) {
   Unit& u = *units_[unit];
-  if (topo_.shard_size == 1 || u.full == nullptr) return;
+  if (shards_ == 1 || u.full == nullptr) return;
   finish_gather(u);  // a prefetch that was never used
   free_param_buffers_.push_back(u.full);
   u.full = nullptr;
@@ -182,7 +153,7 @@ const float* ShardedParams::acquire(int unit) {
   acquire_unit(unit);
   // A bf16 gather lands in the buffer's companion; widened for fp32 readers, once per gather
   // (bf16 compute reads the companion itself, through acquire_bf16).
-  if (topo_.shard_size > 1 && param_dtype_ == dist::DType::kBF16 && !u.widened) {
+  if (shards_ > 1 && param_dtype_ == dist::DType::kBF16 && !u.widened) {
     bf16_to_f32(companion_.at(u.full), u.full, u.padded);
     u.widened = true;
   }
@@ -195,9 +166,9 @@ const uint16_t* ShardedParams::acquire_bf16(int unit) {
   // S = 1 gathers nothing: the image is the master rounded, rounded again whenever the unit is
   // acquired afresh, since masters change between steps (and through master_shard()). That
   // costs ~1/(B T) of the unit's GEMMs.
-  if (topo_.shard_size == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.shard);
+  if (shards_ == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.shard);
   acquire_unit(unit);
-  return topo_.shard_size == 1 ? u.send16 : companion_.at(u.full);
+  return shards_ == 1 ? u.send16 : companion_.at(u.full);
 }
 
 void ShardedParams::acquire_unit(int unit) {
@@ -235,7 +206,7 @@ void ShardedParams::complete_oldest_reduction() {
 
 float* ShardedParams::grads(int unit) {
   Unit& u = *units_[unit];
-  if (topo_.shard_size == 1) return u.grad;  // the shard is the whole unit
+  if (shards_ == 1) return u.grad;  // the shard is the whole unit
   if (u.full_grad == nullptr) {
     if (free_grad_buffers_.empty()) complete_oldest_reduction();
     u.full_grad = free_grad_buffers_.back();
@@ -248,7 +219,7 @@ float* ShardedParams::grads(int unit) {
 void ShardedParams::grads_ready(int unit) {
   Unit& u = *units_[unit];
   u.backward_done = true;
-  if (topo_.shard_size > 1 && micro_ == accumulation_ - 1) {
+  if (shards_ > 1 && micro_ == accumulation_ - 1) {
     // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
     // buffer's companion, reduced into a staging shard that is widened on completion).
     if (reduce_dtype_ == dist::DType::kBF16) {
@@ -293,7 +264,7 @@ void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int6
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     if (grad_scale != 1.0) k::scale_inplace(u.grad, u.shard, static_cast<float>(grad_scale));
-    const int64_t begin = topo_.shard_rank() * u.shard;
+    const int64_t begin = shard_rank_ * u.shard;
     optim::adamw_update(layout_.units()[i], begin, begin + u.shard, u.master, u.grad, u.m, u.v, adam, lr, step);
   }
 }
@@ -307,7 +278,7 @@ std::vector<checkpoint::NamedTensor> ShardedParams::gather_named(float* Unit::*s
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const float* p = u.*shard;
-    if (topo_.shard_size > 1) {
+    if (shards_ > 1) {
       full.resize(u.padded);
       auto w = shard_group_->all_gather(u.*shard, full.data(), u.shard, dist::DType::kF32, options_);
       w->wait();

@@ -5,11 +5,12 @@
 // next unit's gather issued ahead (prefetch, in the order recorded during the first step), and
 // gradients are reduce-scattered as each unit's backward completes.
 //
-// All four strategies are one mechanism with two process groups:
-//   full_shard     S = W: gather for forward, free, gather again for backward
-//   shard_grad_op  S = W: gather once, keep full parameters from forward until backward is done
+// All four strategies are one mechanism over the mesh's two data-parallel groups, dp_shard (S
+// ranks) and dp_replicate (R ranks), with D = S x R data-parallel ranks:
+//   full_shard     S = D: gather for forward, free, gather again for backward
+//   shard_grad_op  S = D: gather once, keep full parameters from forward until backward is done
 //   hybrid_shard   S = shard_group_size: full_shard inside the group, then an all-reduce of the
-//                  gradient shard across the W/S replicas (MiCS / HSDP)
+//                  gradient shard across the R replicas (MiCS / HSDP)
 //   no_shard       S = 1: every rank holds full parameters; gradients all-reduced (DDP)
 #pragma once
 
@@ -20,27 +21,17 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "config/config.h"
 #include "core/arena.h"
 #include "dist/process_group.h"
 #include "model/layout.h"
 #include "model/param_source.h"
 #include "optim/adamw.h"
+#include "parallel/mesh.h"
 
 namespace tessera::fsdp {
 
-enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
-// "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"; false for anything else.
-bool parse_strategy(const std::string& name, Strategy* out);
-
-struct Topology {
-  int world = 1;       // W
-  int rank = 0;        // global rank
-  int shard_size = 1;  // S: ranks a unit is sharded over
-  int shard_rank() const { return rank % shard_size; }
-  int replicas() const { return world / shard_size; }
-};
-// S for a strategy: W, W, shard_group_size, 1.
-int shard_size_for(Strategy strategy, int world, int shard_group_size);
+using config::Strategy;
 
 // Persistent per-rank bytes: master params, gradients, AdamW m and v (fp32 shards).
 struct StateBytes {
@@ -49,16 +40,15 @@ struct StateBytes {
 
 class ShardedParams final : public model::ParamSource {
  public:
-  // shard_group: the S ranks that shard each unit (null when S = 1); replica_group: the W/S
-  // ranks holding the same shard (null when W/S = 1). layout must be padded to 16 x S.
-  // accumulation: micro-batches per step; gradients are communicated after the last one only.
-  // param_dtype: what parameters are all-gathered in; reduce_dtype: what gradients are reduced in
-  // (bf16 halves the bytes; masters, gradient shards and moments stay fp32). With param_dtype bf16
-  // acquire_bf16 hands out the bf16 image for bf16 compute: the gathered bf16 buffer itself, or
-  // with S = 1 the master rounded to bf16.
-  ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const Topology& topology,
-                dist::ProcessGroup* shard_group, dist::ProcessGroup* replica_group, int64_t accumulation,
-                dist::Millis timeout, dist::DType param_dtype = dist::DType::kF32,
+  // The mesh's dp_shard group (S ranks) shards each unit; its dp_replicate group holds the same
+  // shard on each of its ranks (hybrid_shard's replicas, no_shard's DDP). layout must be padded
+  // to 16 x S. accumulation: micro-batches per step; gradients are communicated after the last
+  // one only. param_dtype: what parameters are all-gathered in; reduce_dtype: what gradients are
+  // reduced in (bf16 halves the bytes; masters, gradient shards and moments stay fp32). With
+  // param_dtype bf16 acquire_bf16 hands out the bf16 image for bf16 compute: the gathered bf16
+  // buffer itself, or with S = 1 the master rounded to bf16. The mesh outlives this object.
+  ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const parallel::Mesh& mesh,
+                int64_t accumulation, dist::Millis timeout, dist::DType param_dtype = dist::DType::kF32,
                 dist::DType reduce_dtype = dist::DType::kF32);
   ~ShardedParams() override;
 
@@ -91,7 +81,7 @@ class ShardedParams final : public model::ParamSource {
   void load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: elements [shard_begin(unit), + shard_size(unit)) of the unit.
   int64_t shard_size(int unit) const;
-  int64_t shard_begin(int unit) const { return topo_.shard_rank() * shard_size(unit); }
+  int64_t shard_begin(int unit) const { return shard_rank_ * shard_size(unit); }
   float* master_shard(int unit);
   const float* adam_m_shard(int unit) const;
   // This rank's AdamW first and second moments of `unit` (saved and restored by checkpoints).
@@ -113,9 +103,9 @@ class ShardedParams final : public model::ParamSource {
 
   model::ModelLayout layout_;
   Strategy strategy_;
-  Topology topo_;
-  dist::ProcessGroup* shard_group_;
-  dist::ProcessGroup* replica_group_;
+  int shard_rank_, shards_;            // this rank's coordinate in dp_shard, S
+  dist::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
+  dist::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
   int64_t accumulation_;
   dist::CollectiveOptions options_;
   dist::DType param_dtype_, reduce_dtype_;

@@ -41,7 +41,7 @@ struct ModelAndParams {
 ModelAndParams make(const ModelLayout& layout, bool bf16_params, bool bf16_model) {
   ModelAndParams r;
   r.params =
-      std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, fsdp::Topology{}, nullptr, nullptr, 1,
+      std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1,
                                             dist::Millis(0), bf16_params ? dist::DType::kBF16 : dist::DType::kF32);
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const TensorSpec& t : layout.units()[u].tensors) {

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/file_io.h"
@@ -87,16 +88,16 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
-  if (dist_.topology.rank == 0) {
+  if (dist_.rank() == 0) {
     // The fence first: from here on a process of an earlier attempt can neither commit nor delete.
     if (!dist_.attempt.empty()) write_file_atomic(fence_path(), dist_.attempt + "\n");
     ck::remove_uncommitted(root_);
   }
-  if (dist_.world != nullptr) {  // no rank writes a checkpoint before the cleanup is done
-    dist_.world->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
+  if (dist_.world() != nullptr) {  // no rank writes a checkpoint before the cleanup is done
+    dist_.world()->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
   }
   writer_ = std::thread([this] { writer_loop(); });
-  if (dist_.topology.rank == 0 && !mirror_root_.empty()) {
+  if (dist_.rank() == 0 && !mirror_root_.empty()) {
     mirror_ = std::thread([this] { mirror_loop(); });
   }
 }
@@ -163,8 +164,8 @@ double Checkpointer::save(Trainer& trainer) {
   m.min_lr = config_.train.min_lr;
   m.warmup_steps = config_.train.warmup_steps;
   m.total_steps = config_.train.max_steps;
-  m.world = dist_.topology.world;
-  m.shard_size = dist_.topology.shard_size;
+  m.world = dist_.world_size();
+  m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
   m.strategy = config_.parallel.strategy;
   m.config_toml = config::to_toml(config_);
   m.created = utc_now();
@@ -207,7 +208,7 @@ void Checkpointer::writer_loop() {
     }
     const double t0 = now_seconds();
     const bool ok = write_and_commit(job);
-    if (ok && dist_.topology.rank == 0) {
+    if (ok && dist_.rank() == 0) {
       log::info("checkpoint step {} committed in {:.2f}s: {}/{}", job.step, now_seconds() - t0, root_,
                 ck::step_dir_name(job.step));
     }
@@ -236,7 +237,11 @@ std::string Checkpointer::fenced() const {
 }
 
 bool Checkpointer::write_and_commit(const Job& job) {
-  const int rank = dist_.topology.rank, W = dist_.topology.world, S = dist_.topology.shard_size;
+  // Shard file k is dp_shard coordinate k's, written by the first replica: global ranks 0..S-1
+  // while the mesh has no tensor or pipeline dimension (files named by those coordinates too
+  // come with them).
+  CHECK(dist_.mesh->size(parallel::Dim::kTp) == 1 && dist_.mesh->size(parallel::Dim::kPp) == 1);
+  const int rank = dist_.rank(), W = dist_.world_size(), S = dist_.mesh->size(parallel::Dim::kDpShard);
   const dist::Millis timeout(config_.parallel.timeout_ms);
   const std::string dir = root_ + "/" + ck::step_dir_name(job.step);
   // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
@@ -473,16 +478,16 @@ constexpr int kReadAttempts = 4;  // a failed read is retried after 0.5, 1 and 2
 
 std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
                                                   const std::string& spec, const Distributed& dist) {
-  if (dist.world == nullptr) return resume_candidates(config, root, spec);
+  if (dist.world() == nullptr) return resume_candidates(config, root, spec);
   std::string text;
-  if (dist.topology.rank == 0) {
+  if (dist.rank() == 0) {
     try {
       for (const std::string& c : resume_candidates(config, root, spec)) text += c + "\n";
     } catch (const DataError& e) {
       text = std::string("\x01") + e.what();
     }
   }
-  text = dist::broadcast_string(*dist.world, text, 0, {dist::Millis(config.parallel.timeout_ms)});
+  text = dist::broadcast_string(*dist.world(), text, 0, {dist::Millis(config.parallel.timeout_ms)});
   if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
   std::vector<std::string> out;
   std::istringstream lines(text);
@@ -515,8 +520,9 @@ std::string resume_from(Trainer& trainer, const std::vector<std::string>& candid
         break;
       }
     }
-    if (dist.world != nullptr) {
-      dist.world->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
+    if (dist.world() != nullptr) {
+      dist.world()
+          ->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
           ->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
@@ -529,7 +535,7 @@ std::string resume_from(Trainer& trainer, const std::vector<std::string>& candid
     }
     errors += fmt::format("\n  {}: {}", candidates[i], error.empty() ? "damaged on another rank" : error);
     if (i + 1 < candidates.size()) {
-      if (dist.topology.rank == 0) quarantine(candidates[i]);
+      if (dist.rank() == 0) quarantine(candidates[i]);
       log::warn("falling back to the previous checkpoint {}", candidates[i + 1]);
     }
   }
@@ -551,7 +557,7 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   stored.parallel.shard_group_size = target.parallel.shard_group_size;
   config::validate(stored);  // e.g. the batch must still divide among the new ranks
   const int world = static_cast<int>(target.parallel.nproc);
-  const int S = shard_size_of(stored, world);
+  const int S = parallel::dims_for(stored, world).dp_shard;
   const model::ModelLayout layout(stored.model, 16 * S);
   if (layout.units().size() != m.units.size()) {
     throw DataError(

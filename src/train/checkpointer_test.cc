@@ -38,7 +38,8 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
   // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
   const int rc = run_local_workers(2, [&](int rank) {
-    ProcessGroups groups(dir.path + "/store", "job", "0", rank, 2, 2, dist::Millis(20000));
+    ProcessGroups groups(dir.path + "/store", "job", "0", rank, parallel::ParallelDims{1, 1, 2, 1},
+                         dist::Millis(20000));
     Trainer trainer(c, "", groups.view());
     Checkpointer checkpointer(c, root, groups.view());
     trainer.step();

@@ -21,41 +21,25 @@
 namespace tessera::train {
 
 ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
-                             int world, int shard_size, dist::Millis timeout, const std::string& host) {
-  topology_ = {world, rank, shard_size};
-  if (world == 1) return;
-  // Each group rendezvouses under its own key prefix, so the meshes never mix.
-  auto group = [&](const std::string& name, int group_rank, int group_size) {
-    // A URL (file://DIR, etcd://HOST:PORT/PREFIX) or a plain directory for the file store.
-    stores_.push_back(store_dir.find("://") != std::string::npos
-                          ? dist::make_store(store_dir, token, round + "." + name, timeout)
-                          : dist::make_file_store(store_dir, token, round + "." + name));
-    return dist::make_gloo_group(*stores_.back(), group_rank, group_size, host, timeout);
-  };
-  world_ = group("world", rank, world);
-  attempt_ = dist::broadcast_string(*world_, rank == 0 ? dist::auth::random_hex(8) : "", 0, {timeout});
-  checkpoint_store_ = store_dir.find("://") != std::string::npos
-                          ? dist::make_store(store_dir, token, round + ".checkpoint", timeout)
-                          : dist::make_file_store(store_dir, token, round + ".checkpoint");
-  if (shard_size > 1 && shard_size < world) {
-    shard_ = group(fmt::format("shard-{}", rank / shard_size), rank % shard_size, shard_size);
-    replica_ = group(fmt::format("replica-{}", rank % shard_size), rank / shard_size, world / shard_size);
+                             const parallel::ParallelDims& dims, dist::Millis timeout, const std::string& host) {
+  if (dims.world() == 1) {
+    mesh_ = std::make_unique<parallel::Mesh>();
+    return;
   }
+  // A URL (file://DIR, etcd://HOST:PORT/PREFIX) or a plain directory for the file store.
+  auto store = [&](const std::string& name) {
+    return store_dir.find("://") != std::string::npos ? dist::make_store(store_dir, token, round + "." + name, timeout)
+                                                      : dist::make_file_store(store_dir, token, round + "." + name);
+  };
+  mesh_ = std::make_unique<parallel::Mesh>(dims, rank, store, timeout, host);
+  attempt_ = dist::broadcast_string(*mesh_->group(parallel::Dim::kWorld), rank == 0 ? dist::auth::random_hex(8) : "", 0,
+                                    {timeout});
+  checkpoint_store_ = store("checkpoint");
 }
 
 ProcessGroups::~ProcessGroups() = default;
 
-Distributed ProcessGroups::view() const {
-  Distributed d;
-  d.topology = topology_;
-  d.world = world_.get();
-  d.store = checkpoint_store_.get();
-  d.attempt = attempt_;
-  const int S = topology_.shard_size, W = topology_.world;
-  d.shard = S == 1 ? nullptr : S == W ? world_.get() : shard_.get();
-  d.replica = W / S == 1 ? nullptr : S == 1 ? world_.get() : replica_.get();
-  return d;
-}
+Distributed ProcessGroups::view() const { return {mesh_.get(), checkpoint_store_.get(), attempt_}; }
 
 namespace {
 
@@ -108,13 +92,6 @@ bool worker_env(WorkerEnv* out) {
   e.host = env_or("TESSERA_HOST", "127.0.0.1");
   *out = e;
   return true;
-}
-
-int shard_size_of(const config::Config& config, int world) {
-  fsdp::Strategy strategy = fsdp::Strategy::kFullShard;
-  fsdp::parse_strategy(config.parallel.strategy, &strategy);
-  const int group = config.parallel.shard_group_size > 0 ? static_cast<int>(config.parallel.shard_group_size) : world;
-  return fsdp::shard_size_for(strategy, world, group);
 }
 
 int run_local_workers(int nproc, const std::function<int(int rank)>& worker) {

@@ -1,5 +1,5 @@
-// Joining a data-parallel job: the rendezvous store and the process groups a rank needs (all
-// ranks; its shard group; its replica group), and the local launcher that `tessera train
+// Joining a job: the rendezvous store and the mesh of process groups a rank needs, and the local launcher that `tessera
+// train
 // --nproc N` uses: N forked workers on this machine, rendezvous through a file store.
 #pragma once
 
@@ -15,18 +15,16 @@ namespace tessera::train {
 
 class ProcessGroups {
  public:
-  // Rank `rank` of `world` joins round `round` of job `token` through the store `store_dir`
-  // names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a file store. Shard group k is ranks [k
-  // S, (k+1) S); replica group j is ranks j, j+S, ...
-  ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank, int world,
-                int shard_size, dist::Millis timeout, const std::string& host = "127.0.0.1");
+  // Rank `rank` of a job laid out as `dims` joins round `round` of job `token` through the store
+  // `store_dir` names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a
+  // file store; one key prefix per group (parallel::Mesh).
+  ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
+                const parallel::ParallelDims& dims, dist::Millis timeout, const std::string& host = "127.0.0.1");
   ~ProcessGroups();
   Distributed view() const;
 
  private:
-  fsdp::Topology topology_;
-  std::vector<std::unique_ptr<dist::Store>> stores_;  // one key prefix per group
-  std::unique_ptr<dist::ProcessGroup> world_, shard_, replica_;
+  std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<dist::Store> checkpoint_store_;  // used by the checkpoint writer thread only
   std::string attempt_;                            // Distributed::attempt
 };
@@ -48,9 +46,6 @@ struct WorkerEnv {
 // Reads the worker environment; false when this process is not such a worker. Throws
 // ConfigError naming the variable that is missing or malformed.
 bool worker_env(WorkerEnv* out);
-
-// Shard group size a config asks for at `world` ranks.
-int shard_size_of(const config::Config& config, int world);
 
 // Forks `nproc` workers that each call worker(rank) and exit with its return value (or the exit
 // code of the tessera::Error it throws); waits for all. When one fails, the others are killed

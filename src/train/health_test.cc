@@ -33,13 +33,13 @@ TEST(Health, PassesOnHealthyRanksWithEveryRanksBandwidth) {
     TempDir dir;
     expect_all_ok(run_ranks(world, [&](int rank) {
       set_num_threads(1);  // forked: the parent's OpenMP pool does not survive a fork
-      auto store = dist::make_file_store(dir.path, "job", "r0");
-      auto pg = dist::make_gloo_group(*store, rank, world, "127.0.0.1", std::chrono::seconds(10));
+      const parallel::Mesh mesh(
+          parallel::ParallelDims{1, 1, world, 1}, rank,
+          [&](const std::string& prefix) { return dist::make_file_store(dir.path, "job", "r0." + prefix); },
+          std::chrono::seconds(10));
       config::Config config;
       Distributed d;
-      d.topology.world = world;
-      d.topology.rank = rank;
-      d.world = pg.get();
+      d.mesh = &mesh;
       std::vector<double> gbps;
       const HealthFigures f = health_check(d, config, &gbps);
       REQUIRE(f.all_reduce_ok && f.gemm_ok);

@@ -50,7 +50,7 @@ std::string format_count(double n) {
 }
 
 metrics::Peak job_peak(const config::Config& config, const Distributed& dist) {
-  const int world = dist.topology.world;
+  const int world = dist.world_size();
   const double configured = config.metrics.peak_flops;
   if (configured < 0) return {};
   if (configured > 0) {
@@ -61,8 +61,8 @@ metrics::Peak job_peak(const config::Config& config, const Distributed& dist) {
   const std::string dtype = config.parallel.param_dtype == "bf16" ? "bf16" : "fp32";
   const double t0 = now_seconds();
   float sum = static_cast<float>(metrics::calibrate_cpu_peak(dtype));
-  if (dist.world != nullptr) {
-    dist.world->all_reduce(&sum, 1, dist::DType::kF32, {dist::Millis(config.parallel.timeout_ms)})->wait();
+  if (dist.world() != nullptr) {
+    dist.world()->all_reduce(&sum, 1, dist::DType::kF32, {dist::Millis(config.parallel.timeout_ms)})->wait();
   }
   metrics::Peak peak{sum, fmt::format("measured: best {} GEMM 1024^3 on {} thread(s) per rank, summed over {} "
                                       "rank(s)",
@@ -96,13 +96,13 @@ StepReporter::StepReporter(const config::Config& config, const std::string& run_
                            const metrics::Peak& peak, int64_t first_step)
     : config_(config),
       metrics_path_(run_dir + "/metrics.jsonl"),
-      leader_(dist.topology.rank == 0),
+      leader_(dist.rank() == 0),
       peak_(peak),
       flops_per_token_(model::flops_per_token(config.model)),
       first_step_(first_step),
       start_(now_seconds()),
       terminal_(leader_ && ::isatty(STDOUT_FILENO) == 1),
-      stragglers_(config.metrics.straggler_factor, config.metrics.straggler_steps, dist.topology.world) {
+      stragglers_(config.metrics.straggler_factor, config.metrics.straggler_steps, dist.world_size()) {
   if (!leader_) return;
   if (first_step > 0) truncate_metrics(metrics_path_, first_step);
   metrics_.open(metrics_path_, first_step > 0 ? std::ios::app : std::ios::trunc);

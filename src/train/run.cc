@@ -127,12 +127,12 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                   const std::string& resume, const Distributed& dist, const std::string& heartbeat_path = "") {
   Heartbeat heartbeat(heartbeat_path);
   std::error_code ec;
-  const bool leader = dist.topology.rank == 0;
+  const bool leader = dist.rank() == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
   // only what goes wrong.
   std::error_code logs_ec;  // open_file warns when it cannot write there
   fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
-  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.topology.rank), dist.topology.rank);
+  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()), dist.rank());
   if (!leader) log::set_console_level(log::Level::kWarn);
   const std::string config_toml = config::to_toml(config);
   Trainer trainer(config, dataset, dist);
@@ -144,8 +144,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   log::info(
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
       "rank); memory per rank: state {} MB, activations {} MB",
-      config.train.batch_size, config.tokens_per_step(), dist.topology.world, num_threads(),
-      dist.topology.world > 1 ? config.parallel.strategy : "single process", config.accumulation_steps(),
+      config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(),
+      dist.world_size() > 1 ? config.parallel.strategy : "single process", config.accumulation_steps(),
       config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
   const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
@@ -171,8 +171,8 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   run_info.update({{"version", TESSERA_VERSION},
                    {"started", utc_now()},
                    {"host", host},
-                   {"world_size", dist.topology.world},
-                   {"strategy", dist.topology.world > 1 ? config.parallel.strategy : "single"},
+                   {"world_size", dist.world_size()},
+                   {"strategy", dist.world_size() > 1 ? config.parallel.strategy : "single"},
                    {"param_dtype", config.parallel.param_dtype},
                    {"threads", num_threads()},
                    {"preset", m.preset},
@@ -355,12 +355,12 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
     server = std::make_unique<dist::TcpStoreServer>(url.endpoint.substr(0, colon),
                                                     std::stoi(url.endpoint.substr(colon + 1)), env.job_token);
   }
-  ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, env.world, shard_size_of(config, env.world),
+  ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, parallel::dims_for(config, env.world),
                        dist::Millis(config.parallel.timeout_ms), env.host);
   train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
   // The store may still be read (a checkpoint outcome) until every rank is done.
-  if (url.kind == dist::StoreUrl::Kind::kTcp && groups.view().world != nullptr) {
-    groups.view().world->barrier({dist::Millis(config.parallel.timeout_ms)})->wait();
+  if (url.kind == dist::StoreUrl::Kind::kTcp && groups.view().world() != nullptr) {
+    groups.view().world()->barrier({dist::Millis(config.parallel.timeout_ms)})->wait();
   }
 }
 

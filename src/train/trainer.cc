@@ -23,17 +23,14 @@ std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char
   return std::make_unique<data::TokenStream>(dir, split);
 }
 
-data::LoaderOptions loader_options(const config::Config& c, const fsdp::Topology& t) {
-  return {c.model.seq_len, c.micro_batch(), c.train.batch_size, t.rank, t.world};
+// Each data-parallel rank reads its slice of the global batch (tensor-parallel ranks of one dp
+// coordinate read the same one).
+data::LoaderOptions loader_options(const config::Config& c, const parallel::Mesh& mesh) {
+  return {c.model.seq_len, c.micro_batch(), c.train.batch_size, mesh.rank(parallel::Dim::kDp),
+          mesh.size(parallel::Dim::kDp)};
 }
 
 dist::DType dtype_of(const std::string& name) { return name == "bf16" ? dist::DType::kBF16 : dist::DType::kF32; }
-
-fsdp::Strategy strategy_of(const config::Config& c) {
-  fsdp::Strategy s = fsdp::Strategy::kFullShard;
-  fsdp::parse_strategy(c.parallel.strategy, &s);  // validated with the config
-  return s;
-}
 
 }  // namespace
 
@@ -45,11 +42,11 @@ int configure_threads(const config::Config& config) {
 Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist)
     : config_(config),
       dist_(dist),
-      layout_(config.model, 16 * dist.topology.shard_size),
+      layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard)),
       params_(std::make_unique<fsdp::ShardedParams>(
-          layout_, static_cast<uint64_t>(config.train.seed), strategy_of(config), dist.topology, dist.shard,
-          dist.replica, config.accumulation_steps(), dist::Millis(config.parallel.timeout_ms),
-          dtype_of(config.parallel.param_dtype), dtype_of(config.parallel.reduce_dtype))),
+          layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy_kind(), *dist.mesh,
+          config.accumulation_steps(), dist::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
+          dtype_of(config.parallel.reduce_dtype))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
              config.parallel.param_dtype == "bf16"),
       train_stream_(open_split(dataset_dir, "train")),
@@ -61,15 +58,15 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
                         : Reader([s = &synthetic_train_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); })),
       train_tokens_(train_stream_ ? train_stream_->size() : SyntheticTokens::kLength),
       loader_(std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config.train.seed),
-                                             loader_options(config, dist.topology), data::SamplerState{})),
+                                             loader_options(config, *dist.mesh), data::SamplerState{})),
       eval_inputs_(config.micro_batch() * config.model.seq_len),
       eval_targets_(config.micro_batch() * config.model.seq_len),
-      rank_busy_(dist.topology.world, 0.0),
-      rank_rss_(dist.topology.world, 0),
-      rank_peak_rss_(dist.topology.world, 0),
-      reduce_buffer_(step_reduce_floats(dist.topology.world)) {
+      rank_busy_(dist.world_size(), 0.0),
+      rank_rss_(dist.world_size(), 0),
+      rank_peak_rss_(dist.world_size(), 0),
+      reduce_buffer_(step_reduce_floats(dist.world_size())) {
   // The config's derived sizes (micro-batches per step) assume this world size.
-  CHECK_MSG(config.parallel.nproc == dist.topology.world, "parallel.nproc must equal the world size");
+  CHECK_MSG(config.parallel.nproc == dist.world_size(), "parallel.nproc must equal the world size");
   if (train_stream_) {
     const data::DatasetManifest& m = train_stream_->manifest();
     if (m.vocab_size != config.model.vocab_size) {
@@ -99,9 +96,9 @@ size_t Trainer::state_bytes() const {
 
 void Trainer::restore(const TrainingState& state) {
   loader_.reset();  // joins the prefetch thread before its successor starts
-  loader_ = std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config_.train.seed),
-                                           loader_options(config_, dist_.topology),
-                                           data::SamplerState{state.sampler_position});
+  loader_ =
+      std::make_unique<data::Loader>(train_reader_, train_tokens_, static_cast<uint64_t>(config_.train.seed),
+                                     loader_options(config_, *dist_.mesh), data::SamplerState{state.sampler_position});
   step_ = state.step;
   optimizer_steps_ = state.optimizer_steps;
   tokens_ = state.tokens;
@@ -115,7 +112,7 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   const int64_t accum = loader_->micro_batches_per_step();
-  const int world = dist_.topology.world, rank = dist_.topology.rank;
+  const int world = dist_.world_size(), rank = dist_.rank();
   StepTimes times;
   double t = t0, comm = params_->exposed_comm_seconds();
   // Seconds since `t` less the communication waited for since `comm`, which counts as comm
@@ -157,11 +154,11 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   memory_ = metrics::process_memory();
   rank_rss_[rank] = memory_.resident;
   rank_peak_rss_[rank] = memory_.peak;
-  if (dist_.world != nullptr) {
+  if (dist_.world() != nullptr) {
     // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
     // time and memory: [loss sum, valid targets, signal bits..., busy of rank 0..W-1, RSS MiB...,
-    // peak RSS MiB...] summed over ranks. A float holds the count exactly up to 2^24 targets
-    // per step, and to 6e-8 relative beyond.
+    // peak RSS MiB...] summed over ranks, the loss over one rank per dp coordinate (counts_loss).
+    // A float holds the count exactly up to 2^24 targets per step, and to 6e-8 relative beyond.
     constexpr int kBits = kSignalBits;
     constexpr double kMiB = 1 << 20;
     float* sums = reduce_buffer_.data();
@@ -170,14 +167,16 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
     float* rss = busy + world;
     float* peak = rss + world;
     std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
-    sums[0] = static_cast<float>(loss_sum.sum);
-    sums[1] = static_cast<float>(loss_sum.count);
+    if (counts_loss()) {
+      sums[0] = static_cast<float>(loss_sum.sum);
+      sums[1] = static_cast<float>(loss_sum.count);
+    }
     for (int b = 0; b < kBits; ++b) bits[b] = static_cast<float>(signals >> b & 1u);
     busy[rank] = static_cast<float>(rank_busy_[rank]);
     rss[rank] = static_cast<float>(std::round(static_cast<double>(rank_rss_[rank]) / kMiB));
     peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
     const double t_reduce = now_seconds();
-    dist_.world
+    dist_.world()
         ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), dist::DType::kF32,
                      {dist::Millis(config_.parallel.timeout_ms)})
         ->wait();
@@ -242,6 +241,11 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   return stats(false);
 }
 
+bool Trainer::counts_loss() const {
+  const parallel::Mesh& m = *dist_.mesh;
+  return m.rank(parallel::Dim::kTp) == 0 && m.rank(parallel::Dim::kPp) == m.size(parallel::Dim::kPp) - 1;
+}
+
 int64_t Trainer::validation_batches() const {
   // Synthetic tokens are an endless seeded stream: no split to cover.
   if (!val_stream_) return config_.train.eval_batches;
@@ -256,7 +260,7 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
   // on the world size. Rows past the split's end are padded with ignored targets and every rank
   // runs the same number of forwards (they are collectives when sharded).
   const int64_t T = config_.model.seq_len, mb = config_.micro_batch(), G = config_.train.batch_size;
-  const int W = dist_.topology.world, rank = dist_.topology.rank;
+  const int W = dist_.mesh->size(parallel::Dim::kDp), rank = dist_.mesh->rank(parallel::Dim::kDp);
   const uint64_t samples = val_tokens_ > 0 ? (val_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
   if (samples == 0) throw DataError(fmt::format("validation split has {} tokens: fewer than seq_len + 1", val_tokens_));
   if (batches <= 0) batches = config_.train.eval_batches;
@@ -283,10 +287,11 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
       loss.count += part.count;
     }
   }
-  if (dist_.world != nullptr) {
+  if (dist_.world() != nullptr) {
     // Per-rank sums in double precision, reduced as floats: 6e-8 relative.
-    float sums[2] = {static_cast<float>(loss.sum), static_cast<float>(loss.count)};
-    dist_.world->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    float sums[2] = {0.0f, 0.0f};
+    if (counts_loss()) sums[0] = static_cast<float>(loss.sum), sums[1] = static_cast<float>(loss.count);
+    dist_.world()->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
     loss = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
   }
   return {loss.mean(), loss.count};

@@ -18,6 +18,7 @@
 #include "metrics/memory.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
+#include "parallel/mesh.h"
 #include "train/synthetic.h"
 
 namespace tessera::train {
@@ -54,17 +55,21 @@ struct TrainingState {
   int64_t optimizer_steps = 0;    // AdamW updates applied: step less the skipped ones (bias correction)
 };
 
-// The process groups of a data-parallel run (all null in a single process).
+// A rank's place in its job: the mesh (its coordinate, size and process group in each parallel
+// dimension), the store the checkpoint writer agrees through, and the attempt. The default is a
+// single process: the world-1 mesh, no store.
 struct Distributed {
-  fsdp::Topology topology;                // world size, rank, shard group size
-  dist::ProcessGroup* world = nullptr;    // all ranks
-  dist::ProcessGroup* shard = nullptr;    // the ranks sharing this rank's units (S > 1)
-  dist::ProcessGroup* replica = nullptr;  // the ranks holding the same shard (W/S > 1)
-  dist::Store* store = nullptr;           // for agreement off the training thread (checkpoint commits)
+  const parallel::Mesh* mesh = &parallel::Mesh::single();
+  dist::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
   // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
   // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
   std::string attempt;
+
+  // The whole job: global rank, world size, the group of all ranks (null in a single process).
+  int rank() const { return mesh->rank(); }
+  int world_size() const { return mesh->size(); }
+  dist::ProcessGroup* world() const { return mesh->group(parallel::Dim::kWorld); }
 };
 
 class Trainer {
@@ -134,6 +139,9 @@ class Trainer {
 
  private:
   using Reader = std::function<void(uint64_t, uint64_t, int32_t*)>;
+  // Whether this rank adds its loss to the job's: one rank per data-parallel coordinate (the
+  // first of its tensor-parallel group, on the last pipeline stage), so the sum is over dp.
+  bool counts_loss() const;
 
   config::Config config_;
   Distributed dist_;

@@ -1,0 +1,59 @@
+// The device mesh: for each parallel dimension (parallel_dims.h), this rank's coordinate, the
+// group's size and its process group, built once at start-up. Every rank-aware component takes
+// the mesh and asks for the dimension it means: FSDP shards over dp_shard and all-reduces over
+// dp_replicate, the trainer scales gradients and slices data by dp, and statistics of every
+// process use world.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "parallel/parallel_dims.h"
+
+namespace tessera::parallel {
+
+class Mesh {
+ public:
+  // The store a group rendezvouses through, under its own key prefix (e.g. "dp_shard-4").
+  using StoreFactory = std::function<std::unique_ptr<dist::Store>(const std::string& prefix)>;
+
+  // A single process: every dimension of size 1, no groups.
+  Mesh() = default;
+  // Rank `rank` of a job laid out as `dims` joins one process group for each distinct set of
+  // ranks its dimensions of size > 1 name (a dimension with the same ranks as another shares its
+  // group: with dp_replicate = 1, dp_shard's group is dp's). Every rank creates its groups in
+  // the same order (kAllDims), each through make_store(NAME-FIRST_RANK). Gloo over `host` on CPU;
+  // NCCL takes over the dimensions of a GPU job when the CUDA backend lands.
+  Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, dist::Millis timeout,
+       const std::string& host = "127.0.0.1");
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  // A world-1 mesh, shared: what components default to outside a distributed job.
+  static const Mesh& single();
+
+  const ParallelDims& dims() const { return dims_; }
+  int rank(Dim d = Dim::kWorld) const { return coordinate(dims_, rank_, d); }
+  int size(Dim d = Dim::kWorld) const { return dims_.size(d); }
+  // The process group of this rank's group in d; nullptr when size(d) == 1.
+  dist::ProcessGroup* group(Dim d) const { return groups_[static_cast<size_t>(d)]; }
+  // The global ranks of this rank's group in d, by coordinate.
+  std::vector<int> ranks(Dim d) const { return group_ranks(dims_, rank_, d); }
+
+ private:
+  ParallelDims dims_;
+  int rank_ = 0;
+  std::vector<std::unique_ptr<dist::Store>> stores_;
+  std::vector<std::unique_ptr<dist::ProcessGroup>> owned_;
+  std::vector<dist::ProcessGroup*> groups_ = std::vector<dist::ProcessGroup*>(std::size(kAllDims), nullptr);
+};
+
+// Which ranks form each group of each dimension of size > 1, one line per dimension, e.g.
+// "dp_shard (4 groups of 2): [0 1] [2 3] [4 5] [6 7]" (for `tessera config` and the start-up log).
+std::vector<std::string> describe_layout(const ParallelDims& dims);
+
+}  // namespace tessera::parallel
