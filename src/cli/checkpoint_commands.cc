@@ -188,7 +188,8 @@ int reshard_command(const ParsedArgs& a) {
   // The checkpoint's own config with the new parallel settings, validated as a whole.
   const config::Config target = config::load_text(checkpoint::read_manifest(src).config_toml, src, o);
   const std::string out = train::reshard(src, a.positional[1], target);
-  fmt::print("wrote {} ({} rank(s), {}) from {}\n", out, target.parallel.nproc, target.parallel.strategy, src);
+  fmt::print("wrote {} ({} rank(s), {}) from {}\n", out, target.parallel.nproc, config::name(target.parallel.strategy),
+             src);
   return kExitOk;
 }
 

@@ -110,9 +110,7 @@ config::Config load_config(const ParsedArgs& a) {
   if (a.positional.size() > 1)
     throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
   config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
-  log::Level level;
-  log::parse_level(c.metrics.log_level, &level);
-  log::set_level(level);
+  log::set_level(c.metrics.log_level);
   return c;
 }
 
@@ -302,7 +300,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
       {"peak_flops_per_s", peak.flops_per_s},
       {"mfu", peak.known() ? tokens_per_s * model::flops_per_token(c.model) / peak.flops_per_s : 0.0},
       {"nproc", W},
-      {"strategy", W > 1 ? c.parallel.strategy : "single process"},
+      {"strategy", W > 1 ? config::name(c.parallel.strategy) : "single process"},
       {"param_dtype", c.parallel.param_dtype},
       {"threads", num_threads()},
       {"exposed_comm_s", median_of_tail(exposed)},

@@ -41,6 +41,70 @@ std::string show(const Value& v) {
       v);
 }
 
+// The names of each enum-like key's values: the one place each is spelled.
+template <typename E>
+struct EnumNames;
+template <>
+struct EnumNames<Strategy> {
+  static constexpr std::pair<const char*, Strategy> kTable[] = {{"full_shard", Strategy::kFullShard},
+                                                                {"shard_grad_op", Strategy::kShardGradOp},
+                                                                {"hybrid_shard", Strategy::kHybridShard},
+                                                                {"no_shard", Strategy::kNoShard}};
+};
+template <>
+struct EnumNames<Precision> {
+  static constexpr std::pair<const char*, Precision> kTable[] = {{"fp32", Precision::kFp32},
+                                                                 {"bf16", Precision::kBf16}};
+};
+template <>
+struct EnumNames<OnNonFinite> {
+  static constexpr std::pair<const char*, OnNonFinite> kTable[] = {{"stop", OnNonFinite::kStop},
+                                                                   {"skip", OnNonFinite::kSkip}};
+};
+template <>
+struct EnumNames<OnFailure> {
+  static constexpr std::pair<const char*, OnFailure> kTable[] = {{"continue", OnFailure::kContinue},
+                                                                 {"stop", OnFailure::kStop}};
+};
+
+template <typename E>
+bool parse_enum(const std::string& text, E* out) {
+  if constexpr (std::is_same_v<E, log::Level>) {
+    return log::parse_level(text, out);  // core/log's table
+  } else {
+    for (const auto& [n, v] : EnumNames<E>::kTable) {
+      if (text == n) {
+        *out = v;
+        return true;
+      }
+    }
+    return false;
+  }
+}
+
+template <typename E>
+const char* enum_name(E value) {
+  if constexpr (std::is_same_v<E, log::Level>) {
+    return log::level_name(value);
+  } else {
+    for (const auto& [n, v] : EnumNames<E>::kTable) {
+      if (v == value) return n;
+    }
+    return "?";
+  }
+}
+
+template <typename E>
+std::string enum_choices() {
+  if constexpr (std::is_same_v<E, log::Level>) {
+    return "debug, info, warn, error";
+  } else {
+    std::string out;
+    for (const auto& [n, v] : EnumNames<E>::kTable) out += (out.empty() ? "" : ", ") + std::string(n);
+    return out;
+  }
+}
+
 [[noreturn]] void fail(const Assignment& a, const std::string& why) {
   throw ConfigError(fmt::format("config key {} = {} ({}): {}", a.key, show(a.value), a.origin, why));
 }
@@ -119,11 +183,19 @@ template <typename T>
 Key make_key(std::string name, T& (*field)(Config&)) {
   Key k;
   k.name = std::move(name);
-  k.set = [field](Config& c, const Assignment& a) { field(c) = convert<T>(a); };
+  k.set = [field](Config& c, const Assignment& a) {
+    if constexpr (std::is_enum_v<T>) {
+      if (!parse_enum(convert<std::string>(a), &field(c))) fail(a, "must be one of " + enum_choices<T>());
+    } else {
+      field(c) = convert<T>(a);
+    }
+  };
   k.get = [field](const Config& c) {
     const T& v = field(const_cast<Config&>(c));
     if constexpr (std::is_same_v<T, std::string>) {
       return toml_string(v);
+    } else if constexpr (std::is_enum_v<T>) {
+      return toml_string(enum_name(v));
     } else if constexpr (std::is_same_v<T, bool>) {
       return std::string(v ? "true" : "false");
     } else if constexpr (std::is_same_v<T, double>) {
@@ -310,41 +382,10 @@ Config load_text(const std::string& toml_text, const std::string& origin, const 
   return apply(std::move(assignments), overrides);
 }
 
-namespace {
-constexpr std::pair<const char*, Strategy> kStrategyNames[] = {{"full_shard", Strategy::kFullShard},
-                                                               {"shard_grad_op", Strategy::kShardGradOp},
-                                                               {"hybrid_shard", Strategy::kHybridShard},
-                                                               {"no_shard", Strategy::kNoShard}};
-}  // namespace
-
-bool parse_strategy(const std::string& name, Strategy* out) {
-  for (const auto& [n, s] : kStrategyNames) {
-    if (name == n) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
-
-const char* strategy_name(Strategy s) {
-  for (const auto& [n, v] : kStrategyNames) {
-    if (v == s) return n;
-  }
-  return "?";
-}
-
-std::string strategy_names() {
-  std::string out;
-  for (const auto& [n, v] : kStrategyNames) out += (out.empty() ? "" : ", ") + std::string(n);
-  return out;
-}
-
-Strategy ParallelConfig::strategy_kind() const {
-  Strategy s = Strategy::kFullShard;
-  CHECK_MSG(parse_strategy(strategy, &s), "parallel.strategy is validated with the config");
-  return s;
-}
+const char* name(Strategy v) { return enum_name(v); }
+const char* name(Precision v) { return enum_name(v); }
+const char* name(OnNonFinite v) { return enum_name(v); }
+const char* name(OnFailure v) { return enum_name(v); }
 
 void validate(const Config& c) {
   const model::ModelConfig& m = c.model;
@@ -388,16 +429,10 @@ void validate(const Config& c) {
   positive("parallel.nproc", c.parallel.nproc);
   require(c.parallel.nproc <= 1024, "parallel.nproc", fmt::format("{}", c.parallel.nproc), "must be <= 1024");
   const ParallelConfig& p = c.parallel;
-  Strategy strategy{};
-  require(parse_strategy(p.strategy, &strategy), "parallel.strategy", p.strategy, "must be one of " + strategy_names());
   require(p.shard_group_size >= 0 && (p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0),
           "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
           fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
   positive("parallel.timeout_ms", p.timeout_ms);
-  for (const auto& [key, value] :
-       {std::pair{"parallel.param_dtype", p.param_dtype}, {"parallel.reduce_dtype", p.reduce_dtype}}) {
-    require(value == "fp32" || value == "bf16", key, value, "must be fp32 or bf16");
-  }
   require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
           fmt::format("{}", c.parallel.activation_checkpointing), "must be >= 0 (0: off, k: every k-th block)");
   require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
@@ -422,8 +457,6 @@ void validate(const Config& c) {
   require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", fmt::format("{}", t.beta2), "must be in [0, 1)");
   require(t.eps > 0, "train.eps", fmt::format("{}", t.eps), "must be > 0");
   require(t.grad_clip >= 0, "train.grad_clip", fmt::format("{}", t.grad_clip), "must be >= 0 (0: no clipping)");
-  require(t.on_nonfinite == "stop" || t.on_nonfinite == "skip", "train.on_nonfinite", t.on_nonfinite,
-          "must be stop or skip");
   positive("train.max_skipped_steps", t.max_skipped_steps);
   require(t.seed >= 0, "train.seed", fmt::format("{}", t.seed), "must be >= 0");
   require(t.threads >= 0 && t.threads <= 1024, "train.threads", fmt::format("{}", t.threads),
@@ -439,11 +472,6 @@ void validate(const Config& c) {
   require(k.interval_minutes >= 0 && std::isfinite(k.interval_minutes), "checkpoint.interval_minutes",
           fmt::format("{}", k.interval_minutes), "must be a finite number >= 0 (0: off)");
   positive("checkpoint.keep", k.keep);
-  require(k.on_failure == "continue" || k.on_failure == "stop", "checkpoint.on_failure", k.on_failure,
-          "must be continue or stop");
-  log::Level level;
-  require(log::parse_level(c.metrics.log_level, &level), "metrics.log_level", c.metrics.log_level,
-          "must be one of debug, info, warn, error");
   positive("metrics.log_interval", c.metrics.log_interval);
   require(c.metrics.straggler_factor > 1 && std::isfinite(c.metrics.straggler_factor), "metrics.straggler_factor",
           fmt::format("{}", c.metrics.straggler_factor), "must be a finite number > 1");

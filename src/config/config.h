@@ -8,9 +8,28 @@
 #include <utility>
 #include <vector>
 
+#include "core/log.h"
 #include "model/model_config.h"
 
 namespace tessera::config {
+
+// Enum-like keys are parsed once, when the config is loaded (config.cc holds each one's table
+// of names, the only place a name is spelled); use sites compare enums, never strings. name()
+// gives the spelling back (logs, run.json, to_toml).
+//
+// How data-parallel ranks hold a unit's parameters (ARCHITECTURE.md, "Sharding math"):
+//   full_shard     shard over every data-parallel rank; gather for forward, free, gather again
+//   shard_grad_op  the same, keeping the gathered parameters from forward until backward is done
+//   hybrid_shard   full_shard inside groups of parallel.shard_group_size ranks, replicated across
+//   no_shard       every rank holds all parameters; gradients all-reduced (DDP)
+enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
+enum class Precision { kFp32, kBf16 };      // "fp32", "bf16"
+enum class OnNonFinite { kStop, kSkip };    // "stop", "skip"
+enum class OnFailure { kContinue, kStop };  // "continue", "stop"
+const char* name(Strategy v);
+const char* name(Precision v);
+const char* name(OnNonFinite v);
+const char* name(OnFailure v);
 
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
@@ -27,7 +46,7 @@ struct TrainConfig {
   double grad_clip = 1.0;  // global grad-norm clip; 0 disables
   // A step whose global loss or gradient norm is not finite: "stop" the run (exit 11), or
   // "skip" its update (parameters and optimizer state unchanged; the batch is dropped).
-  std::string on_nonfinite = "stop";
+  OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_skipped_steps = 5;  // with skip: the next non-finite step after this many in a row stops
   int64_t seed = 1234;
   int64_t threads = 0;          // per process; 0: one per available core
@@ -47,23 +66,11 @@ struct DataConfig {
   bool synthetic = false;  // seeded random tokens of the model's vocabulary instead
 };
 
-// How data-parallel ranks hold a unit's parameters (ARCHITECTURE.md, "Sharding math"):
-//   full_shard     shard over every data-parallel rank; gather for forward, free, gather again
-//   shard_grad_op  the same, keeping the gathered parameters from forward until backward is done
-//   hybrid_shard   full_shard inside groups of parallel.shard_group_size ranks, replicated across
-//   no_shard       every rank holds all parameters; gradients all-reduced (DDP)
-enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
-// The one table of strategy names: false for a name not in it.
-bool parse_strategy(const std::string& name, Strategy* out);
-const char* strategy_name(Strategy s);
-std::string strategy_names();  // "full_shard, shard_grad_op, hybrid_shard, no_shard"
-
 struct ParallelConfig {
   int64_t nproc = 1;  // local worker processes
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
-  std::string strategy = "full_shard";
-  Strategy strategy_kind() const;  // strategy parsed (validated with the config)
+  Strategy strategy = Strategy::kFullShard;
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
   int64_t timeout_ms = 300000;   // every collective
   // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).
@@ -71,8 +78,8 @@ struct ParallelConfig {
   // param_dtype bf16, at any world size, 1 included): every weight GEMM reads bf16 weights and
   // bf16-rounded activations and accumulates in fp32; norms, RoPE, attention, SwiGLU, the loss,
   // gradients, master weights and optimizer state stay fp32.
-  std::string param_dtype = "fp32";
-  std::string reduce_dtype = "fp32";
+  Precision param_dtype = Precision::kFp32;
+  Precision reduce_dtype = Precision::kFp32;
   // 0: keep every block's activations; k: keep only the inputs of blocks 0, k, 2k, ... and
   // recompute their other activations in backward (1 = every block).
   int64_t activation_checkpointing = 0;
@@ -87,12 +94,12 @@ struct CheckpointConfig {
   int64_t keep = 3;                     // committed checkpoints kept; the newest is never deleted
   bool fallback = true;                 // resume skips a damaged checkpoint for the previous committed one
   std::string mirror_dir;               // after each commit, copied (and verified) here in the background
-  std::string on_failure = "continue";  // a failed save: "continue" training or "stop" (exit 10)
+  OnFailure on_failure = OnFailure::kContinue;  // a failed save: continue training or stop (exit 10)
   bool enabled() const { return interval_steps > 0 || interval_minutes > 0; }
 };
 
 struct MetricsConfig {
-  std::string log_level = "info";
+  log::Level log_level = log::Level::kInfo;
   int64_t log_interval = 10;  // steps between progress lines
   // A rank busier than straggler_factor x the median of the others for straggler_steps steps
   // in a row is flagged as a straggler (log and metrics.jsonl).

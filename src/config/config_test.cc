@@ -89,7 +89,8 @@ TEST(Config, RangesAndConsistencyAreChecked) {
   EXPECT_NE(load_error("", {{"train.beta2", "1"}}).find("train.beta2"), std::string::npos);
   EXPECT_NE(load_error("", {{"metrics.log_level", "loud"}}).find("metrics.log_level"), std::string::npos);
   EXPECT_NE(load_error("", {{"model.dim", "0"}}).find("model.dim = 0: must be > 0"), std::string::npos);
-  EXPECT_NE(load_error("", {{"train.on_nonfinite", "ignore"}}).find("train.on_nonfinite = ignore: must be stop or skip"),
+  EXPECT_NE(load_error("", {{"train.on_nonfinite", "ignore"}})
+                .find("train.on_nonfinite = \"ignore\" (--set): must be one of stop, skip"),
             std::string::npos);
   EXPECT_NE(load_error("", {{"train.max_skipped_steps", "0"}}).find("train.max_skipped_steps = 0"), std::string::npos);
   EXPECT_EQ(load_error("", {{"train.on_nonfinite", "skip"}}), "");
@@ -112,6 +113,32 @@ TEST(Config, ResolvedTomlRoundTrips) {
   const Config c = load("", {{"model.preset", "tiny"}, {"train.lr", "0.00123"}, {"model.tied_embeddings", "true"}});
   const std::string path = temp_toml("roundtrip.toml", to_toml(c));
   EXPECT_EQ(to_toml(load(path, {})), to_toml(c));
+}
+
+// Enum-like keys are typed once loaded, and spelled back by name (to_toml reads back the same).
+TEST(Config, EnumKeysAreTypedAndRoundTripByName) {
+  const Config c = load("", {{"parallel.strategy", "hybrid_shard"},
+                             {"parallel.param_dtype", "bf16"},
+                             {"parallel.reduce_dtype", "bf16"},
+                             {"train.on_nonfinite", "skip"},
+                             {"checkpoint.on_failure", "stop"},
+                             {"metrics.log_level", "warn"}});
+  EXPECT_EQ(c.parallel.strategy, Strategy::kHybridShard);
+  EXPECT_EQ(c.parallel.param_dtype, Precision::kBf16);
+  EXPECT_EQ(c.parallel.reduce_dtype, Precision::kBf16);
+  EXPECT_EQ(c.train.on_nonfinite, OnNonFinite::kSkip);
+  EXPECT_EQ(c.checkpoint.on_failure, OnFailure::kStop);
+  EXPECT_EQ(c.metrics.log_level, log::Level::kWarn);
+  const std::string toml = to_toml(c);
+  for (const char* line : {"strategy = \"hybrid_shard\"", "param_dtype = \"bf16\"", "on_nonfinite = \"skip\"",
+                           "on_failure = \"stop\"", "log_level = \"warn\""}) {
+    EXPECT_NE(toml.find(line), std::string::npos) << line;
+  }
+  EXPECT_EQ(to_toml(load_text(toml, "resolved", {})), toml);
+  EXPECT_NE(load_error("", {{"parallel.param_dtype", "fp16"}}).find("must be one of fp32, bf16"), std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.strategy", "zero3"}})
+                .find("must be one of full_shard, shard_grad_op, hybrid_shard, no_shard"),
+            std::string::npos);
 }
 
 // Found by fuzz/config_fuzz: to_toml wrote lr = 1e300 as "1e+300.0", which does not parse, so

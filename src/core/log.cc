@@ -29,16 +29,26 @@ void set_console_level(Level l) { g_console_level = l; }
 void set_rank(int rank) { g_rank = rank; }
 bool progress_active() { return g_progress_shown; }
 
+namespace {
+constexpr std::pair<const char*, Level> kLevelNames[] = {
+    {"debug", Level::kDebug}, {"info", Level::kInfo}, {"warn", Level::kWarn}, {"error", Level::kError}};
+}  // namespace
+
 bool parse_level(std::string_view name, Level* out) {
-  static constexpr std::pair<std::string_view, Level> kNames[] = {
-      {"debug", Level::kDebug}, {"info", Level::kInfo}, {"warn", Level::kWarn}, {"error", Level::kError}};
-  for (const auto& [n, l] : kNames) {
+  for (const auto& [n, l] : kLevelNames) {
     if (n == name) {
       *out = l;
       return true;
     }
   }
   return false;
+}
+
+const char* level_name(Level level) {
+  for (const auto& [n, l] : kLevelNames) {
+    if (l == level) return n;
+  }
+  return "?";
 }
 
 bool open_file(const std::string& path, int rank) {

@@ -19,6 +19,7 @@ Level level();
 void set_console_level(Level level);
 // Parses "debug", "info", "warn", "error"; returns false on anything else.
 bool parse_level(std::string_view name, Level* out);
+const char* level_name(Level level);  // the name parse_level reads
 // Prefix every line with "[rank R] "; negative disables the prefix.
 void set_rank(int rank);
 // Also append every line logged to `path`, with a UTC time stamp and "[rank R]" (flushed per

@@ -82,7 +82,7 @@ std::string ParallelDims::to_string() const {
 ParallelDims dims_for(const config::Config& config, int world) {
   ParallelDims d;
   const int64_t group = config.parallel.shard_group_size;
-  switch (config.parallel.strategy_kind()) {
+  switch (config.parallel.strategy) {
     case config::Strategy::kFullShard:
     case config::Strategy::kShardGradOp:
       d.dp_shard = world;

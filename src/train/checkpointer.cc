@@ -166,7 +166,7 @@ double Checkpointer::save(Trainer& trainer) {
   m.total_steps = config_.train.max_steps;
   m.world = dist_.world_size();
   m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
-  m.strategy = config_.parallel.strategy;
+  m.strategy = config::name(config_.parallel.strategy);
   m.config_toml = config::to_toml(config_);
   m.created = utc_now();
   for (const model::UnitLayout& u : layout.units()) {
@@ -570,7 +570,7 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   if (fs::exists(dir + "/manifest.json", ec)) throw IoError(fmt::format("{} already holds a checkpoint", dir));
   m.world = world;
   m.shard_size = S;
-  m.strategy = stored.parallel.strategy;
+  m.strategy = config::name(stored.parallel.strategy);
   m.config_toml = config::to_toml(stored);
   m.files.clear();
   for (size_t u = 0; u < m.units.size(); ++u) m.units[u].padded = layout.units()[u].padded;

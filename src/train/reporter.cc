@@ -58,7 +58,7 @@ metrics::Peak job_peak(const config::Config& config, const Distributed& dist) {
             fmt::format("configured: metrics.peak_flops = {:.4g} FLOP/s per rank x {} rank(s)", configured, world)};
   }
   // Training runs on the CPU: each rank measures its GEMM throughput, all at once.
-  const std::string dtype = config.parallel.param_dtype == "bf16" ? "bf16" : "fp32";
+  const std::string dtype = config::name(config.parallel.param_dtype);
   const double t0 = now_seconds();
   float sum = static_cast<float>(metrics::calibrate_cpu_peak(dtype));
   if (dist.world() != nullptr) {
@@ -210,8 +210,8 @@ std::string StepReporter::prometheus_page(const Trainer& trainer, const StepStat
   e.gauge("tessera_info", "What runs: Tessera's version, the model preset, the sharding strategy and precision.", 1,
           {{"version", TESSERA_VERSION},
            {"preset", c.model.preset},
-           {"strategy", c.parallel.nproc > 1 ? c.parallel.strategy : "single"},
-           {"param_dtype", c.parallel.param_dtype}});
+           {"strategy", c.parallel.nproc > 1 ? config::name(c.parallel.strategy) : "single"},
+           {"param_dtype", config::name(c.parallel.param_dtype)}});
   e.gauge("tessera_world_size", "Ranks in the job.", c.parallel.nproc);
   e.gauge("tessera_step", "The last optimizer step taken.", static_cast<double>(s.step));
   e.gauge("tessera_max_steps", "train.max_steps.", static_cast<double>(c.train.max_steps));

@@ -145,7 +145,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
       "rank); memory per rank: state {} MB, activations {} MB",
       config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(),
-      dist.world_size() > 1 ? config.parallel.strategy : "single process", config.accumulation_steps(),
+      dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single process", config.accumulation_steps(),
       config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 
   const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
@@ -172,7 +172,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                    {"started", utc_now()},
                    {"host", host},
                    {"world_size", dist.world_size()},
-                   {"strategy", dist.world_size() > 1 ? config.parallel.strategy : "single"},
+                   {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
                    {"param_dtype", config.parallel.param_dtype},
                    {"threads", num_threads()},
                    {"preset", m.preset},
@@ -211,7 +211,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     uint32_t raise = 0;
     if (StopSignals::received() != 0) raise |= kStopRequested;
     if (ckpt.interval_minutes > 0 && now_seconds() - last_save >= ckpt.interval_minutes * 60) raise |= kSaveDue;
-    if (checkpointer.take_failure() && ckpt.on_failure == "stop") raise |= kSaveFailed;
+    if (checkpointer.take_failure() && ckpt.on_failure == config::OnFailure::kStop) raise |= kSaveFailed;
     const StepStats s = trainer.step(raise);
     heartbeat.beat(s.step);
     const bool last = finished();
@@ -263,7 +263,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     }
   }
   if (!checkpointer.wait()) {
-    if (stopped || ckpt.on_failure == "stop") {
+    if (stopped || ckpt.on_failure == config::OnFailure::kStop) {
       throw IoError("the last checkpoint save failed (see above); the previous committed checkpoint is intact");
     }
   }

@@ -30,7 +30,9 @@ data::LoaderOptions loader_options(const config::Config& c, const parallel::Mesh
           mesh.size(parallel::Dim::kDp)};
 }
 
-dist::DType dtype_of(const std::string& name) { return name == "bf16" ? dist::DType::kBF16 : dist::DType::kF32; }
+dist::DType dtype_of(config::Precision p) {
+  return p == config::Precision::kBf16 ? dist::DType::kBF16 : dist::DType::kF32;
+}
 
 }  // namespace
 
@@ -44,11 +46,11 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       dist_(dist),
       layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard)),
       params_(std::make_unique<fsdp::ShardedParams>(
-          layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy_kind(), *dist.mesh,
+          layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), dist::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
           dtype_of(config.parallel.reduce_dtype))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
-             config.parallel.param_dtype == "bf16"),
+             config.parallel.param_dtype == config::Precision::kBf16),
       train_stream_(open_split(dataset_dir, "train")),
       val_stream_(open_split(dataset_dir, "val")),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
@@ -205,7 +207,7 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   };
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
-    if (config_.train.on_nonfinite != "skip") {
+    if (config_.train.on_nonfinite != config::OnNonFinite::kSkip) {
       throw NonFiniteError(what +
                            "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
                            "train.on_nonfinite = \"skip\")");
