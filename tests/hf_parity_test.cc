@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "checkpoint/hf.h"
-#include "core/parallel.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "fsdp/sharded_params.h"
 #include "model/llama.h"
 #include "npy.h"

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/parallel.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "fsdp/sharded_params.h"
 #include "model/llama.h"
 #include "npy.h"

@@ -17,7 +17,7 @@
 #include "cli/args.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
 #include "launch/agent.h"

@@ -9,7 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "data/tokenizer.h"
 #include "fsdp/sharded_params.h"
 #include "train/generate.h"

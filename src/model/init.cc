@@ -5,8 +5,8 @@
 #include <cmath>
 #include <string_view>
 
-#include "core/parallel.h"
 #include "core/rng.h"
+#include "core/threads.h"
 
 namespace tessera::model {
 

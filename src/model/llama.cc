@@ -6,7 +6,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "core/timer.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"

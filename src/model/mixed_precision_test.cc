@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "fsdp/sharded_params.h"
 #include "model/layout.h"
 #include "model/llama.h"

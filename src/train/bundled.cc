@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 

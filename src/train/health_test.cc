@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "dist/store.h"
 #include "dist/test_util.h"
 

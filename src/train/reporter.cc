@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "core/timer.h"
 #include "tessera/build_config.h"
 

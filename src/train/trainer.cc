@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "core/timer.h"
 #include "optim/adamw.h"
 #include "train/init_from.h"

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/parallel.h"
+#include "core/threads.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
 

@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "core/bf16.h"
-#include "core/parallel.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"

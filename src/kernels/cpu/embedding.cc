@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/bf16.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 
 namespace tessera::kernels::cpu {
 

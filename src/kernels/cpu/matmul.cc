@@ -3,8 +3,8 @@
 // oneDNN has no bf16 kernels for, such as AVX2 only, sgemm on fp32 copies of the inputs).
 #include "kernels/cpu/matmul.h"
 
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <cstring>
 #include <map>
@@ -16,7 +16,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 
 namespace tessera::kernels::cpu {
 

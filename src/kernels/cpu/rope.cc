@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "core/parallel.h"
+#include "core/threads.h"
 
 namespace tessera::kernels::cpu {
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "core/bf16.h"
-#include "core/parallel.h"
+#include "core/threads.h"
 
 namespace tessera::kernels::cpu {
 

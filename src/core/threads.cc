@@ -1,5 +1,5 @@
 // Thread control shared by Tessera's kernels and oneDNN.
-#include "core/parallel.h"
+#include "core/threads.h"
 
 #include <sched.h>
 
