@@ -8,13 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "model/named_tensor.h"
+
 namespace tessera::checkpoint {
 
-struct NamedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;  // F32, row-major
-};
+using model::NamedTensor;  // the model's tensors by name
 
 // Writes F32 tensors to `path` through a temporary file that is fsynced and renamed, so a crash
 // leaves either the old file or the new one. Throws IoError naming the file.

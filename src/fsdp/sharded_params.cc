@@ -269,11 +269,11 @@ void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int6
   }
 }
 
-std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_tensors() { return gather_named(&Unit::master); }
-std::vector<checkpoint::NamedTensor> ShardedParams::gather_named_gradients() { return gather_named(&Unit::grad); }
+std::vector<model::NamedTensor> ShardedParams::gather_named_tensors() { return gather_named(&Unit::master); }
+std::vector<model::NamedTensor> ShardedParams::gather_named_gradients() { return gather_named(&Unit::grad); }
 
-std::vector<checkpoint::NamedTensor> ShardedParams::gather_named(float* Unit::*shard) {
-  std::vector<checkpoint::NamedTensor> out;
+std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard) {
+  std::vector<model::NamedTensor> out;
   std::vector<float> full;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
@@ -291,8 +291,8 @@ std::vector<checkpoint::NamedTensor> ShardedParams::gather_named(float* Unit::*s
   return out;
 }
 
-void ShardedParams::load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin) {
-  std::map<std::string, const checkpoint::NamedTensor*> by_name;
+void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin) {
+  std::map<std::string, const model::NamedTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];

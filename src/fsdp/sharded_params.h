@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "core/arena.h"
 #include "dist/process_group.h"
 #include "model/layout.h"
+#include "model/named_tensor.h"
 #include "model/param_source.h"
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
@@ -72,13 +72,13 @@ class ShardedParams final : public model::ParamSource {
   void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale);
 
   // Every parameter tensor by name, gathered from all shards (a collective: all ranks call it).
-  std::vector<checkpoint::NamedTensor> gather_named_tensors();
+  std::vector<model::NamedTensor> gather_named_tensors();
   // The same for the gradient shards as the last step left them: reduced, and scaled by
   // apply_update's grad_scale once it ran (a collective).
-  std::vector<checkpoint::NamedTensor> gather_named_gradients();
+  std::vector<model::NamedTensor> gather_named_gradients();
   // Sets this rank's shards from full tensors by name. Throws DataError naming `origin` and the
   // tensor when one is missing or has another shape.
-  void load_tensors(const std::vector<checkpoint::NamedTensor>& tensors, const std::string& origin);
+  void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: elements [shard_begin(unit), + shard_size(unit)) of the unit.
   int64_t shard_size(int unit) const;
   int64_t shard_begin(int unit) const { return shard_rank_ * shard_size(unit); }
@@ -92,7 +92,7 @@ class ShardedParams final : public model::ParamSource {
 
  private:
   struct Unit;
-  std::vector<checkpoint::NamedTensor> gather_named(float* Unit::*shard);
+  std::vector<model::NamedTensor> gather_named(float* Unit::*shard);
   void issue_gather(int unit);
   void acquire_unit(int unit);  // gathers (or waits for) the unit, counts the reference, prefetches
   void free_params(int unit);
