@@ -254,4 +254,32 @@ std::vector<NamedTensor> CheckpointReader::parameters() {
   return out;
 }
 
+std::string mirror_root(const std::string& mirror_dir, const std::string& root) {
+  if (mirror_dir.empty()) return "";
+  std::error_code ec;
+  fs::path run = fs::weakly_canonical(fs::absolute(root).parent_path(), ec);
+  if (ec) run = fs::absolute(root).parent_path();
+  const std::string name = run.filename().string();
+  if (name.empty() || name == "." || name == "..") {
+    throw ConfigError(fmt::format(
+        "checkpoint.mirror_dir: the run directory {} has no name to file its mirror under; use a named --run-dir",
+        run.string()));
+  }
+  return (fs::path(mirror_dir) / name).string();
+}
+
+void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::string& mirror_dir) {
+  const std::string root = run_dir + "/checkpoints";
+  for (const std::string& dir : {root, mirror_root(mirror_dir, root)}) {
+    if (dir.empty()) continue;
+    int64_t found = read_latest(dir);
+    if (const auto steps = committed_steps(dir); found < 0 && !steps.empty()) found = steps.back();
+    if (found < 0) continue;
+    throw ConfigError(
+        fmt::format("{} already holds checkpoints (latest: {}){}; continue it with --resume auto, or "
+                    "train in another --run-dir",
+                    dir, step_dir_name(found), dir == root ? "" : ", this run's mirror"));
+  }
+}
+
 }  // namespace tessera::checkpoint

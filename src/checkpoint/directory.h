@@ -34,6 +34,18 @@ uint64_t remove_uncommitted(const std::string& root, int64_t in_progress = -1);
 // Removes the oldest committed checkpoints so that `keep` remain; never the one `latest` names.
 void prune(const std::string& root, int keep);
 
+// Where a run's checkpoints are mirrored: MIRROR_DIR/NAME, NAME the run directory's own name
+// (RUN is root's parent; symlinks resolved, so runs/latest names the run it points to). Runs
+// that share a mirror_dir never prune, overwrite or resume each other's copies, and a run
+// restarted elsewhere with the same --run-dir finds its own. "" when mirror_dir is "". Throws
+// ConfigError when the run directory has no name (/).
+std::string mirror_root(const std::string& mirror_dir, const std::string& root);
+// Throws ConfigError (exit 2) when a fresh run would start in RUN (RUN/checkpoints) or over its
+// mirror while either holds a committed checkpoint (named by `latest`, or a step whose first
+// commit died before `latest` was written): called before anything is written, so a refused run
+// changes nothing.
+void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::string& mirror_dir);
+
 // Removes committed checkpoints newer than `step`: after resuming from `step` they belong to an
 // abandoned timeline (e.g. a commit whose `latest` update was cut short) and would be overwritten.
 void remove_newer(const std::string& root, int64_t step);

@@ -23,15 +23,15 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
+#include "core/run_lock.h"
 #include "core/signals.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "checkpoint/directory.h"
+#include "data/bundled.h"
 #include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
-#include "train/distributed.h"
-#include "train/run.h"
-#include "train/run_lock.h"
 
 extern char** environ;
 
@@ -483,7 +483,7 @@ Agent::Outcome Agent::monitor(const Round& round) {
 int Agent::run() {
   const StopSignals stop;  // before any thread: workers and the store run alongside
   // The agents of one job (same token and run id, on any node) share the run directory's lock.
-  const train::RunLock lock(o_.run_dir, dist::auth::job_namespace(o_.job_token) + "." + o_.run_id);
+  const RunLock lock(o_.run_dir, dist::auth::job_namespace(o_.job_token) + "." + o_.run_id);
   store_ = dist::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
                             dist::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
   heartbeat_dir_ = make_heartbeat_dir();
@@ -500,7 +500,7 @@ int Agent::run() {
   config::Overrides at_min = {{"parallel.nproc", std::to_string(o_.min_nodes * o_.nproc_per_node)}};
   at_min.insert(at_min.end(), o_.overrides.begin(), o_.overrides.end());
   const config::Config base = config::load(o_.config_path, at_min);
-  train::resolve_dataset(base);
+  data::resolve_dataset(base.data.synthetic, base.data.dataset, base.data.cache_dir, base.model.vocab_size);
 
   int r = 0;
   if (store_->check({"current"})) {
@@ -587,8 +587,8 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   o.stopped_exit_code = kExitOk;
   // Held through run_agent (which shares it: same job), so a second run here is refused before
   // it touches the store or the config.
-  const train::RunLock lock(run_dir, dist::auth::job_namespace(o.job_token) + "." + o.run_id);
-  train::refuse_fresh_run_over_checkpoints(config, run_dir, resume);
+  const RunLock lock(run_dir, dist::auth::job_namespace(o.job_token) + "." + o.run_id);
+  if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
   std::error_code ec;
   fs::remove_all(run_dir + "/rendezvous", ec);  // a crashed run's store, under another token
   fs::create_directories(run_dir, ec);

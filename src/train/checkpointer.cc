@@ -69,22 +69,8 @@ void mirror_checkpoint(const std::string& root, int64_t step, const std::string&
 
 }  // namespace
 
-std::string mirror_root(const config::Config& config, const std::string& root) {
-  if (config.checkpoint.mirror_dir.empty()) return "";
-  std::error_code ec;
-  fs::path run = fs::weakly_canonical(fs::absolute(root).parent_path(), ec);
-  if (ec) run = fs::absolute(root).parent_path();
-  const std::string name = run.filename().string();
-  if (name.empty() || name == "." || name == "..") {
-    throw ConfigError(fmt::format("checkpoint.mirror_dir: the run directory {} has no name to file its mirror under; "
-                                  "use a named --run-dir",
-                                  run.string()));
-  }
-  return (fs::path(config.checkpoint.mirror_dir) / name).string();
-}
-
 Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist)
-    : config_(config), root_(root), mirror_root_(mirror_root(config, root)), dist_(dist) {
+    : config_(config), root_(root), mirror_root_(ck::mirror_root(config.checkpoint.mirror_dir, root)), dist_(dist) {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
@@ -406,7 +392,7 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
     return out;
   }
   std::vector<std::string> out = from_root(root);
-  if (const std::string mirror = mirror_root(config, root); out.empty() && !mirror.empty()) {
+  if (const std::string mirror = ck::mirror_root(config.checkpoint.mirror_dir, root); out.empty() && !mirror.empty()) {
     out = from_root(mirror);
     if (!out.empty()) log::info("no checkpoint in {}; resuming from the mirror {}", root, mirror);
   }

@@ -32,7 +32,7 @@ namespace tessera::train {
 class Checkpointer {
  public:
   // root: the checkpoint directory (RUN/checkpoints), created if missing. Rank 0 removes the
-  // directories of saves that never committed, and mirrors each commit to mirror_root().
+  // directories of saves that never committed, and mirrors each commit to checkpoint::mirror_root().
   Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist);
   ~Checkpointer();  // waits for the save in flight and the mirror copy
   Checkpointer(const Checkpointer&) = delete;
@@ -80,12 +80,6 @@ class Checkpointer {
   std::deque<int64_t> mirror_queue_;
   std::thread writer_, mirror_;  // last: they start after everything above
 };
-
-// Where a run's checkpoints are mirrored: checkpoint.mirror_dir/NAME, NAME the run directory's
-// own name (RUN is root's parent; symlinks resolved, so runs/latest names the run it points to).
-// Runs that share a mirror_dir never prune, overwrite or resume each other's copies, and a run
-// restarted elsewhere with the same --run-dir finds its own. "" when there is no mirror.
-std::string mirror_root(const config::Config& config, const std::string& root);
 
 // Where to resume from: the committed checkpoint directories to try, best first. `spec` is
 // "auto" (RUN/checkpoints/latest; with checkpoint.fallback the older committed ones after it; this

@@ -16,21 +16,21 @@
 #include <optional>
 
 #include "checkpoint/directory.h"
+#include "data/bundled.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
+#include "core/run_lock.h"
 #include "core/signals.h"
 #include "core/threads.h"
 #include "core/timer.h"
 #include "dist/job_auth.h"
 #include "tessera/build_config.h"
-#include "train/bundled.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
 #include "train/health.h"
 #include "train/reporter.h"
-#include "train/run_lock.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -41,13 +41,8 @@ namespace fs = std::filesystem;
 }  // namespace
 
 std::string resolve_dataset(const config::Config& config) {
-  if (config.data.synthetic) return "";
-  if (config.data.dataset == "bundled") return ensure_bundled_dataset(config.data.cache_dir, config.model.vocab_size);
-  if (!fs::exists(fs::path(config.data.dataset) / "manifest.json")) {
-    throw DataError(fmt::format("data.dataset = {}: no manifest.json there (prepare one with `tessera prepare`)",
-                                config.data.dataset));
-  }
-  return config.data.dataset;
+  return data::resolve_dataset(config.data.synthetic, config.data.dataset, config.data.cache_dir,
+                               config.model.vocab_size);
 }
 
 TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer) {
@@ -296,25 +291,9 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
 
 }  // namespace
 
-void refuse_fresh_run_over_checkpoints(const config::Config& config, const std::string& run_dir,
-                                       const std::string& resume) {
-  if (!resume.empty()) return;
-  const std::string root = run_dir + "/checkpoints";
-  for (const std::string& dir : {root, mirror_root(config, root)}) {
-    if (dir.empty()) continue;
-    int64_t found = checkpoint::read_latest(dir);
-    if (const auto steps = checkpoint::committed_steps(dir); found < 0 && !steps.empty()) found = steps.back();
-    if (found < 0) continue;
-    throw ConfigError(
-        fmt::format("{} already holds checkpoints (latest: {}){}; continue it with --resume auto, or "
-                    "train in another --run-dir",
-                    dir, checkpoint::step_dir_name(found), dir == root ? "" : ", this run's mirror"));
-  }
-}
-
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume) {
   const RunLock lock(run_dir, "");
-  refuse_fresh_run_over_checkpoints(config, run_dir, resume);
+  if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
   write_file_atomic(run_dir + "/config.toml", config::to_toml(config));
   const std::string dataset = resolve_dataset(config);  // once, before any worker starts
   // Several local workers are the single-node case of `tessera launch` (launch::run_local_job).
@@ -336,7 +315,7 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // torchrun-style) share it as one job: the same token and round.
   std::optional<RunLock> lock;
   if (env.heartbeat.empty()) lock.emplace(run_dir, dist::auth::job_namespace(env.job_token) + "." + env.round);
-  refuse_fresh_run_over_checkpoints(config, run_dir, resume);
+  if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
   if (env.rank == 0) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);

@@ -28,13 +28,6 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
 // (no heartbeat file) the ranks share the run directory's lock (RunLock) as one job.
 void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume);
 
-// Throws ConfigError when a fresh run (resume "") would start in a run directory, or over a
-// mirror (mirror_root), that holds a committed checkpoint (named by `latest`, or a step whose first
-// commit died before `latest` was written): called before anything is written, so a refused run
-// changes nothing.
-void refuse_fresh_run_over_checkpoints(const config::Config& config, const std::string& run_dir,
-                                       const std::string& resume);
-
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.
 std::string resolve_dataset(const config::Config& config);

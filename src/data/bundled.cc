@@ -1,5 +1,5 @@
 // The bundled corpus, tokenized on first use.
-#include "train/bundled.h"
+#include "data/bundled.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 
-namespace tessera::train {
+namespace tessera::data {
 
 namespace fs = std::filesystem;
 
@@ -67,4 +67,15 @@ std::string ensure_bundled_dataset(const std::string& cache_dir, int64_t vocab_s
   return final_dir.string();
 }
 
-}  // namespace tessera::train
+std::string resolve_dataset(bool synthetic, const std::string& dataset, const std::string& cache_dir,
+                            int64_t vocab_size) {
+  if (synthetic) return "";
+  if (dataset == "bundled") return ensure_bundled_dataset(cache_dir, vocab_size);
+  if (!std::filesystem::exists(std::filesystem::path(dataset) / "manifest.json")) {
+    throw DataError(
+        fmt::format("data.dataset = {}: no manifest.json there (prepare one with `tessera prepare`)", dataset));
+  }
+  return dataset;
+}
+
+}  // namespace tessera::data

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-namespace tessera::train {
+namespace tessera::data {
 
 // Path of the bundled corpus: $TESSERA_DATA_DIR/kjv.txt.zst when that variable is set, else the
 // source tree's data/ directory recorded at build time.
@@ -16,4 +16,10 @@ std::string bundled_corpus_path();
 // an interrupted preparation is never mistaken for a finished one.
 std::string ensure_bundled_dataset(const std::string& cache_dir, int64_t vocab_size);
 
-}  // namespace tessera::train
+// The dataset directory to train on: "" for synthetic tokens, the prepared bundled corpus for
+// "bundled" (ensure_bundled_dataset), else `dataset` itself, which must hold a manifest.json
+// (DataError naming data.dataset otherwise).
+std::string resolve_dataset(bool synthetic, const std::string& dataset, const std::string& cache_dir,
+                            int64_t vocab_size);
+
+}  // namespace tessera::data

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace tessera::train {
+namespace tessera {
 
 class RunLock {
  public:
@@ -23,4 +23,4 @@ class RunLock {
   int fd_ = -1;
 };
 
-}  // namespace tessera::train
+}  // namespace tessera

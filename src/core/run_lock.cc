@@ -1,6 +1,6 @@
 // The run directory's lock: flock(2) on RUN/.lock, exclusive while the first holder writes its
 // name into the file, then shared with the processes of the same job.
-#include "train/run_lock.h"
+#include "core/run_lock.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -11,14 +11,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "core/error.h"
 #include "core/timer.h"
-#include "dist/job_auth.h"
 
-namespace tessera::train {
+namespace tessera {
 namespace {
 
 // The holder's line: "job=ID host=H pid=P started=T" (no token: ID is public).
@@ -52,7 +52,8 @@ RunLock::RunLock(const std::string& run_dir, const std::string& job) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(fmt::format("cannot open the run lock {}: {}", path, std::strerror(errno)));
   // An empty identity is this process alone: a fresh random one no other process presents.
-  const std::string me = job.empty() ? "solo-" + dist::auth::new_job_token() : job;
+  std::random_device entropy;
+  const std::string me = job.empty() ? fmt::format("solo-{:08x}{:08x}{:08x}", entropy(), entropy(), entropy()) : job;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (;;) {
     if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {  // the first: name ourselves, then let the job in
@@ -86,4 +87,4 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
-}  // namespace tessera::train
+}  // namespace tessera
