@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -205,8 +206,10 @@ HfModel hf_config_from_json(const std::string& json_text, const std::string& ori
     throw DataError(fmt::format("{}: not valid JSON: {}", origin, e.what()));
   }
   if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
+  // Only scalars are echoed: dumping an array or object recurses as deep as it nests.
   auto fail = [&](const std::string& key, const std::string& why) -> DataError {
-    return DataError(fmt::format("{}: key {}{}: {}", origin, key, j.contains(key) ? " = " + j[key].dump() : "", why));
+    const bool echo = j.contains(key) && j[key].is_primitive();
+    return DataError(fmt::format("{}: key {}{}: {}", origin, key, echo ? " = " + j[key].dump() : "", why));
   };
   auto integer = [&](const std::string& key, const int64_t* fallback) -> int64_t {
     if (!j.contains(key) || j[key].is_null()) {
@@ -270,6 +273,23 @@ HfModel hf_config_from_json(const std::string& json_text, const std::string& ori
   }
   if (c.norm_eps >= 1) throw fail("rms_norm_eps", "must be < 1");
   if (c.vocab_size > (int64_t{1} << 31) - 1) throw fail("vocab_size", "must fit in int32 token ids");
+  // Parameter counts, FLOPs and the layout's offsets are int64 products of these sizes: bounded
+  // in double as config::validate bounds [model], so that no product overflows.
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  constexpr double kMaxCount = 0x1p62;
+  const double qkv = (d(c.n_heads) + 2 * d(c.n_kv_heads)) * d(c.head_dim());
+  const double block = d(c.dim) * qkv + d(c.dim) * d(c.dim) + 3 * d(c.dim) * d(c.ffn_hidden) + 2 * d(c.dim);
+  const double params = d(c.n_layers) * block + d(c.dim) + 2 * d(c.vocab_size) * d(c.dim);
+  if (params >= kMaxCount) {
+    throw DataError(
+        fmt::format("{}: {:.3g} parameters (hidden_size, intermediate_size, num_hidden_layers, "
+                    "vocab_size): their count must fit in an int64",
+                    origin, params));
+  }
+  if (d(c.n_layers) * d(c.seq_len) * d(c.dim) >= kMaxCount) {
+    throw fail("max_position_embeddings",
+               "num_hidden_layers x max_position_embeddings x hidden_size must fit in an int64");
+  }
   // Tessera's preset whose shape this is, so that logs name it; "default" (every key is stored
   // explicitly beside it) otherwise.
   c.preset = "default";
@@ -282,8 +302,9 @@ HfModel hf_config_from_json(const std::string& json_text, const std::string& ori
       break;
     }
   }
+  // A negative id (conversions write -1 for none) is not said, as the export then leaves it out.
   auto token_id = [&](const char* key) -> int64_t {
-    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : -1;
+    return j.contains(key) && j[key].is_number_integer() ? std::max<int64_t>(j[key].get<int64_t>(), -1) : -1;
   };
   out.bos_token_id = token_id("bos_token_id");
   out.eos_token_id = token_id("eos_token_id");
@@ -369,6 +390,13 @@ HfModel import_hf(const std::string& dir) {
 
   std::string weights_origin;
   std::map<std::string, LoadedTensor> weights = read_weights(d, &weights_origin);
+  // The layout and the names below grow with num_hidden_layers: the weights must hold that many
+  // blocks of 9 tensors before they are built.
+  constexpr int64_t kTensorsPerBlock = 9;
+  if (c.n_layers > static_cast<int64_t>(weights.size()) / kTensorsPerBlock) {
+    throw DataError(fmt::format("{}: key num_hidden_layers = {}: {} holds {} tensors, not {} per layer",
+                                config_path.string(), c.n_layers, weights_origin, weights.size(), kTensorsPerBlock));
+  }
   const auto shapes = tessera_shapes(c);
   std::set<std::string> used;
   std::map<std::string, NamedTensor> converted;  // by Tessera name

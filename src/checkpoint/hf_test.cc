@@ -366,5 +366,67 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   fs::remove_all(dir);
 }
 
+// What fuzz/hf_config_fuzz.cc found in config.json. small_config's config.json with `key` set to
+// `value`: appended, so it replaces the value before it (nlohmann keeps the last of a repeated key).
+std::string with_key(const std::string& key, const std::string& value) {
+  std::string text = hf_config_json(small_config(2, false));
+  text.erase(text.rfind('}'));
+  return text + ",\n  \"" + key + "\": " + value + "\n}\n";
+}
+
+std::string config_error(const std::string& text) {
+  try {
+    hf_config_from_json(text, "config.json");
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "(no DataError)";
+}
+
+// parameter_count() and the layout multiply these sizes in int64: 24 x (2^63 - 1) overflowed
+// (UBSan), and import built a layout of 2^60 blocks.
+TEST(HfConfigFromJson, SizesBeyondInt64Refused) {
+  for (const auto& [key, value] :
+       {std::pair{"intermediate_size", "9223372036854775807"}, std::pair{"num_hidden_layers", "1152921504606846976"},
+        std::pair{"max_position_embeddings", "4611686018427387904"}}) {
+    const std::string e = config_error(with_key(key, value));
+    EXPECT_NE(e.find("config.json: "), std::string::npos) << e;
+    EXPECT_NE(e.find("must fit in an int64"), std::string::npos) << key << ": " << e;
+  }
+}
+
+// A refused value was echoed with dump(), which recurses as deep as the value nests: 100000
+// brackets overflowed the stack.
+TEST(HfConfigFromJson, NestedValuesAreNotEchoed) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const char* key : {"model_type", "architectures", "hidden_act", "hidden_size", "rope_scaling"}) {
+    const std::string e = config_error(with_key(key, deep));
+    EXPECT_NE(e.find(std::string("config.json: key ") + key), std::string::npos) << e.substr(0, 200);
+    EXPECT_LT(e.size(), 200u) << e.substr(0, 200);
+  }
+}
+
+// A negative token id (conversions write -1 for "none") came back as itself, though the export
+// leaves it out and so imports it as -1: ids read as -1 ("not said") unless they are >= 0.
+TEST(HfConfigFromJson, NegativeTokenIdsMeanNone) {
+  const HfModel m = hf_config_from_json(with_key("bos_token_id", "-2"), "config.json");
+  EXPECT_EQ(m.bos_token_id, -1);
+  EXPECT_EQ(hf_config_from_json(hf_config_json(m.config), "config.json").bos_token_id, m.bos_token_id);
+  EXPECT_EQ(hf_config_from_json(with_key("eos_token_id", "0"), "config.json").eos_token_id, 0);
+}
+
+// config.json sizes the layout import builds before it compares any tensor: 2^40 layers beside a
+// 2-layer model's weights allocated until the process was killed. The layers are counted
+// against the weights first (65536 here, to keep the old behaviour quick to see).
+TEST(HfImport, LayersBeyondTheWeightsRefusedBeforeTheLayout) {
+  const model::ModelConfig c = small_config(2, false);
+  const fs::path dir = fresh_dir("layers");
+  export_hf(c, random_tensors(c, 3), "test", dir.string());
+  std::ofstream(dir / "config.json") << with_key("num_hidden_layers", "65536");
+  const std::string e = import_error(dir);
+  EXPECT_NE(e.find((dir / "config.json").string() + ": key num_hidden_layers = 65536"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessera::checkpoint

@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
+#include "dist/etcd_reply.h"
 #include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
@@ -18,7 +18,7 @@
 namespace tessera::dist {
 namespace {
 
-using json = nlohmann::json;
+using namespace etcd;  // NOLINT: the reply readers
 using Clock = std::chrono::steady_clock;
 
 // Backoff of polls (get, wait) and of retries against an unreachable etcd: a key that appears
@@ -31,120 +31,9 @@ constexpr Millis kMaxRequest{10000};
 constexpr Millis kMinRequest{20};
 // etcd's default --max-txn-ops is 128.
 constexpr size_t kTxnChunk = 100;
-// The gRPC status of an error reply that a retry may cure: no leader yet, or stopping.
-constexpr int kGrpcUnavailable = 14;
 
-std::string base64_encode(const std::string& in) {
-  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
-  }
-  if (i + 1 == in.size()) {
-    uint32_t v = uint8_t(in[i]) << 16;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += kAlphabet[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
+using etcd::base64_encode;  // beside this overload, for values
 std::string base64_encode(const Bytes& in) { return base64_encode(std::string(in.begin(), in.end())); }
-
-// Returns false on a character outside the alphabet (etcd only sends padded standard base64).
-bool base64_decode(const std::string& in, std::string* out) {
-  out->clear();
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    int v;
-    if (c >= 'A' && c <= 'Z')
-      v = c - 'A';
-    else if (c >= 'a' && c <= 'z')
-      v = c - 'a' + 26;
-    else if (c >= '0' && c <= '9')
-      v = c - '0' + 52;
-    else if (c == '+')
-      v = 62;
-    else if (c == '/')
-      v = 63;
-    else if (c == '=')
-      break;
-    else
-      return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      *out += static_cast<char>((acc >> bits) & 0xff);
-    }
-  }
-  return true;
-}
-
-// The smallest key above every key with this prefix: etcd's range_end for a prefix scan.
-std::string prefix_end(std::string prefix) {
-  while (!prefix.empty()) {
-    if (static_cast<uint8_t>(prefix.back()) != 0xff) {
-      prefix.back() = static_cast<char>(static_cast<uint8_t>(prefix.back()) + 1);
-      return prefix;
-    }
-    prefix.pop_back();
-  }
-  return std::string(1, '\0');  // the whole key space
-}
-
-// Readers of replies that never throw nlohmann's exceptions: a reply of an unexpected shape
-// reads as absent fields. proto3 JSON omits zero values and empty strings, and sends int64 as a
-// string.
-const json& field(const json& j, const char* name) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(name);
-  return it == j.end() ? kNull : *it;
-}
-const json& element(const json& j, size_t i) {
-  static const json kNull;
-  return j.is_array() && i < j.size() ? j[i] : kNull;
-}
-std::string string_field(const json& j, const char* name) {
-  const json& f = field(j, name);
-  return f.is_string() ? f.get<std::string>() : std::string();
-}
-int64_t int_field(const json& j, const char* name) {
-  const json& f = field(j, name);
-  if (f.is_number_integer()) return f.get<int64_t>();
-  int64_t v = 0;
-  if (f.is_string()) {
-    const std::string& text = f.get_ref<const std::string&>();
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size())
-      throw StoreError(std::string("etcd store: reply field '") + name + "' is not an integer: " + text);
-  }
-  return v;
-}
-bool succeeded(const json& txn_reply) {
-  const json& f = field(txn_reply, "succeeded");
-  return f.is_boolean() && f.get<bool>();
-}
-// The first key-value of a range reply, or null when the key does not exist.
-const json* first_kv(const json& range_reply) {
-  const json& kv = element(field(range_reply, "kvs"), 0);
-  return kv.is_object() ? &kv : nullptr;
-}
-// The range reply inside the first response of a transaction.
-const json& txn_range(const json& txn_reply, size_t i) {
-  return field(element(field(txn_reply, "responses"), i), "response_range");
-}
 
 // Transactions (/v3/kv/txn): one compare, one operation on each branch.
 json create_compare(const std::string& k64) {  // the key does not exist
@@ -247,6 +136,14 @@ class Http {
   char error_[CURL_ERROR_SIZE] = {0};  // curl keeps the pointer between requests
 };
 
+// A request the deadline cut off: sent, and still unanswered when the deadline passed (an etcd
+// that is there but stalled or slow, not an unreachable one). Its message is call()'s "cannot
+// reach etcd"; wait() reports its own timeout instead.
+class CutOff : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 enum class Retry {
   kAlways,  // idempotent: retry any failure until the deadline
   kUnsent,  // not idempotent: retry only requests that never left this process
@@ -264,25 +161,24 @@ json call(Http& http, const std::string& who, const std::string& path, const jso
     if (r.code != CURLE_OK) {
       failure = r.curl_error;
     } else {
-      json reply = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-      if (reply.is_discarded())
+      Reply reply;
+      if (!read_reply(r.status, r.body, &reply))
         throw StoreError("etcd store " + who + ": " + path + " for " + what + ": reply is not JSON (HTTP " +
                          std::to_string(r.status) + ")");
-      if (r.status == 200) return reply;
-      int64_t code = int_field(reply, "code");
-      std::string message = string_field(reply, "message");
-      if (message.empty()) message = r.body;
-      failure = message + " (HTTP " + std::to_string(r.status) + ")";
-      bool transient = code == kGrpcUnavailable || r.status == 503;
-      if (!transient || retry == Retry::kUnsent)
+      if (reply.ok) return std::move(reply.body);
+      failure = reply.failure;
+      if (!reply.transient || retry == Retry::kUnsent)
         throw StoreError("etcd store " + who + ": " + path + " for " + what + " failed: " + failure);
     }
     if (retry == Retry::kUnsent && r.sent)
       throw StoreError("etcd store " + who + ": connection lost during " + path + " for " + what +
                        "; it may or may not have been applied: " + failure);
-    if (deadline.passed())
-      throw StoreError("etcd store " + who + ": cannot reach etcd for " + what + " within " +
-                       std::to_string(deadline.budget.count()) + " ms: " + failure);
+    if (deadline.passed()) {
+      const std::string message = "etcd store " + who + ": cannot reach etcd for " + what + " within " +
+                                  std::to_string(deadline.budget.count()) + " ms: " + failure;
+      if (r.code == CURLE_OPERATION_TIMEDOUT && r.sent) throw CutOff(message);
+      throw StoreError(message);
+    }
     sleep_backoff(&backoff, deadline);
   }
 }
@@ -339,14 +235,7 @@ class LeaseImpl final : public EtcdLease {
     json req = {{"ID", std::to_string(id_)}};
     HttpResult r = http_.post("/v3/lease/keepalive", req.dump(), ttl_ / 3);
     if (r.code != CURLE_OK || r.status != 200) return 0;
-    json reply = json::parse(r.body, nullptr, false);
-    if (reply.is_discarded() || !field(reply, "result").is_object()) return 0;
-    // An expired lease is answered with no TTL (proto3 omits the zero).
-    try {
-      return int_field(field(reply, "result"), "TTL") > 0 ? 1 : -1;
-    } catch (const StoreError&) {
-      return 0;
-    }
+    return keepalive_result(r.body);
   }
 
   std::string endpoint_;
@@ -379,10 +268,7 @@ class EtcdStoreImpl final : public EtcdStore {
     json req = txn(create_compare(k64), put_op(k64, base64_encode(job)), range_op(k64));
     json reply = call(http_, name_, "/v3/kv/txn", req, Deadline::after(timeout_), "key '" + key + "'", Retry::kAlways);
     if (succeeded(reply)) return;
-    std::string theirs;
-    const json* kv = first_kv(txn_range(reply, 0));
-    if (kv != nullptr) theirs = value_of(*kv);
-    if (theirs != job)
+    if (range_value(txn_range(reply, 0), name_).value_or("") != job)
       throw StoreError("etcd store: etcd://" + endpoint_ + "/" + prefix + " belongs to another job: wrong job token");
   }
 
@@ -394,10 +280,7 @@ class EtcdStoreImpl final : public EtcdStore {
     for (;;) {
       json reply = call(http_, name_, "/v3/kv/range", {{"key", base64_encode(base_ + key)}}, d, "key '" + key + "'",
                         Retry::kAlways);
-      if (const json* kv = first_kv(reply)) {
-        std::string v = value_of(*kv);
-        return Bytes(v.begin(), v.end());
-      }
+      if (const std::optional<std::string> v = range_value(reply, name_)) return Bytes(v->begin(), v->end());
       if (d.passed()) throw timed_out(d, "key '" + key + "'");
       sleep_backoff(&backoff, d);
     }
@@ -424,13 +307,13 @@ class EtcdStoreImpl final : public EtcdStore {
       // add(key, 0) reads a counter (creating it at 0): applying it twice changes nothing, so it
       // is retried through an outage like a read; any other delta is sent at most once.
       json reply = call(http_, name_, "/v3/kv/txn", req, d, what, delta == 0 ? Retry::kAlways : Retry::kUnsent);
-      if (succeeded(reply)) return next;
-      const json* kv = first_kv(txn_range(reply, 0));
-      exists = kv != nullptr;
+      const TxnOutcome outcome = txn_outcome(reply, name_);
+      if (outcome.succeeded) return next;
+      exists = outcome.current.has_value();
       value = 0;
       if (exists) {
-        mod_revision = int_field(*kv, "mod_revision");
-        if (!detail::parse_counter(value_of(*kv), &value))
+        mod_revision = outcome.current->mod_revision;
+        if (!detail::parse_counter(outcome.current->value, &value))
           throw StoreError("etcd store " + name_ + ": add() on key '" + key + "' whose value is not an integer");
       }
       if (d.passed())
@@ -444,9 +327,10 @@ class EtcdStoreImpl final : public EtcdStore {
     Millis backoff = kFirstBackoff;
     std::vector<std::string> missing = keys;
     for (;;) {
-      missing = absent(missing, d);
+      bool cut_off = false;
+      missing = absent(missing, d, &cut_off);
       if (missing.empty()) return;
-      if (d.passed()) throw timed_out(d, "key(s) " + detail::join_keys(missing));
+      if (cut_off || d.passed()) throw timed_out(d, "key(s) " + detail::join_keys(missing));
       sleep_backoff(&backoff, d);
     }
   }
@@ -458,27 +342,15 @@ class EtcdStoreImpl final : public EtcdStore {
     json req = {{"key", base64_encode(from)}, {"range_end", base64_encode(prefix_end(from))}, {"keys_only", true}};
     json reply = call(http_, name_, "/v3/kv/range", req, Deadline::after(timeout_), "keys with prefix '" + prefix + "'",
                       Retry::kAlways);
-    std::vector<std::string> keys;
-    const json& kvs = field(reply, "kvs");
-    for (size_t i = 0; i < kvs.size(); ++i) {
-      std::string key = decode(string_field(element(kvs, i), "key"));
-      if (key.compare(0, base_.size(), base_) != 0)
-        throw StoreError("etcd store " + name_ + ": a prefix scan answered the key '" + key + "'");
-      keys.push_back(key.substr(base_.size()));
-    }
-    std::sort(keys.begin(), keys.end());  // etcd sorts by key already; the contract should not depend on it
-    return keys;
+    return range_keys(reply, base_, name_);
   }
 
   std::unique_ptr<EtcdLease> grant_lease(Millis ttl) override {
     int64_t seconds = std::max<int64_t>(1, (ttl.count() + 999) / 1000);
     json reply = call(http_, name_, "/v3/lease/grant", {{"TTL", seconds}}, Deadline::after(timeout_),
                       "a lease of " + std::to_string(seconds) + " s", Retry::kAlways);
-    int64_t id = int_field(reply, "ID");
-    int64_t granted = int_field(reply, "TTL");
-    if (id == 0 || granted <= 0)
-      throw StoreError("etcd store " + name_ + ": lease grant answered without ID or TTL: " + reply.dump());
-    return std::make_unique<LeaseImpl>(endpoint_, id, Millis(granted * 1000), timeout_);
+    const Grant grant = lease_grant(reply, name_);
+    return std::make_unique<LeaseImpl>(endpoint_, grant.id, Millis(grant.ttl_s * 1000), timeout_);
   }
 
   void set_with_lease(const std::string& key, const Bytes& value, const EtcdLease& lease) override {
@@ -493,7 +365,9 @@ class EtcdStoreImpl final : public EtcdStore {
   }
 
   // The keys among `keys` that do not exist, asked in read-only transactions of kTxnChunk ranges.
-  std::vector<std::string> absent(const std::vector<std::string>& keys, const Deadline& d) {
+  // With `cut_off`, a request the deadline cuts off sets it and ends the scan: the keys not known
+  // to exist are returned (those of the unanswered chunks too) instead of a CutOff thrown.
+  std::vector<std::string> absent(const std::vector<std::string>& keys, const Deadline& d, bool* cut_off = nullptr) {
     std::vector<std::string> out;
     for (size_t begin = 0; begin < keys.size(); begin += kTxnChunk) {
       size_t end = std::min(keys.size(), begin + kTxnChunk);
@@ -501,13 +375,19 @@ class EtcdStoreImpl final : public EtcdStore {
       for (size_t i = begin; i < end; ++i)
         ops.push_back({{"request_range", {{"key", base64_encode(base_ + keys[i])}, {"count_only", true}}}});
       std::vector<std::string> chunk(keys.begin() + begin, keys.begin() + end);
-      json reply = call(http_, name_, "/v3/kv/txn", json::object({{"success", ops}}), d,
-                        "key(s) " + detail::join_keys(chunk), Retry::kAlways);
-      if (!succeeded(reply) || field(reply, "responses").size() != end - begin)
-        throw StoreError("etcd store " + name_ + ": a transaction of " + std::to_string(end - begin) +
-                         " ranges answered " + reply.dump());
+      json reply;
+      try {
+        reply = call(http_, name_, "/v3/kv/txn", json::object({{"success", ops}}), d,
+                     "key(s) " + detail::join_keys(chunk), Retry::kAlways);
+      } catch (const CutOff&) {
+        if (cut_off == nullptr) throw;
+        *cut_off = true;
+        out.insert(out.end(), keys.begin() + begin, keys.end());
+        return out;
+      }
+      const std::vector<bool> exists = txn_exists(reply, end - begin, name_);
       for (size_t i = begin; i < end; ++i)
-        if (int_field(txn_range(reply, i - begin), "count") == 0) out.push_back(keys[i]);
+        if (!exists[i - begin]) out.push_back(keys[i]);
     }
     return out;
   }
@@ -515,14 +395,6 @@ class EtcdStoreImpl final : public EtcdStore {
   StoreError timed_out(const Deadline& d, const std::string& what) const {
     return StoreError("etcd store " + name_ + ": timed out after " + std::to_string(d.budget.count()) +
                       " ms waiting for " + what);
-  }
-
-  std::string value_of(const json& kv) const { return decode(string_field(kv, "value")); }
-
-  std::string decode(const std::string& b64) const {
-    std::string out;
-    if (!base64_decode(b64, &out)) throw StoreError("etcd store " + name_ + ": reply holds invalid base64");
-    return out;
   }
 
   std::string endpoint_;

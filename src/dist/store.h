@@ -65,7 +65,9 @@ class EtcdLease {
 // created by the first opener in a transaction; an opener with another token is refused with a
 // StoreError naming the prefix ("wrong job token"). The token itself never reaches etcd. get() and wait() poll with a backoff from 2 ms to 100 ms. An unreachable etcd is
 // retried until the operation's deadline (its own timeout for get and wait, `timeout` for the
-// others), then a StoreError names the endpoint and the key. add() is a compare-and-swap on the
+// others), then a StoreError names the endpoint and the key ("cannot reach etcd"); a wait whose
+// deadline passes while etcd holds a request unanswered reports its timeout and the keys still
+// missing, as when the deadline passes between two polls. add() is a compare-and-swap on the
 // key's mod_revision, each transaction on a fresh connection (curl would silently re-send a
 // request whose kept-alive connection died); it retries only requests that provably never left
 // this process, and throws a StoreError ("may or may not have been applied") when the connection

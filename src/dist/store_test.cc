@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/etcd_reply.h"
 #include "dist/job_auth.h"
 #include "dist/process_group.h"
 #include "dist/test_util.h"
@@ -146,6 +147,10 @@ class EtcdServer {
     }
     pid_ = -1;
   }
+
+  // SIGSTOP, SIGCONT: a stalled etcd, whose kernel still accepts connections and requests.
+  void pause() { ::kill(pid_, SIGSTOP); }
+  void resume() { ::kill(pid_, SIGCONT); }
 
   double startup_s() const { return startup_s_; }
 
@@ -701,6 +706,88 @@ TEST(EtcdStore, UnreachableEndpointNamed) {
   EXPECT_THROW(make_etcd_store("nocolon", "p", "job", "r0", Millis(10)), StoreError);
   EXPECT_THROW(make_etcd_store(endpoint, "", "job", "r0", Millis(10)), StoreError);
   EXPECT_THROW(make_etcd_store(endpoint, "a/../b", "job", "r0", Millis(10)), StoreError);
+}
+
+// A wait whose deadline passes while a request is in flight (etcd stalled, not gone) reports its
+// own timeout and the keys still missing, as when the deadline passes between two requests; an
+// etcd that refuses connections for the whole wait is "cannot reach etcd".
+TEST(EtcdStore, WaitCutOffMidRequestNamesTheMissingKeys) {
+  SKIP_WITHOUT_ETCD();
+  EtcdServer server;
+  ASSERT_EQ(server.start(), "");
+  auto s = make_etcd_store(server.endpoint(), "p", "job", "r0", Millis(5000));
+  s->set("present", Bytes{1});
+  // Stalled after the wait's first polls found "present": a later poll hangs until the deadline.
+  std::thread staller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    server.pause();
+  });
+  auto t0 = Clock::now();
+  try {
+    s->wait({"present", "missing"}, Millis(1000));
+    ADD_FAILURE() << "wait() succeeded without the key";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "timed out after 1000 ms waiting for key(s) 'missing'")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "'present'")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "cannot reach")) << e.what();
+  }
+  EXPECT_GE(seconds_since(t0), 0.99);
+  EXPECT_LT(seconds_since(t0), 2.0);
+  staller.join();
+  server.resume();
+  server.stop(/*kill_now=*/true);
+  t0 = Clock::now();
+  try {
+    s->wait({"present", "missing"}, Millis(300));
+    ADD_FAILURE() << "wait() succeeded with etcd down";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot reach etcd")) << e.what();
+    EXPECT_TRUE(contains(e.what(), server.endpoint())) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'missing'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "300 ms")) << e.what();
+  }
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_LT(seconds_since(t0), 1.5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The etcd gateway's replies (etcd_reply.h): what fuzz/etcd_reply_fuzz.cc found
+
+// The store sleeps on a lease in milliseconds: a TTL of 2^63 - 1 s became TTL x 1000, a signed
+// overflow. etcd grants at most 9,000,000,000 s.
+TEST(EtcdReply, LeaseGrantBeyondEtcdsLongestTtlRefused) {
+  for (const char* ttl : {"9223372036854775807", "9223372036854776", "9000000001"}) {
+    try {
+      etcd::lease_grant({{"ID", "7587862071147474180"}, {"TTL", ttl}}, "etcd://e:2379/p");
+      ADD_FAILURE() << "granted TTL " << ttl;
+    } catch (const StoreError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("TTL ") + ttl)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "etcd://e:2379/p")) << e.what();
+    }
+  }
+  const etcd::Grant g = etcd::lease_grant({{"ID", "7587862071147474180"}, {"TTL", "9000000000"}}, "etcd://e:2379/p");
+  EXPECT_EQ(g.id, 7587862071147474180);
+  EXPECT_EQ(g.ttl_s, 9000000000);
+}
+
+// A malformed reply was echoed in the error with dump(), which recurses as deep as the reply
+// nests: 100000 brackets overflowed the stack.
+TEST(EtcdReply, MalformedRepliesAreNotEchoed) {
+  const std::string deep =
+      R"({"succeeded":true,"responses":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const etcd::json reply = etcd::json::parse(deep);
+  try {
+    etcd::txn_exists(reply, 2, "etcd://e:2379/p");
+    ADD_FAILURE() << "a transaction without its 2 responses was read";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "a transaction of 2 ranges answered 1 response")) << e.what();
+  }
+  try {
+    etcd::lease_grant(reply, "etcd://e:2379/p");
+    ADD_FAILURE() << "a lease without ID was granted";
+  } catch (const StoreError& e) {
+    EXPECT_TRUE(contains(e.what(), "lease grant answered ID 0, TTL 0")) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

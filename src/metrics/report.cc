@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -60,14 +61,16 @@ Metrics read_metrics(const std::string& path) {
     nlohmann::json r;
     try {
       r = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number like 1e999
       // A last line without its newline is a record being written (a live run) or cut off by a
       // crash: the report covers the records before it.
       if (in.eof()) {
         log::warn("{}:{}: an unfinished last record, left out", path, line_no);
         break;
       }
-      fail(fmt::format("not JSON (syntax error at column {})", e.byte));
+      const auto* syntax = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+      fail(syntax != nullptr ? fmt::format("not JSON (syntax error at column {})", syntax->byte)
+                             : std::string("not JSON (a number out of range)"));
     }
     if (!r.is_object()) fail("not a JSON object");
     if (!r.contains("step") || !r["step"].is_number_integer()) fail("no integer \"step\"");
@@ -83,10 +86,15 @@ Metrics read_metrics(const std::string& path) {
         if (kRankKeys.count(key) || key == "stragglers") fail(fmt::format("\"{}\" is not an array", key));
         append(&m.scalars[key], i, v.is_null() ? kNaN : v.is_boolean() ? double(v.get<bool>()) : v.get<double>());
       } else if (key == "stragglers") {
+        if (!v.is_array()) fail("\"stragglers\" is not an array");
+        std::set<int> flagged;  // a rank counts once per record
         for (const auto& rank : v) {
-          if (!rank.is_number_integer()) fail("\"stragglers\" holds a non-integer");
-          ++m.straggler_steps[rank.get<int>()];
+          if (!rank.is_number_integer() || rank.get<int64_t>() < 0 || rank.get<int64_t>() > INT_MAX) {
+            fail("\"stragglers\" holds something other than a rank (an integer >= 0)");
+          }
+          flagged.insert(rank.get<int>());
         }
+        for (const int rank : flagged) ++m.straggler_steps[rank];
       } else if (v.is_array()) {
         if (kScalarKeys.count(key)) fail(fmt::format("\"{}\" is not a number", key));
         std::vector<std::vector<double>>& ranks = m.per_rank[key];
@@ -647,7 +655,7 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
   if (std::ifstream in(info_path); in) {
     try {
       info = nlohmann::ordered_json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number like 1e999
       throw DataError(fmt::format("{}: not JSON: {}", info_path, e.what()));
     }
     if (!info.is_object()) throw DataError(fmt::format("{}: not a JSON object", info_path));

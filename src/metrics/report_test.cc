@@ -210,6 +210,34 @@ TEST(ReportReadMetrics, MalformedLinesNameFileAndLine) {
   EXPECT_NE(metrics_error(good + "{\"step\":2,\"lo\n").find("metrics.jsonl:2: not JSON"), std::string::npos);
 }
 
+// What fuzz/metrics_jsonl_fuzz.cc found: a number beyond double's range is not a parse_error but
+// nlohmann's out_of_range, which escaped read_metrics (and write_report's read of run.json), so
+// `tessera report` aborted instead of naming the line.
+TEST(ReportReadMetrics, NumberOutOfRangeNamesTheLine) {
+  const std::string good = "{\"step\":1,\"loss\":6.0}\n";
+  const std::string e = metrics_error(good + "{\"step\":2,\"loss\":1e999}\n");
+  EXPECT_NE(e.find("metrics.jsonl:2: not JSON (a number out of range)"), std::string::npos) << e;
+  EXPECT_EQ(metrics_error(good + "{\"step\":2,\"loss\":1e999"), "");  // unfinished: left out
+  TempDir dir("info_range");
+  dir.file("metrics.jsonl", good);
+  dir.file("run.json", "{\"peak_flops_per_s\": 1e999}\n");
+  EXPECT_THROW(write_report(dir.path(), dir.path() + "/report.html"), DataError);
+}
+
+// Found by the same target: "stragglers" is the list of ranks a record flags, and the summary
+// counts the records that flag each rank. A negative rank was accepted, a rank listed twice
+// counted twice, an object's values passed for the list, and 2^32 + 1 became rank 1.
+TEST(ReportReadMetrics, StragglersAreDistinctRanksOfARecord) {
+  const std::string good = "{\"step\":1,\"loss\":6.0}\n";
+  for (const char* bad : {"[-1]", "{\"a\":1}", "[4294967297]", "[0.5]"}) {
+    const std::string e = metrics_error(good + "{\"step\":2,\"stragglers\":" + bad + "}\n");
+    EXPECT_NE(e.find("metrics.jsonl:2: \"stragglers\""), std::string::npos) << bad << ": " << e;
+  }
+  TempDir dir("stragglers");
+  const Metrics m = read_metrics(dir.file("metrics.jsonl", good + "{\"step\":2,\"stragglers\":[1,1,3]}\n"));
+  EXPECT_EQ(m.straggler_steps, (std::map<int, int>{{1, 1}, {3, 1}}));
+}
+
 TEST(ReportChartSvg, OneSeriesElementPerSeriesAndEscapedLegend) {
   const Series a{"a <b>", {1, 2, 3}, {1, 2, 3}}, b{"b", {1, 2, 3}, {3, 2, 1}};
   ChartOptions o;
