@@ -23,23 +23,25 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-void fsync_path(const std::string& path) {
+namespace {
+
+// Opens `path` read-only and fsyncs it; the open descriptor, or IoError naming the file.
+int open_synced(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 || ::fsync(fd) != 0) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     throw IoError(fmt::format("cannot fsync {}: {}", path, std::strerror(err)));
   }
-  ::close(fd);
+  return fd;
 }
 
+}  // namespace
+
+void fsync_path(const std::string& path) { ::close(open_synced(path)); }
+
 void fsync_and_drop_cache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    throw IoError(fmt::format("cannot fsync {}: {}", path, std::strerror(err)));
-  }
+  const int fd = open_synced(path);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // clean pages only, hence after the fsync
   ::close(fd);
 }
