@@ -1,4 +1,4 @@
-// Fuzzes the etcd store's readers of gateway replies (dist/etcd_reply.h), what a stranger posing
+// Fuzzes the etcd store's readers of gateway replies (comm/etcd_reply.h), what a stranger posing
 // as etcd (or a proxy in front of it) controls: the input's first byte picks the HTTP status and
 // the number of ranges a transaction asked for, the rest is the body. Every reader returns or
 // throws StoreError; an HTTP 200 is ok and nothing else is; an error's transience follows its
@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "dist/etcd_reply.h"
+#include "comm/etcd_reply.h"
 #include "harness.h"
 
 namespace tessera::fuzz {
 namespace {
 
-using dist::etcd::json;
-namespace etcd = dist::etcd;
+using comm::etcd::json;
+namespace etcd = comm::etcd;
 
 const std::string kWho = "etcd://127.0.0.1:2379/p/job/r0";
 const std::string kBase = "/p/job/r0/";
@@ -221,6 +221,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider provider(data + 1, size - 1);
   check(kStatus[status_index], ranges, recipe_reply(provider).dump());
   std::string decoded;
-  FUZZ_CHECK(tessera::dist::etcd::base64_decode(tessera::dist::etcd::base64_encode(body), &decoded) && decoded == body);
+  FUZZ_CHECK(tessera::comm::etcd::base64_decode(tessera::comm::etcd::base64_encode(body), &decoded) && decoded == body);
   return 0;
 }

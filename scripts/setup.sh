@@ -11,7 +11,7 @@ packages=(
   nlohmann-json3-dev
   libsentencepiece-dev libxxhash-dev libzstd-dev
   libfmt-dev
-  libgloo-dev  # CPU collectives (dist/gloo)
+  libgloo-dev  # CPU collectives (comm/gloo)
   libcurl4-openssl-dev  # the etcd store speaks to etcd's v3 JSON gateway over HTTP
   libssl-dev  # libcrypto: the stores' HMAC proofs of the job token
   etcd-server  # /usr/bin/etcd for the etcd store's tests (they start their own on free ports)

@@ -60,7 +60,7 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
                                      [&](int rank) {
                                        train::ProcessGroups groups((dir / "store4").string(), "job", "0", rank,
                                                                    parallel::ParallelDims{1, 1, 4, 1},
-                                                                   dist::Millis(30000));
+                                                                   comm::Millis(30000));
                                        train::Trainer trainer(c4, "", groups.view());
                                        for (int i = 0; i < 3; ++i) trainer.step();
                                        train::Checkpointer checkpointer(c4, saved, groups.view());
@@ -77,7 +77,7 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   ASSERT_EQ(train::run_local_workers(t.world,
                                      [&](int rank) {
                                        train::ProcessGroups groups((dir / "store").string(), "job", "0", rank, dims,
-                                                                   dist::Millis(30000));
+                                                                   comm::Millis(30000));
                                        train::Trainer trainer(ct, "", groups.view());
                                        train::load_checkpoint(trainer, step_dir);
                                        const train::TrainingState s = trainer.state();

@@ -181,7 +181,7 @@ TEST_P(Fsdp, MatchesOneProcess) {
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
   const int rc = train::run_local_workers(c.world, [&](int rank) {
     train::ProcessGroups groups(dir.string(), "test-job", "0", rank, parallel::dims_for(sharded, c.world),
-                                dist::Millis(30000));
+                                comm::Millis(30000));
     train::Trainer trainer(sharded, "", groups.view());
     jitter_norm_gains(trainer);
     run_and_write(trainer, rank, kSteps, dir);
@@ -286,7 +286,7 @@ TEST_P(MaskedTargets, MatchOneProcess) {
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
   const int rc = train::run_local_workers(c.world, [&](int rank) {
     train::ProcessGroups groups(dir.string(), "masked", "0", rank, parallel::dims_for(sharded, c.world),
-                                dist::Millis(30000));
+                                comm::Millis(30000));
     train::Trainer trainer(sharded, "", groups.view());
     const train::Trainer::BatchSource next = MaskedSource(sharded, rank, c.world);
     run_and_write(trainer, rank, kSteps, dir, &next);
@@ -328,16 +328,16 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   const config::Config cfg = make_config(c, c.micro_batch, c.world);
   const int S = parallel::dims_for(cfg, c.world).dp_shard, W = c.world;
   const int rc = train::run_local_workers(W, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, parallel::dims_for(cfg, W), dist::Millis(30000));
+    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, parallel::dims_for(cfg, W), comm::Millis(30000));
     const train::Distributed d = groups.view();
     train::Trainer trainer(cfg, "", d);
     trainer.step();  // the first step records the order; count the second
-    auto sent = [&](dist::ProcessGroup* g, dist::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };
+    auto sent = [&](comm::ProcessGroup* g, comm::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };
     auto snapshot = [&] {
       std::vector<uint64_t> v;
-      for (dist::ProcessGroup* g :
+      for (comm::ProcessGroup* g :
            {d.mesh->group(parallel::Dim::kDpShard), d.mesh->group(parallel::Dim::kDpReplicate), d.world()}) {
-        for (auto op : {dist::OpKind::kAllGather, dist::OpKind::kReduceScatter, dist::OpKind::kAllReduce}) {
+        for (auto op : {comm::OpKind::kAllGather, comm::OpKind::kReduceScatter, comm::OpKind::kAllReduce}) {
           v.push_back(sent(g, op));
         }
       }

@@ -44,7 +44,7 @@ TEST_P(HfParity, ExportGivesTesseraLogitsInAnHfLlama) {
   set_num_threads(2);
 
   const model::ModelLayout layout(c);
-  fsdp::ShardedParams params(layout, 17, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, dist::Millis(0));
+  fsdp::ShardedParams params(layout, 17, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0));
   model::Llama llama(layout, B, num_threads());
   // Norm gains start at exactly 1: jitter them so that a swapped norm would show. At init scale
   // attention is nearly uniform and barely depends on the rotation: sharpen it by scaling q and k.

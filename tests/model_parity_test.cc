@@ -50,7 +50,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
   set_num_threads(2);
 
   const model::ModelLayout layout(c);
-  fsdp::ShardedParams params(layout, 42, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, dist::Millis(0));
+  fsdp::ShardedParams params(layout, 42, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0));
   model::Llama llama(layout, B, num_threads());
 
   // Norm gains start at exactly 1; jitter them, by their offset in the unit so that a block's two

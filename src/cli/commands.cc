@@ -282,7 +282,7 @@ void bench_worker(const config::Config& c, long long steps, const train::Distrib
   std::vector<float> rss(W, 0.0f);
   const float mine = static_cast<float>(metrics::process_memory().peak) / (1 << 20);
   if (dist.world() != nullptr) {
-    dist.world()->all_gather(&mine, rss.data(), 1, dist::DType::kF32, {dist::Millis(c.parallel.timeout_ms)})->wait();
+    dist.world()->all_gather(&mine, rss.data(), 1, comm::DType::kF32, {comm::Millis(c.parallel.timeout_ms)})->wait();
   } else {
     rss[0] = mine;
   }
@@ -369,7 +369,7 @@ int cmd_bench(const Args& args) {
   const int rc = train::run_local_workers(world, [&](int rank) {
     train::configure_threads(c);
     train::ProcessGroups groups(store, "bench", "0", rank, parallel::dims_for(c, world),
-                                dist::Millis(c.parallel.timeout_ms));
+                                comm::Millis(c.parallel.timeout_ms));
     bench_worker(c, steps, groups.view(), checkpoint_dir);
     return 0;
   });

@@ -7,9 +7,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "comm/store.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "dist/store.h"
 #include "launch/agent.h"
 
 namespace tessera::cli {
@@ -69,7 +69,7 @@ int cmd_launch(const Args& args) {
     throw ConfigError(fmt::format("--nproc-per-node {}: expected 1 to 1024", o.nproc_per_node));
   }
   o.rdzv = a.get("--rdzv", "");
-  if (dist::parse_store_url(o.rdzv).kind == dist::StoreUrl::Kind::kTcp) {
+  if (comm::parse_store_url(o.rdzv).kind == comm::StoreUrl::Kind::kTcp) {
     throw ConfigError(fmt::format("--rdzv {}: a tcp:// store is served by rank 0 of torchrun-style workers; agents "
                                   "meet through file://DIR or etcd://HOST:PORT/PREFIX",
                                   o.rdzv));

@@ -49,7 +49,7 @@ int cmd_generate(const Args& args) {
   }
   train::configure_threads(trained.config);
   const model::ModelLayout layout(trained.config.model);
-  fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, dist::Millis(0));
+  fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0));
   params.load_tensors(trained.tensors, trained.weights_path);
   model::Llama model(layout, 1, num_threads());
 

@@ -25,11 +25,11 @@ struct ShardedParams::Unit {
   int64_t padded = 0, shard = 0;  // L and L/S
   float *master = nullptr, *grad = nullptr, *m = nullptr, *v = nullptr;  // this rank's shard
   float* full = nullptr;          // resident full parameters (master itself when S = 1)
-  std::unique_ptr<dist::Work> gather;
+  std::unique_ptr<comm::Work> gather;
   int refs = 0;                   // acquired and not yet released
   bool backward_done = false;     // shard_grad_op frees after the unit's backward
   float* full_grad = nullptr;     // full-size gradient being accumulated (S > 1)
-  std::unique_ptr<dist::Work> reduce;
+  std::unique_ptr<comm::Work> reduce;
   // bf16 communication: the master shard rounded for sending (S = 1 with param_dtype bf16: the
   // bf16 image that acquire_bf16 hands out); the reduced gradient shard before widening.
   uint16_t* send16 = nullptr;
@@ -38,8 +38,8 @@ struct ShardedParams::Unit {
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
-                             const parallel::Mesh& mesh, int64_t accumulation, dist::Millis timeout,
-                             dist::DType param_dtype, dist::DType reduce_dtype)
+                             const parallel::Mesh& mesh, int64_t accumulation, comm::Millis timeout,
+                             comm::DType param_dtype, comm::DType reduce_dtype)
     : layout_(layout),
       strategy_(strategy),
       shard_rank_(mesh.rank(parallel::Dim::kDpShard)),
@@ -58,8 +58,8 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     shard_total += u.padded / S;
     max_padded = std::max(max_padded, u.padded);
   }
-  const bool bf16 = S > 1 && (param_dtype_ == dist::DType::kBF16 || reduce_dtype_ == dist::DType::kBF16);
-  const bool image16 = S == 1 && param_dtype_ == dist::DType::kBF16;  // nothing gathered: only the image
+  const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
+  const bool image16 = S == 1 && param_dtype_ == comm::DType::kBF16;  // nothing gathered: only the image
   state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 6 * Arena::kAlign +
                  (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0) +
                  (image16 ? sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
@@ -107,7 +107,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
 
 ShardedParams::~ShardedParams() = default;
 
-void ShardedParams::wait(dist::Work& work) {
+void ShardedParams::wait(comm::Work& work) {
   const double t0 = now_seconds();
   work.wait();
   exposed_seconds_ += now_seconds() - t0;
@@ -120,11 +120,11 @@ void ShardedParams::issue_gather(int unit) {
   free_param_buffers_.pop_back();
   u.backward_done = false;
   u.widened = false;
-  if (param_dtype_ == dist::DType::kBF16) {
+  if (param_dtype_ == comm::DType::kBF16) {
     f32_to_bf16(u.master, u.send16, u.shard);
-    u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.shard, dist::DType::kBF16, options_);
+    u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.shard, comm::DType::kBF16, options_);
   } else {
-    u.gather = shard_group_->all_gather(u.master, u.full, u.shard, dist::DType::kF32, options_);
+    u.gather = shard_group_->all_gather(u.master, u.full, u.shard, comm::DType::kF32, options_);
   }
 }
 
@@ -153,7 +153,7 @@ const float* ShardedParams::acquire(int unit) {
   acquire_unit(unit);
   // A bf16 gather lands in the buffer's companion; widened for fp32 readers, once per gather
   // (bf16 compute reads the companion itself, through acquire_bf16).
-  if (shards_ > 1 && param_dtype_ == dist::DType::kBF16 && !u.widened) {
+  if (shards_ > 1 && param_dtype_ == comm::DType::kBF16 && !u.widened) {
     bf16_to_f32(companion_.at(u.full), u.full, u.padded);
     u.widened = true;
   }
@@ -161,7 +161,7 @@ const float* ShardedParams::acquire(int unit) {
 }
 
 const uint16_t* ShardedParams::acquire_bf16(int unit) {
-  if (param_dtype_ != dist::DType::kBF16) return nullptr;
+  if (param_dtype_ != comm::DType::kBF16) return nullptr;
   Unit& u = *units_[unit];
   // S = 1 gathers nothing: the image is the master rounded, rounded again whenever the unit is
   // acquired afresh, since masters change between steps (and through master_shard()). That
@@ -199,7 +199,7 @@ void ShardedParams::complete_oldest_reduction() {
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
-  if (reduce_dtype_ == dist::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.shard);
+  if (reduce_dtype_ == comm::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.shard);
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
 }
@@ -222,12 +222,12 @@ void ShardedParams::grads_ready(int unit) {
   if (shards_ > 1 && micro_ == accumulation_ - 1) {
     // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
     // buffer's companion, reduced into a staging shard that is widened on completion).
-    if (reduce_dtype_ == dist::DType::kBF16) {
+    if (reduce_dtype_ == comm::DType::kBF16) {
       uint16_t* h = companion_.at(u.full_grad);
       f32_to_bf16(u.full_grad, h, u.padded);
-      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.shard, dist::DType::kBF16, options_);
+      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.shard, comm::DType::kBF16, options_);
     } else {
-      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, dist::DType::kF32, options_);
+      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, comm::DType::kF32, options_);
     }
     pending_.push_back(unit);
   }
@@ -244,8 +244,8 @@ double ShardedParams::finish_step(bool poison) {
   while (!pending_.empty()) complete_oldest_reduction();
   if (poison && !units_.empty() && units_[0]->shard > 0) units_[0]->grad[0] = std::numeric_limits<float>::quiet_NaN();
   if (replica_group_ != nullptr) {
-    std::vector<std::unique_ptr<dist::Work>> works;
-    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->shard, dist::DType::kF32, options_));
+    std::vector<std::unique_ptr<comm::Work>> works;
+    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->shard, comm::DType::kF32, options_));
     for (auto& w : works) wait(*w);
   }
   // Replicas hold identical shards, so the norm sums over one shard group only.
@@ -253,7 +253,7 @@ double ShardedParams::finish_step(bool poison) {
   for (auto& u : units_) local += k::sum_squares(u->grad, u->shard);
   float sum = static_cast<float>(local);
   if (shard_group_ != nullptr) {
-    auto w = shard_group_->all_reduce(&sum, 1, dist::DType::kF32, options_);
+    auto w = shard_group_->all_reduce(&sum, 1, comm::DType::kF32, options_);
     wait(*w);
   }
   recording_ = false;
@@ -280,7 +280,7 @@ std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard)
     const float* p = u.*shard;
     if (shards_ > 1) {
       full.resize(u.padded);
-      auto w = shard_group_->all_gather(u.*shard, full.data(), u.shard, dist::DType::kF32, options_);
+      auto w = shard_group_->all_gather(u.*shard, full.data(), u.shard, comm::DType::kF32, options_);
       w->wait();
       p = full.data();
     }

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "config/config.h"
 #include "core/arena.h"
-#include "dist/process_group.h"
 #include "model/layout.h"
 #include "model/named_tensor.h"
 #include "model/param_source.h"
@@ -48,8 +48,8 @@ class ShardedParams final : public model::ParamSource {
   // param_dtype bf16 acquire_bf16 hands out the bf16 image for bf16 compute: the gathered bf16
   // buffer itself, or with S = 1 the master rounded to bf16. The mesh outlives this object.
   ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const parallel::Mesh& mesh,
-                int64_t accumulation, dist::Millis timeout, dist::DType param_dtype = dist::DType::kF32,
-                dist::DType reduce_dtype = dist::DType::kF32);
+                int64_t accumulation, comm::Millis timeout, comm::DType param_dtype = comm::DType::kF32,
+                comm::DType reduce_dtype = comm::DType::kF32);
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -98,17 +98,17 @@ class ShardedParams final : public model::ParamSource {
   void free_params(int unit);
   void maybe_free_params(int unit);
   void complete_oldest_reduction();
-  void wait(dist::Work& work);  // waits and counts the time as exposed communication
+  void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
 
   model::ModelLayout layout_;
   Strategy strategy_;
   int shard_rank_, shards_;            // this rank's coordinate in dp_shard, S
-  dist::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
-  dist::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
+  comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
+  comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
   int64_t accumulation_;
-  dist::CollectiveOptions options_;
-  dist::DType param_dtype_, reduce_dtype_;
+  comm::CollectiveOptions options_;
+  comm::DType param_dtype_, reduce_dtype_;
   std::vector<std::unique_ptr<Unit>> units_;
   Arena state_;  // shards: master, grads, m, v
   Arena pool_;   // full parameter and gradient buffers

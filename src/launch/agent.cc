@@ -20,6 +20,10 @@
 #include <thread>
 #include <utility>
 
+#include "checkpoint/directory.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
@@ -27,11 +31,7 @@
 #include "core/signals.h"
 #include "core/threads.h"
 #include "core/timer.h"
-#include "checkpoint/directory.h"
 #include "data/bundled.h"
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
 
 extern char** environ;
 
@@ -68,12 +68,12 @@ struct Worker {
 
 // A round number or node count the store holds; a StoreError naming the key when it is not one
 // (a damaged or hostile store must end in a clear error, not std::terminate).
-int stored_count(const dist::Bytes& value, const std::string& key) {
+int stored_count(const comm::Bytes& value, const std::string& key) {
   const std::string text(value.begin(), value.end());
   int n = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || n < 0) {
-    throw dist::StoreError(fmt::format("the store's key '{}' holds \"{}\", not a count", key, text.substr(0, 32)));
+    throw comm::StoreError(fmt::format("the store's key '{}' holds \"{}\", not a count", key, text.substr(0, 32)));
   }
   return n;
 }
@@ -162,10 +162,10 @@ class Agent {
   std::string worker_summary(const Worker& w, const Round& round) const;
 
   LaunchOptions o_;
-  std::unique_ptr<dist::Store> store_;
+  std::unique_ptr<comm::Store> store_;
   std::string heartbeat_dir_;
   std::vector<Worker> workers_;
-  std::unique_ptr<dist::EtcdLease> lease_;
+  std::unique_ptr<comm::EtcdLease> lease_;
   int alive_seen_ = 0;  // the most agents seen alive in the current round
   Clock::time_point round_start_;
   bool forwarded_stop_ = false;
@@ -174,13 +174,13 @@ class Agent {
 bool Agent::join(int r, Round* out) {
   const int64_t index = store_->add(key(r, "joined"), 1) - 1;
   const std::string round_text = std::to_string(r);
-  store_->set("current", dist::Bytes(round_text.begin(), round_text.end()));
-  const dist::Millis timeout(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
+  store_->set("current", comm::Bytes(round_text.begin(), round_text.end()));
+  const comm::Millis timeout(static_cast<int64_t>(o_.rdzv_timeout_s * 1000));
   const Clock::time_point t0 = Clock::now();
   if (index == 0) {  // the first agent closes the round
     while (counter(r, "joined") < o_.min_nodes) {
       if (seconds_since(t0) > o_.rdzv_timeout_s) {
-        throw dist::StoreError(fmt::format("rendezvous round {}: only {} of at least {} nodes joined within {:.0f} s "
+        throw comm::StoreError(fmt::format("rendezvous round {}: only {} of at least {} nodes joined within {:.0f} s "
                                            "(--nnodes {}:{}); start the other agents with the same --rdzv, --run-id "
                                            "and TESSERA_JOB_TOKEN",
                                            r, counter(r, "joined"), o_.min_nodes, o_.rdzv_timeout_s, o_.min_nodes,
@@ -193,9 +193,9 @@ bool Agent::join(int r, Round* out) {
     while (counter(r, "joined") < o_.max_nodes && seconds_since(enough) < o_.last_call_s) sleep_s(0.05);
     const int64_t nodes = std::min<int64_t>(counter(r, "joined"), o_.max_nodes);
     const std::string text = std::to_string(nodes);
-    store_->set(key(r, "nodes"), dist::Bytes(text.begin(), text.end()));
+    store_->set(key(r, "nodes"), comm::Bytes(text.begin(), text.end()));
   }
-  const dist::Bytes nodes = store_->get(key(r, "nodes"), timeout);
+  const comm::Bytes nodes = store_->get(key(r, "nodes"), timeout);
   out->index = r;
   out->node_rank = static_cast<int>(index);
   out->nodes = stored_count(nodes, key(r, "nodes"));
@@ -216,14 +216,14 @@ bool Agent::round_over(int r) {
 void Agent::beat(int r) {
   try {
     store_->add(key(r, "beat"), 1);
-  } catch (const dist::StoreError&) {
+  } catch (const comm::StoreError&) {
   }
 }
 
 int Agent::end_round(int r, int exit_code) {
   try {
     store_->add(key(r, "ended"), 1);
-  } catch (const dist::StoreError& e) {
+  } catch (const comm::StoreError& e) {
     log::warn("cannot mark round {} ended in the store: {}", r, e.what());
   }
   return exit_code;
@@ -323,18 +323,18 @@ void Agent::record_cause(int r, int code, const std::string& summary, bool conse
   const char* kind = consequence ? "peer" : "cause";
   if (store_->add(key(r, kind), 1) == 1) {
     const std::string record = fmt::format("{} {}", code, summary);
-    store_->set(key(r, consequence ? "peer_failure" : "failure"), dist::Bytes(record.begin(), record.end()));
+    store_->set(key(r, consequence ? "peer_failure" : "failure"), comm::Bytes(record.begin(), record.end()));
   }
   store_->add(key(r, "failed"), 1);
 }
 
 void Agent::announce(const Round& round) {
-  auto* etcd = dynamic_cast<dist::EtcdStore*>(store_.get());
+  auto* etcd = dynamic_cast<comm::EtcdStore*>(store_.get());
   if (etcd == nullptr) return;  // the file store has no liveness: lost agents show as lost workers
-  if (!lease_) lease_ = etcd->grant_lease(dist::Millis(static_cast<int64_t>(o_.agent_ttl_s * 1000)));
+  if (!lease_) lease_ = etcd->grant_lease(comm::Millis(static_cast<int64_t>(o_.agent_ttl_s * 1000)));
   const std::string host = o_.host + " pid " + std::to_string(getpid());
   etcd->set_with_lease(fmt::format("rdzv.{}.alive.{}", round.index, round.node_rank),
-                       dist::Bytes(host.begin(), host.end()), *lease_);
+                       comm::Bytes(host.begin(), host.end()), *lease_);
 }
 
 bool Agent::all_agents_alive(const Round& round) {
@@ -361,7 +361,7 @@ std::pair<int, std::string> Agent::read_failure(int r) {
   for (;;) {
     const bool cause = store_->check({key(r, "failure")});
     if (cause || (seconds_since(t0) > wait_s && store_->check({key(r, "peer_failure")}))) {
-      const dist::Bytes b = store_->get(key(r, cause ? "failure" : "peer_failure"), dist::Millis(1000));
+      const comm::Bytes b = store_->get(key(r, cause ? "failure" : "peer_failure"), comm::Millis(1000));
       record.assign(b.begin(), b.end());
       break;
     }
@@ -483,9 +483,9 @@ Agent::Outcome Agent::monitor(const Round& round) {
 int Agent::run() {
   const StopSignals stop;  // before any thread: workers and the store run alongside
   // The agents of one job (same token and run id, on any node) share the run directory's lock.
-  const RunLock lock(o_.run_dir, dist::auth::job_namespace(o_.job_token) + "." + o_.run_id);
-  store_ = dist::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
-                            dist::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
+  const RunLock lock(o_.run_dir, comm::auth::job_namespace(o_.job_token) + "." + o_.run_id);
+  store_ = comm::make_store(o_.rdzv, o_.job_token, "launch." + o_.run_id,
+                            comm::Millis(static_cast<int64_t>(o_.rdzv_timeout_s * 1000)));
   heartbeat_dir_ = make_heartbeat_dir();
   struct Cleanup {
     std::string dir;
@@ -504,7 +504,7 @@ int Agent::run() {
 
   int r = 0;
   if (store_->check({"current"})) {
-    const dist::Bytes b = store_->get("current", dist::Millis(1000));
+    const comm::Bytes b = store_->get("current", comm::Millis(1000));
     r = stored_count(b, "current");
   }
   int restarts = 0, first_code = 0;
@@ -579,7 +579,7 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   o.run_dir = run_dir;
   o.rdzv = "file://" + run_dir + "/rendezvous";
   o.run_id = "train";
-  o.job_token = dist::auth::new_job_token();
+  o.job_token = comm::auth::new_job_token();
   o.max_restarts = 0;
   o.monitor_interval_s = 0.2;
   o.config_path = run_dir + "/config.toml";
@@ -587,7 +587,7 @@ int run_local_job(const config::Config& config, const std::string& run_dir, cons
   o.stopped_exit_code = kExitOk;
   // Held through run_agent (which shares it: same job), so a second run here is refused before
   // it touches the store or the config.
-  const RunLock lock(run_dir, dist::auth::job_namespace(o.job_token) + "." + o.run_id);
+  const RunLock lock(run_dir, comm::auth::job_namespace(o.job_token) + "." + o.run_id);
   if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
   std::error_code ec;
   fs::remove_all(run_dir + "/rendezvous", ec);  // a crashed run's store, under another token

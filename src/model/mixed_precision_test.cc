@@ -42,7 +42,7 @@ ModelAndParams make(const ModelLayout& layout, bool bf16_params, bool bf16_model
   ModelAndParams r;
   r.params =
       std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1,
-                                            dist::Millis(0), bf16_params ? dist::DType::kBF16 : dist::DType::kF32);
+                                            comm::Millis(0), bf16_params ? comm::DType::kBF16 : comm::DType::kF32);
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const TensorSpec& t : layout.units()[u].tensors) {
       if (t.decay) continue;  // the norm gains

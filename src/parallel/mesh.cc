@@ -9,18 +9,18 @@
 
 namespace tessera::parallel {
 
-Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, dist::Millis timeout,
+Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
            const std::string& host)
     : dims_(dims), rank_(rank) {
   dims_.validate(dims.world());
-  std::map<std::vector<int>, dist::ProcessGroup*> by_ranks;  // groups already made, by their ranks
+  std::map<std::vector<int>, comm::ProcessGroup*> by_ranks;  // groups already made, by their ranks
   for (const Dim d : kAllDims) {
     if (size(d) == 1) continue;
     const std::vector<int> members = ranks(d);
     auto it = by_ranks.find(members);
     if (it == by_ranks.end()) {
       stores_.push_back(make_store(fmt::format("{}-{}", name(d), members.front())));
-      owned_.push_back(dist::make_gloo_group(*stores_.back(), this->rank(d), size(d), host, timeout));
+      owned_.push_back(comm::make_gloo_group(*stores_.back(), this->rank(d), size(d), host, timeout));
       it = by_ranks.emplace(members, owned_.back().get()).first;
     }
     groups_[static_cast<size_t>(d)] = it->second;

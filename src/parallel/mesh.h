@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "parallel/parallel_dims.h"
 
 namespace tessera::parallel {
@@ -18,7 +18,7 @@ namespace tessera::parallel {
 class Mesh {
  public:
   // The store a group rendezvouses through, under its own key prefix (e.g. "dp_shard-4").
-  using StoreFactory = std::function<std::unique_ptr<dist::Store>(const std::string& prefix)>;
+  using StoreFactory = std::function<std::unique_ptr<comm::Store>(const std::string& prefix)>;
 
   // A single process: every dimension of size 1, no groups.
   Mesh() = default;
@@ -27,7 +27,7 @@ class Mesh {
   // group: with dp_replicate = 1, dp_shard's group is dp's). Every rank creates its groups in
   // the same order (kAllDims), each through make_store(NAME-FIRST_RANK). Gloo over `host` on CPU;
   // NCCL takes over the dimensions of a GPU job when the CUDA backend lands.
-  Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, dist::Millis timeout,
+  Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
        const std::string& host = "127.0.0.1");
   ~Mesh();
   Mesh(const Mesh&) = delete;
@@ -40,16 +40,16 @@ class Mesh {
   int rank(Dim d = Dim::kWorld) const { return coordinate(dims_, rank_, d); }
   int size(Dim d = Dim::kWorld) const { return dims_.size(d); }
   // The process group of this rank's group in d; nullptr when size(d) == 1.
-  dist::ProcessGroup* group(Dim d) const { return groups_[static_cast<size_t>(d)]; }
+  comm::ProcessGroup* group(Dim d) const { return groups_[static_cast<size_t>(d)]; }
   // The global ranks of this rank's group in d, by coordinate.
   std::vector<int> ranks(Dim d) const { return group_ranks(dims_, rank_, d); }
 
  private:
   ParallelDims dims_;
   int rank_ = 0;
-  std::vector<std::unique_ptr<dist::Store>> stores_;
-  std::vector<std::unique_ptr<dist::ProcessGroup>> owned_;
-  std::vector<dist::ProcessGroup*> groups_ = std::vector<dist::ProcessGroup*>(std::size(kAllDims), nullptr);
+  std::vector<std::unique_ptr<comm::Store>> stores_;
+  std::vector<std::unique_ptr<comm::ProcessGroup>> owned_;
+  std::vector<comm::ProcessGroup*> groups_ = std::vector<comm::ProcessGroup*>(std::size(kAllDims), nullptr);
 };
 
 // Which ranks form each group of each dimension of size > 1, one line per dimension, e.g.

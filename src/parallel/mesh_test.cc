@@ -11,9 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/test_util.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "dist/test_util.h"
 
 namespace tessera::parallel {
 namespace {
@@ -145,23 +145,23 @@ TEST(Mesh, SingleProcessHasNoGroups) {
 // 24 ranks): the sum must be exactly the bits of the ranks that dimension names, and the group's
 // own rank and size must be the mesh's.
 void expect_exact_sums_on_every_dimension(const ParallelDims& dims) {
-  dist::test_util::TempDir dir;
-  const auto status = dist::test_util::run_ranks(
+  comm::test_util::TempDir dir;
+  const auto status = comm::test_util::run_ranks(
       dims.world(),
       [&](int rank) {
         const Mesh mesh(
             dims, rank,
-            [&](const std::string& prefix) { return dist::make_file_store(dir.path, "mesh-job", "0." + prefix); },
-            dist::Millis(20000));
+            [&](const std::string& prefix) { return comm::make_file_store(dir.path, "mesh-job", "0." + prefix); },
+            comm::Millis(20000));
         for (const Dim d : kAllDims) {
-          dist::ProcessGroup* g = mesh.group(d);
+          comm::ProcessGroup* g = mesh.group(d);
           REQUIRE((g == nullptr) == (mesh.size(d) == 1));
           float expected = 0.0f;
           for (int r : mesh.ranks(d)) expected += static_cast<float>(1 << r);
           float value = static_cast<float>(1 << rank);
           if (g != nullptr) {
             REQUIRE(g->rank() == mesh.rank(d) && g->size() == mesh.size(d));
-            g->all_reduce(&value, 1, dist::DType::kF32, {dist::Millis(20000)})->wait();
+            g->all_reduce(&value, 1, comm::DType::kF32, {comm::Millis(20000)})->wait();
           }
           if (value != expected) {
             std::fprintf(stderr, "[rank %d] %s: sum %g, expected %g\n", rank, name(d), value, expected);
@@ -171,7 +171,7 @@ void expect_exact_sums_on_every_dimension(const ParallelDims& dims) {
         return 0;
       },
       60);
-  dist::test_util::expect_all_ok(status);
+  comm::test_util::expect_all_ok(status);
 }
 
 TEST(Mesh, AllReduceOnEachDimensionPipelineDataTensor) { expect_exact_sums_on_every_dimension({2, 1, 2, 2}); }

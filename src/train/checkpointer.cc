@@ -32,8 +32,8 @@ namespace ck = tessera::checkpoint;
 
 constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
 
-dist::Bytes bytes_of(const std::string& s) { return dist::Bytes(s.begin(), s.end()); }
-std::string string_of(const dist::Bytes& b) { return std::string(b.begin(), b.end()); }
+comm::Bytes bytes_of(const std::string& s) { return comm::Bytes(s.begin(), s.end()); }
+std::string string_of(const comm::Bytes& b) { return std::string(b.begin(), b.end()); }
 
 IoError injected(const std::string& what) {
   return IoError(fmt::format("cannot write {}: No space left on device (injected fault)", what));
@@ -80,7 +80,7 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
     ck::remove_uncommitted(root_);
   }
   if (dist_.world() != nullptr) {  // no rank writes a checkpoint before the cleanup is done
-    dist_.world()->barrier({dist::Millis(config_.parallel.timeout_ms)})->wait();
+    dist_.world()->barrier({comm::Millis(config_.parallel.timeout_ms)})->wait();
   }
   writer_ = std::thread([this] { writer_loop(); });
   if (dist_.rank() == 0 && !mirror_root_.empty()) {
@@ -228,7 +228,7 @@ bool Checkpointer::write_and_commit(const Job& job) {
   // come with them).
   CHECK(dist_.mesh->size(parallel::Dim::kTp) == 1 && dist_.mesh->size(parallel::Dim::kPp) == 1);
   const int rank = dist_.rank(), W = dist_.world_size(), S = dist_.mesh->size(parallel::Dim::kDpShard);
-  const dist::Millis timeout(config_.parallel.timeout_ms);
+  const comm::Millis timeout(config_.parallel.timeout_ms);
   const std::string dir = root_ + "/" + ck::step_dir_name(job.step);
   // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
   auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}.{}", dist_.attempt, job.step, what); };
@@ -473,7 +473,7 @@ std::vector<std::string> agreed_resume_candidates(const config::Config& config, 
       text = std::string("\x01") + e.what();
     }
   }
-  text = dist::broadcast_string(*dist.world(), text, 0, {dist::Millis(config.parallel.timeout_ms)});
+  text = comm::broadcast_string(*dist.world(), text, 0, {comm::Millis(config.parallel.timeout_ms)});
   if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
   std::vector<std::string> out;
   std::istringstream lines(text);
@@ -508,7 +508,7 @@ std::string resume_from(Trainer& trainer, const std::vector<std::string>& candid
     }
     if (dist.world() != nullptr) {
       dist.world()
-          ->all_reduce(outcome, 2, dist::DType::kF32, {dist::Millis(trainer.config().parallel.timeout_ms)})
+          ->all_reduce(outcome, 2, comm::DType::kF32, {comm::Millis(trainer.config().parallel.timeout_ms)})
           ->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "checkpoint/directory.h"
-#include "dist/test_util.h"
+#include "comm/test_util.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
 
@@ -33,13 +33,13 @@ void checkpoint_ok_or_fail(Checkpointer& checkpointer, Trainer& trainer, bool ex
 }
 
 TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
-  dist::test_util::TempDir dir;
+  comm::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
   const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
   // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
   const int rc = run_local_workers(2, [&](int rank) {
     ProcessGroups groups(dir.path + "/store", "job", "0", rank, parallel::ParallelDims{1, 1, 2, 1},
-                         dist::Millis(20000));
+                         comm::Millis(20000));
     Trainer trainer(c, "", groups.view());
     Checkpointer checkpointer(c, root, groups.view());
     trainer.step();
@@ -59,7 +59,7 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
 // fence, ROOT/.attempt), a process of the earlier attempt can neither commit there nor remove
 // the directory it was writing; the later attempt commits as usual.
 TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
-  dist::test_util::TempDir dir;
+  comm::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
   const config::Config c = tiny_config();
   Distributed old_attempt, new_attempt;

@@ -13,26 +13,26 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/job_auth.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/signals.h"
-#include "dist/job_auth.h"
 
 namespace tessera::train {
 
 ProcessGroups::ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
-                             const parallel::ParallelDims& dims, dist::Millis timeout, const std::string& host) {
+                             const parallel::ParallelDims& dims, comm::Millis timeout, const std::string& host) {
   if (dims.world() == 1) {
     mesh_ = std::make_unique<parallel::Mesh>();
     return;
   }
   // A URL (file://DIR, etcd://HOST:PORT/PREFIX) or a plain directory for the file store.
   auto store = [&](const std::string& name) {
-    return store_dir.find("://") != std::string::npos ? dist::make_store(store_dir, token, round + "." + name, timeout)
-                                                      : dist::make_file_store(store_dir, token, round + "." + name);
+    return store_dir.find("://") != std::string::npos ? comm::make_store(store_dir, token, round + "." + name, timeout)
+                                                      : comm::make_file_store(store_dir, token, round + "." + name);
   };
   mesh_ = std::make_unique<parallel::Mesh>(dims, rank, store, timeout, host);
-  attempt_ = dist::broadcast_string(*mesh_->group(parallel::Dim::kWorld), rank == 0 ? dist::auth::random_hex(8) : "", 0,
+  attempt_ = comm::broadcast_string(*mesh_->group(parallel::Dim::kWorld), rank == 0 ? comm::auth::random_hex(8) : "", 0,
                                     {timeout});
   checkpoint_store_ = store("checkpoint");
 }
@@ -83,7 +83,7 @@ bool worker_env(WorkerEnv* out) {
                   std::getenv("MASTER_ADDR") == nullptr
                       ? ""
                       : "tcp://" + env_or("MASTER_ADDR", "") + ":" + std::to_string(env_int("MASTER_PORT", 1, 65535)));
-  dist::parse_store_url(e.rdzv);  // ConfigError naming the URL
+  comm::parse_store_url(e.rdzv);  // ConfigError naming the URL
   e.job_token = env_or("TESSERA_JOB_TOKEN", "");
   if (e.job_token.empty())
     throw ConfigError("environment variable TESSERA_JOB_TOKEN is not set: every rank of a job needs the job's token");

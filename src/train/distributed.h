@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -19,13 +19,13 @@ class ProcessGroups {
   // `store_dir` names: a store URL (file://DIR, etcd://HOST:PORT/PREFIX) or a directory for a
   // file store; one key prefix per group (parallel::Mesh).
   ProcessGroups(const std::string& store_dir, const std::string& token, const std::string& round, int rank,
-                const parallel::ParallelDims& dims, dist::Millis timeout, const std::string& host = "127.0.0.1");
+                const parallel::ParallelDims& dims, comm::Millis timeout, const std::string& host = "127.0.0.1");
   ~ProcessGroups();
   Distributed view() const;
 
  private:
   std::unique_ptr<parallel::Mesh> mesh_;
-  std::unique_ptr<dist::Store> checkpoint_store_;  // used by the checkpoint writer thread only
+  std::unique_ptr<comm::Store> checkpoint_store_;  // used by the checkpoint writer thread only
   std::string attempt_;                            // Distributed::attempt
 };
 

@@ -68,7 +68,7 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
                            std::vector<double>* bus_gbps_per_rank) {
   const double t0 = now_seconds();
   const int rank = dist.rank(), world = dist.world_size();
-  const dist::CollectiveOptions options{dist::Millis(config.parallel.timeout_ms)};
+  const comm::CollectiveOptions options{comm::Millis(config.parallel.timeout_ms)};
   HealthFigures f;
   f.gemm_ok = check_gemm(fault::point("health", rank, 0) == fault::Kind::kFail, &f.gemm_worst);
   if (!f.gemm_ok) {
@@ -81,7 +81,7 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
   if (dist.world() != nullptr && world > 1) {
     std::vector<float> v(kCheckCount);
     for (int64_t i = 0; i < kCheckCount; ++i) v[i] = known_value(rank, i);
-    dist.world()->all_reduce(v.data(), kCheckCount, dist::DType::kF32, options)->wait();
+    dist.world()->all_reduce(v.data(), kCheckCount, comm::DType::kF32, options)->wait();
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < kCheckCount; ++i) {
       if (v[i] != known_sum(world, i) && bad++ == 0) first = i;
@@ -93,14 +93,14 @@ HealthFigures health_check(const Distributed& dist, const config::Config& config
     }
     const int64_t n = kBandwidthBytes / 4;
     std::vector<float> b(n, 1.0f);
-    dist.world()->all_reduce(b.data(), n, dist::DType::kF32, options)->wait();  // warm: buffers, scratch
+    dist.world()->all_reduce(b.data(), n, comm::DType::kF32, options)->wait();  // warm: buffers, scratch
     const double tb = now_seconds();
     for (int it = 0; it < kBandwidthIters; ++it)
-      dist.world()->all_reduce(b.data(), n, dist::DType::kF32, options)->wait();
+      dist.world()->all_reduce(b.data(), n, comm::DType::kF32, options)->wait();
     const double per = (now_seconds() - tb) / kBandwidthIters;
     f.bus_gbps = 2.0 * (world - 1) / world * kBandwidthBytes / per / 1e9;
     const float mine[3] = {f.all_reduce_ok ? 1.0f : 0.0f, f.gemm_ok ? 1.0f : 0.0f, static_cast<float>(f.bus_gbps)};
-    dist.world()->all_gather(mine, all.data(), 3, dist::DType::kF32, options)->wait();
+    dist.world()->all_gather(mine, all.data(), 3, comm::DType::kF32, options)->wait();
   } else {
     all = {1.0f, f.gemm_ok ? 1.0f : 0.0f, 0.0f};
   }

@@ -5,16 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/store.h"
+#include "comm/test_util.h"
 #include "core/threads.h"
-#include "dist/store.h"
-#include "dist/test_util.h"
 
 namespace tessera::train {
 namespace {
 
-using dist::test_util::expect_all_ok;
-using dist::test_util::run_ranks;
-using dist::test_util::TempDir;
+using comm::test_util::expect_all_ok;
+using comm::test_util::run_ranks;
+using comm::test_util::TempDir;
 
 TEST(Health, SingleProcessChecksTheGemm) {
   config::Config config;
@@ -35,7 +35,7 @@ TEST(Health, PassesOnHealthyRanksWithEveryRanksBandwidth) {
       set_num_threads(1);  // forked: the parent's OpenMP pool does not survive a fork
       const parallel::Mesh mesh(
           parallel::ParallelDims{1, 1, world, 1}, rank,
-          [&](const std::string& prefix) { return dist::make_file_store(dir.path, "job", "r0." + prefix); },
+          [&](const std::string& prefix) { return comm::make_file_store(dir.path, "job", "r0." + prefix); },
           std::chrono::seconds(10));
       config::Config config;
       Distributed d;

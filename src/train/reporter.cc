@@ -62,7 +62,7 @@ metrics::Peak job_peak(const config::Config& config, const Distributed& dist) {
   const double t0 = now_seconds();
   float sum = static_cast<float>(metrics::calibrate_cpu_peak(dtype));
   if (dist.world() != nullptr) {
-    dist.world()->all_reduce(&sum, 1, dist::DType::kF32, {dist::Millis(config.parallel.timeout_ms)})->wait();
+    dist.world()->all_reduce(&sum, 1, comm::DType::kF32, {comm::Millis(config.parallel.timeout_ms)})->wait();
   }
   metrics::Peak peak{sum, fmt::format("measured: best {} GEMM 1024^3 on {} thread(s) per rank, summed over {} "
                                       "rank(s)",

@@ -16,7 +16,7 @@
 #include <optional>
 
 #include "checkpoint/directory.h"
-#include "data/bundled.h"
+#include "comm/job_auth.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -25,7 +25,7 @@
 #include "core/signals.h"
 #include "core/threads.h"
 #include "core/timer.h"
-#include "dist/job_auth.h"
+#include "data/bundled.h"
 #include "tessera/build_config.h"
 #include "train/checkpointer.h"
 #include "train/distributed.h"
@@ -314,7 +314,7 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // An agent holds the run directory's lock for its workers; ranks started without one (Slurm,
   // torchrun-style) share it as one job: the same token and round.
   std::optional<RunLock> lock;
-  if (env.heartbeat.empty()) lock.emplace(run_dir, dist::auth::job_namespace(env.job_token) + "." + env.round);
+  if (env.heartbeat.empty()) lock.emplace(run_dir, comm::auth::job_namespace(env.job_token) + "." + env.round);
   if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
   if (env.rank == 0) {
     std::error_code ec;
@@ -327,19 +327,19 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   const std::string dataset = resolve_dataset(config);
   configure_threads(config);
   // torchrun-style: rank 0 serves the job's TCP store at MASTER_ADDR:MASTER_PORT.
-  std::unique_ptr<dist::TcpStoreServer> server;
-  const dist::StoreUrl url = dist::parse_store_url(env.rdzv);
-  if (url.kind == dist::StoreUrl::Kind::kTcp && env.rank == 0) {
+  std::unique_ptr<comm::TcpStoreServer> server;
+  const comm::StoreUrl url = comm::parse_store_url(env.rdzv);
+  if (url.kind == comm::StoreUrl::Kind::kTcp && env.rank == 0) {
     const size_t colon = url.endpoint.rfind(':');
-    server = std::make_unique<dist::TcpStoreServer>(url.endpoint.substr(0, colon),
+    server = std::make_unique<comm::TcpStoreServer>(url.endpoint.substr(0, colon),
                                                     std::stoi(url.endpoint.substr(colon + 1)), env.job_token);
   }
   ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, parallel::dims_for(config, env.world),
-                       dist::Millis(config.parallel.timeout_ms), env.host);
+                       comm::Millis(config.parallel.timeout_ms), env.host);
   train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
   // The store may still be read (a checkpoint outcome) until every rank is done.
-  if (url.kind == dist::StoreUrl::Kind::kTcp && groups.view().world() != nullptr) {
-    groups.view().world()->barrier({dist::Millis(config.parallel.timeout_ms)})->wait();
+  if (url.kind == comm::StoreUrl::Kind::kTcp && groups.view().world() != nullptr) {
+    groups.view().world()->barrier({comm::Millis(config.parallel.timeout_ms)})->wait();
   }
 }
 

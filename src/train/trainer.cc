@@ -30,8 +30,8 @@ data::LoaderOptions loader_options(const config::Config& c, const parallel::Mesh
           mesh.size(parallel::Dim::kDp)};
 }
 
-dist::DType dtype_of(config::Precision p) {
-  return p == config::Precision::kBf16 ? dist::DType::kBF16 : dist::DType::kF32;
+comm::DType dtype_of(config::Precision p) {
+  return p == config::Precision::kBf16 ? comm::DType::kBF16 : comm::DType::kF32;
 }
 
 }  // namespace
@@ -47,7 +47,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard)),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
-          config.accumulation_steps(), dist::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
+          config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
           dtype_of(config.parallel.reduce_dtype))),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
              config.parallel.param_dtype == config::Precision::kBf16),
@@ -179,8 +179,8 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
     peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
     const double t_reduce = now_seconds();
     dist_.world()
-        ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), dist::DType::kF32,
-                     {dist::Millis(config_.parallel.timeout_ms)})
+        ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), comm::DType::kF32,
+                     {comm::Millis(config_.parallel.timeout_ms)})
         ->wait();
     times.comm += now_seconds() - t_reduce;
     t = now_seconds();
@@ -293,7 +293,7 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
     // Per-rank sums in double precision, reduced as floats: 6e-8 relative.
     float sums[2] = {0.0f, 0.0f};
     if (counts_loss()) sums[0] = static_cast<float>(loss.sum), sums[1] = static_cast<float>(loss.count);
-    dist_.world()->all_reduce(sums, 2, dist::DType::kF32, {dist::Millis(config_.parallel.timeout_ms)})->wait();
+    dist_.world()->all_reduce(sums, 2, comm::DType::kF32, {comm::Millis(config_.parallel.timeout_ms)})->wait();
     loss = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
   }
   return {loss.mean(), loss.count};

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
+#include "comm/store.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/loader.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
 #include "fsdp/sharded_params.h"
 #include "metrics/memory.h"
 #include "model/llama.h"
@@ -60,7 +60,7 @@ struct TrainingState {
 // single process: the world-1 mesh, no store.
 struct Distributed {
   const parallel::Mesh* mesh = &parallel::Mesh::single();
-  dist::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
+  comm::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
   // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
   // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
@@ -69,7 +69,7 @@ struct Distributed {
   // The whole job: global rank, world size, the group of all ranks (null in a single process).
   int rank() const { return mesh->rank(); }
   int world_size() const { return mesh->size(); }
-  dist::ProcessGroup* world() const { return mesh->group(parallel::Dim::kWorld); }
+  comm::ProcessGroup* world() const { return mesh->group(parallel::Dim::kWorld); }
 };
 
 class Trainer {

@@ -1,14 +1,14 @@
-// ProcessGroup over NCCL on one CUDA device per rank (ARCHITECTURE.md, dist); built when
+// ProcessGroup over NCCL on one CUDA device per rank (ARCHITECTURE.md, comm); built when
 // TESSERA_CUDA is on (TESSERA_HAS_NCCL).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 // Whether this process sees a CUDA device; otherwise *why (when non-null) says what failed.
 // Initializes the CUDA runtime: a process that forks workers afterwards cannot use CUDA in them.
@@ -27,4 +27,4 @@ bool nccl_available(std::string* why);
 // every rank); wait() and abort() may come from any thread.
 std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, int rank, int size, int device, Millis timeout);
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,5 +1,5 @@
 // The Store contract, run against the file store and a real etcd; etcd leases, restarts, URLs.
-#include "dist/store.h"
+#include "comm/store.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm/etcd_reply.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/test_util.h"
 #include "core/error.h"
-#include "dist/etcd_reply.h"
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/test_util.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using namespace test_util;  // NOLINT: the shared test helpers
@@ -835,4 +835,4 @@ TEST(StoreUrl, FileUrlOpensTheFileStore) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

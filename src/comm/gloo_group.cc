@@ -49,11 +49,11 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/process_group.h"
 #include "core/bf16.h"
 #include "core/check.h"
-#include "dist/process_group.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 size_t dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
@@ -75,7 +75,7 @@ namespace detail {
 // is bounded by one deadline, so the whole rendezvous honours the caller's timeout.
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(tessera::dist::Store& store, std::string prefix, Millis timeout)
+  GlooStoreAdapter(tessera::comm::Store& store, std::string prefix, Millis timeout)
       : store_(store), prefix_(std::move(prefix)), deadline_(std::chrono::steady_clock::now() + timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -98,7 +98,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     return std::max(left, Millis(0));
   }
 
-  tessera::dist::Store& store_;
+  tessera::comm::Store& store_;
   std::string prefix_;
   std::chrono::steady_clock::time_point deadline_;
 };
@@ -500,4 +500,4 @@ std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, 
   }
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

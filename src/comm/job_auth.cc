@@ -1,14 +1,14 @@
 // HMAC-SHA256 proofs and names derived from the job token, on OpenSSL's libcrypto.
-#include "dist/job_auth.h"
+#include "comm/job_auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
-namespace tessera::dist::auth {
+namespace tessera::comm::auth {
 namespace {
 
 std::string hmac_sha256(const std::string& key, const std::string& message) {
@@ -60,4 +60,4 @@ bool same_secret(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-}  // namespace tessera::dist::auth
+}  // namespace tessera::comm::auth

@@ -24,13 +24,13 @@
 #include <thread>
 #include <vector>
 
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
-#include "dist/store_impl.h"
-#include "dist/tcp_store_frame.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/store_impl.h"
+#include "comm/tcp_store_frame.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -512,4 +512,4 @@ std::unique_ptr<Store> make_tcp_store(const std::string& endpoint, const std::st
   return std::make_unique<TcpStore>(endpoint, job_token, round, timeout);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

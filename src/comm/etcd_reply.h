@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
-namespace tessera::dist::etcd {
+namespace tessera::comm::etcd {
 
 using json = nlohmann::json;
 
@@ -253,4 +253,4 @@ inline int keepalive_result(const std::string& text) {
   }
 }
 
-}  // namespace tessera::dist::etcd
+}  // namespace tessera::comm::etcd

@@ -21,13 +21,13 @@
 #include <thread>
 #include <vector>
 
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
-#include "dist/tcp_store_frame.h"
-#include "dist/test_util.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/tcp_store_frame.h"
+#include "comm/test_util.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using namespace test_util;  // NOLINT: the shared test helpers
@@ -331,4 +331,4 @@ TEST(TcpStore, ServerMustProveTheToken) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,4 +1,4 @@
-// Collective communication between the ranks of a job (ARCHITECTURE.md, dist). Every operation
+// Collective communication between the ranks of a job (ARCHITECTURE.md, comm). Every operation
 // is asynchronous (a Work handle), has a timeout, is numbered per group, and counts the bytes it
 // sends; a failure raises CollectiveError naming the operation, its sequence number and the rank.
 #pragma once
@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
+#include "comm/store.h"
 #include "core/error.h"
-#include "dist/store.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 enum class DType { kF32, kBF16 };
 size_t dtype_bytes(DType t);
@@ -78,4 +78,4 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
 std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, const std::string& interface_host,
                                               Millis timeout);
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,12 +1,12 @@
 // Rendezvous URLs (etcd://HOST:PORT/PREFIX, file://DIR) and the store each names.
-#include "dist/store.h"
+#include "comm/store.h"
 
 #include <string>
 
+#include "comm/store_impl.h"
 #include "core/error.h"
-#include "dist/store_impl.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 StoreUrl parse_store_url(const std::string& url) {
   auto bad = [&](const std::string& why) {
@@ -61,4 +61,4 @@ std::unique_ptr<Store> make_store(const std::string& url, const std::string& job
   return make_etcd_store(u.endpoint, u.prefix, job_token, round, timeout);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

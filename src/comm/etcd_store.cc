@@ -9,13 +9,13 @@
 #include <string>
 #include <thread>
 
-#include "dist/etcd_reply.h"
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
-#include "dist/store_impl.h"
+#include "comm/etcd_reply.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/store_impl.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using namespace etcd;  // NOLINT: the reply readers
@@ -424,4 +424,4 @@ std::unique_ptr<EtcdStore> make_etcd_store(const std::string& endpoint, const st
   return store;
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

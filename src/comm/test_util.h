@@ -1,4 +1,4 @@
-// Helpers for the dist tests: temporary directories and ranks in forked processes.
+// Helpers for the comm tests: temporary directories and ranks in forked processes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-namespace tessera::dist::test_util {
+namespace tessera::comm::test_util {
 
 using Clock = std::chrono::steady_clock;
 
@@ -26,7 +26,7 @@ inline double seconds_since(Clock::time_point t0) { return std::chrono::duration
 struct TempDir {
   std::string path;
   TempDir() {
-    char tmpl[] = "/tmp/tessera_dist_test_XXXXXX";
+    char tmpl[] = "/tmp/tessera_comm_test_XXXXXX";
     char* p = ::mkdtemp(tmpl);
     if (p == nullptr) std::abort();
     path = p;
@@ -95,4 +95,4 @@ inline void expect_all_ok(const std::vector<int>& status) {
   for (size_t r = 0; r < status.size(); ++r) EXPECT_EQ(status[r], 0) << "rank " << r;
 }
 
-}  // namespace tessera::dist::test_util
+}  // namespace tessera::comm::test_util

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
@@ -127,4 +127,4 @@ StoreUrl parse_store_url(const std::string& url);
 std::unique_ptr<Store> make_store(const std::string& url, const std::string& job_token, const std::string& round,
                                   Millis timeout);
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,11 +1,11 @@
 // Helpers over any ProcessGroup.
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 std::string broadcast_string(ProcessGroup& group, const std::string& text, int root, const CollectiveOptions& options) {
   float length_slot = 0.0f;
@@ -21,4 +21,4 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
   return std::string(reinterpret_cast<const char*>(slots.data()), n);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -15,13 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/test_util.h"
 #include "core/bf16.h"
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/test_util.h"
-#include "dist/store.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using namespace test_util;  // NOLINT: the shared test helpers
@@ -464,4 +464,4 @@ TEST(GlooGroup, DISABLED_Bandwidth64MiB) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace tessera::dist::tcp {
+namespace tessera::comm::tcp {
 
 enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kCheck, kList };
 enum Status : uint8_t { kOk = 0, kMissing, kRefused, kNotInteger };
@@ -66,4 +66,4 @@ inline std::string encode_frame(uint8_t head, std::string_view a, const std::str
   return frame;
 }
 
-}  // namespace tessera::dist::tcp
+}  // namespace tessera::comm::tcp

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace tessera::dist::auth {
+namespace tessera::comm::auth {
 
 // Proofs and nonces are raw bytes of this length (HMAC-SHA256).
 inline constexpr size_t kProofBytes = 32;
@@ -35,4 +35,4 @@ std::string proof(const std::string& token, std::string_view role, std::string_v
 // Constant-time equality for proofs (CRYPTO_memcmp): a stranger learns nothing from timing.
 bool same_secret(std::string_view a, std::string_view b);
 
-}  // namespace tessera::dist::auth
+}  // namespace tessera::comm::auth

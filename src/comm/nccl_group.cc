@@ -18,7 +18,7 @@
 //   broadcast       c elem on every rank but the last of the ring root, root+1, ..., root-1
 //                   (that is, rank (root + W - 1) % W sends 0)
 //   barrier         the all_reduce formula for one fp32 element: 8 (W-1) / W
-#include "dist/nccl_group.h"
+#include "comm/nccl_group.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -33,7 +33,7 @@
 
 #include "core/check.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 namespace detail {
 
@@ -503,4 +503,4 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, int rank, int size, 
   return std::make_unique<detail::NcclGroup>(std::move(state), timeout);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

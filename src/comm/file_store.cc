@@ -13,12 +13,12 @@
 #include <string>
 #include <thread>
 
-#include "dist/job_auth.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
-#include "dist/store_impl.h"
+#include "comm/job_auth.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/store_impl.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 std::string sys_error(const std::string& what, const std::string& path) {
@@ -258,4 +258,4 @@ std::unique_ptr<Store> make_file_store(const std::string& dir, const std::string
   return std::make_unique<FileStore>(round_dir);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

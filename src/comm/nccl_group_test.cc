@@ -19,13 +19,13 @@
 #include <thread>
 #include <vector>
 
-#include "dist/nccl_group.h"
+#include "comm/nccl_group.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "comm/test_util.h"
 #include "core/bf16.h"
-#include "dist/process_group.h"
-#include "dist/test_util.h"
-#include "dist/store.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using namespace test_util;  // NOLINT: the shared test helpers
@@ -265,7 +265,7 @@ TEST(NcclGroup, CollectiveTimeoutAborts) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm
 
 #else  // !TESSERA_HAS_NCCL
 

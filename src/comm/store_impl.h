@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace tessera::dist::detail {
+namespace tessera::comm::detail {
 
 // Token, round and prefix parts become path components: refuse anything that could climb or nest.
 inline bool valid_store_name(const std::string& name) {
@@ -46,4 +46,4 @@ inline std::string join_keys(const std::vector<std::string>& keys) {
   return s;
 }
 
-}  // namespace tessera::dist::detail
+}  // namespace tessera::comm::detail
