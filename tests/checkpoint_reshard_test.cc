@@ -9,8 +9,9 @@
 #include <fstream>
 
 #include "checkpoint/directory.h"
+#include "launch/local_workers.h"
+#include "parallel/job.h"
 #include "train/checkpointer.h"
-#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -56,14 +57,12 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
 
   // 4 ranks, full_shard: 3 steps, then a checkpoint.
   const config::Config c4 = make_config(4, "full_shard", 0);
-  ASSERT_EQ(train::run_local_workers(4,
+  ASSERT_EQ(launch::run_local_workers(4,
                                      [&](int rank) {
-                                       train::ProcessGroups groups((dir / "store4").string(), "job", "0", rank,
-                                                                   parallel::ParallelDims{1, 1, 4, 1},
-                                                                   comm::Millis(30000));
-                                       train::Trainer trainer(c4, "", groups.view());
+                                       const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4}, parallel::ParallelDims{1, 1, 4, 1}, comm::Millis(30000));
+                                       train::Trainer trainer(c4, "", job.view());
                                        for (int i = 0; i < 3; ++i) trainer.step();
-                                       train::Checkpointer checkpointer(c4, saved, groups.view());
+                                       train::Checkpointer checkpointer(c4, saved, job.view());
                                        checkpointer.save(trainer);
                                        return checkpointer.wait() ? 0 : 1;
                                      }),
@@ -74,15 +73,14 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   const config::Config ct = make_config(t.world, t.strategy, t.group);
   const parallel::ParallelDims dims = parallel::dims_for(ct, t.world);
   const int S = dims.dp_shard;
-  ASSERT_EQ(train::run_local_workers(t.world,
+  ASSERT_EQ(launch::run_local_workers(t.world,
                                      [&](int rank) {
-                                       train::ProcessGroups groups((dir / "store").string(), "job", "0", rank, dims,
-                                                                   comm::Millis(30000));
-                                       train::Trainer trainer(ct, "", groups.view());
+                                       const parallel::Job job({(dir / "store").string(), "job", "0", rank, t.world}, dims, comm::Millis(30000));
+                                       train::Trainer trainer(ct, "", job.view());
                                        train::load_checkpoint(trainer, step_dir);
                                        const train::TrainingState s = trainer.state();
                                        if (s.step != 3 || s.tokens != 3 * 12 * 64 || s.sampler_position != 36) return 2;
-                                       train::Checkpointer checkpointer(ct, loaded, groups.view());
+                                       train::Checkpointer checkpointer(ct, loaded, job.view());
                                        checkpointer.save(trainer);
                                        if (!checkpointer.wait()) return 3;
                                        trainer.step();  // continues with the next global batch: samples [36, 48)

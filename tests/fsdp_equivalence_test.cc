@@ -17,8 +17,9 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/rng.h"
+#include "launch/local_workers.h"
 #include "model/layout.h"
-#include "train/distributed.h"
+#include "parallel/job.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -179,10 +180,9 @@ TEST_P(Fsdp, MatchesOneProcess) {
   fs::remove_all(dir);
   fs::create_directories(dir / "ref");
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
-  const int rc = train::run_local_workers(c.world, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "test-job", "0", rank, parallel::dims_for(sharded, c.world),
-                                comm::Millis(30000));
-    train::Trainer trainer(sharded, "", groups.view());
+  const int rc = launch::run_local_workers(c.world, [&](int rank) {
+    const parallel::Job job({dir.string(), "test-job", "0", rank, c.world}, parallel::dims_for(sharded, c.world), comm::Millis(30000));
+    train::Trainer trainer(sharded, "", job.view());
     jitter_norm_gains(trainer);
     run_and_write(trainer, rank, kSteps, dir);
     return 0;
@@ -284,10 +284,9 @@ TEST_P(MaskedTargets, MatchOneProcess) {
   fs::remove_all(dir);
   fs::create_directories(dir / "ref");
   const config::Config sharded = make_config(c, c.micro_batch, c.world);
-  const int rc = train::run_local_workers(c.world, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "masked", "0", rank, parallel::dims_for(sharded, c.world),
-                                comm::Millis(30000));
-    train::Trainer trainer(sharded, "", groups.view());
+  const int rc = launch::run_local_workers(c.world, [&](int rank) {
+    const parallel::Job job({dir.string(), "masked", "0", rank, c.world}, parallel::dims_for(sharded, c.world), comm::Millis(30000));
+    train::Trainer trainer(sharded, "", job.view());
     const train::Trainer::BatchSource next = MaskedSource(sharded, rank, c.world);
     run_and_write(trainer, rank, kSteps, dir, &next);
     return 0;
@@ -327,9 +326,9 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   fs::create_directories(dir);
   const config::Config cfg = make_config(c, c.micro_batch, c.world);
   const int S = parallel::dims_for(cfg, c.world).dp_shard, W = c.world;
-  const int rc = train::run_local_workers(W, [&](int rank) {
-    train::ProcessGroups groups(dir.string(), "bytes", "0", rank, parallel::dims_for(cfg, W), comm::Millis(30000));
-    const train::Distributed d = groups.view();
+  const int rc = launch::run_local_workers(W, [&](int rank) {
+    const parallel::Job job({dir.string(), "bytes", "0", rank, W}, parallel::dims_for(cfg, W), comm::Millis(30000));
+    const parallel::Distributed d = job.view();
     train::Trainer trainer(cfg, "", d);
     trainer.step();  // the first step records the order; count the second
     auto sent = [&](comm::ProcessGroup* g, comm::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };

@@ -21,12 +21,13 @@
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
 #include "launch/agent.h"
+#include "launch/local_workers.h"
+#include "launch/worker_env.h"
 #include "metrics/memory.h"
 #include "model/model_config.h"
-#include "parallel/mesh.h"
 #include "tessera/build_config.h"
+#include "parallel/job.h"
 #include "train/checkpointer.h"
-#include "train/distributed.h"
 #include "train/reporter.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -199,9 +200,9 @@ int cmd_train(const Args& args) {
   if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
   const config::Config c = load_config(a);
   const std::string resume = a.get("--resume", "");
-  if (train::WorkerEnv env; train::worker_env(&env)) {  // one rank of a launched job
+  if (launch::WorkerEnv env; launch::worker_env(&env)) {  // one rank of a launched job
     if (!a.flags.count("--run-dir")) throw ConfigError("a launched worker needs --run-dir (shared by every rank)");
-    train::run_worker(c, a.get("--run-dir", ""), env, resume.empty() ? "auto" : resume);
+    train::run_worker(c, a.get("--run-dir", ""), env.job, env.heartbeat, resume.empty() ? "auto" : resume);
     return kExitOk;
   }
   if (resume == "none") throw ConfigError("--resume none is for workers started by an agent; omit --resume instead");
@@ -238,7 +239,7 @@ struct SaveTimes {
   uint64_t bytes = 0;
 };
 
-SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir, const train::Distributed& dist) {
+SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir, const parallel::Distributed& dist) {
   SaveTimes t;
   train::Checkpointer checkpointer(trainer.config(), checkpoint_dir, dist);
   for (int i = 0; i < 3; ++i) {
@@ -254,7 +255,7 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
 }
 
 // Runs `steps` steps; rank 0 prints the JSON line.
-void bench_worker(const config::Config& c, long long steps, const train::Distributed& dist,
+void bench_worker(const config::Config& c, long long steps, const parallel::Distributed& dist,
                   const std::string& checkpoint_dir) {
   train::Trainer trainer(c, "", dist);
   const metrics::Peak peak = train::job_peak(c, dist);
@@ -366,11 +367,11 @@ int cmd_bench(const Args& args) {
   }
   if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
   const std::string store = fmt::format("/tmp/tessera-bench-{}", getpid());
-  const int rc = train::run_local_workers(world, [&](int rank) {
+  const int rc = launch::run_local_workers(world, [&](int rank) {
     train::configure_threads(c);
-    train::ProcessGroups groups(store, "bench", "0", rank, parallel::dims_for(c, world),
-                                comm::Millis(c.parallel.timeout_ms));
-    bench_worker(c, steps, groups.view(), checkpoint_dir);
+    const parallel::Job job({store, "bench", "0", rank, world}, parallel::dims_for(c, world),
+                            comm::Millis(c.parallel.timeout_ms));
+    bench_worker(c, steps, job.view(), checkpoint_dir);
     return 0;
   });
   std::error_code ec;

@@ -22,7 +22,7 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "train/distributed.h"
+#include "parallel/job.h"
 
 namespace tessera::train {
 namespace {
@@ -69,7 +69,7 @@ void mirror_checkpoint(const std::string& root, int64_t step, const std::string&
 
 }  // namespace
 
-Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist)
+Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist)
     : config_(config), root_(root), mirror_root_(ck::mirror_root(config.checkpoint.mirror_dir, root)), dist_(dist) {
   std::error_code ec;
   fs::create_directories(root_, ec);
@@ -463,7 +463,7 @@ constexpr int kReadAttempts = 4;  // a failed read is retried after 0.5, 1 and 2
 }  // namespace
 
 std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
-                                                  const std::string& spec, const Distributed& dist) {
+                                                  const std::string& spec, const parallel::Distributed& dist) {
   if (dist.world() == nullptr) return resume_candidates(config, root, spec);
   std::string text;
   if (dist.rank() == 0) {
@@ -482,7 +482,7 @@ std::vector<std::string> agreed_resume_candidates(const config::Config& config, 
 }
 
 std::string resume_from(Trainer& trainer, const std::vector<std::string>& candidates) {
-  const Distributed& dist = trainer.distributed();
+  const parallel::Distributed& dist = trainer.distributed();
   std::string errors;
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string error;

@@ -4,7 +4,7 @@
 // Save: the step loop copies this rank's shards (fp32 master parameters, AdamW moments) into a
 // host buffer and goes on; a writer thread writes and fsyncs RUN/checkpoints/step_N/shard_K.bin
 // (one file per shard rank: replicas hold the same shard, so only the first replica writes) and
-// reports to rank 0 through the store, under keys of this attempt (Distributed::attempt). Rank 0
+// reports to rank 0 through the store, under keys of this attempt (parallel::Distributed::attempt). Rank 0
 // commits once every rank has reported success and every shard file read back has the size and
 // checksum its rank reported, unless a later attempt owns the directory (ROOT/.attempt, written
 // at start-up: the fence): manifest.json written to a temporary name, fsynced, renamed, then
@@ -33,7 +33,7 @@ class Checkpointer {
  public:
   // root: the checkpoint directory (RUN/checkpoints), created if missing. Rank 0 removes the
   // directories of saves that never committed, and mirrors each commit to checkpoint::mirror_root().
-  Checkpointer(const config::Config& config, const std::string& root, const Distributed& dist);
+  Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist);
   ~Checkpointer();  // waits for the save in flight and the mirror copy
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -65,7 +65,7 @@ class Checkpointer {
   config::Config config_;
   std::string root_;
   std::string mirror_root_;  // "" without checkpoint.mirror_dir
-  Distributed dist_;
+  parallel::Distributed dist_;
   std::vector<float> host_;                    // param, exp_avg, exp_avg_sq of every unit's shard
   std::vector<checkpoint::TensorView> views_;  // into host_, in file order
   int64_t last_started_ = -1;
@@ -91,7 +91,7 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
 // directory itself could read another `latest` (NFS attribute caching, a racing writer) and
 // load another step. Rank 0's DataError is thrown on every rank.
 std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
-                                                  const std::string& spec, const Distributed& dist);
+                                                  const std::string& spec, const parallel::Distributed& dist);
 // Loads a committed checkpoint into the trainer: this rank's slices of parameters and moments
 // (re-cut for its world size and strategy), step, tokens and data position. Throws DataError
 // naming the file and tensor when something is damaged or was written for another model.

@@ -10,7 +10,7 @@
 
 #include "checkpoint/directory.h"
 #include "comm/test_util.h"
-#include "train/distributed.h"
+#include "parallel/job.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -37,11 +37,11 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   const std::string root = dir.path + "/checkpoints";
   const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
   // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
-  const int rc = run_local_workers(2, [&](int rank) {
-    ProcessGroups groups(dir.path + "/store", "job", "0", rank, parallel::ParallelDims{1, 1, 2, 1},
-                         comm::Millis(20000));
-    Trainer trainer(c, "", groups.view());
-    Checkpointer checkpointer(c, root, groups.view());
+  const std::vector<int> status = comm::test_util::run_ranks(2, [&](int rank) {
+    const parallel::Job job({dir.path + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
+                            comm::Millis(20000));
+    Trainer trainer(c, "", job.view());
+    Checkpointer checkpointer(c, root, job.view());
     trainer.step();
     checkpointer.save(trainer);
     if (!checkpointer.wait()) return 1;
@@ -49,8 +49,8 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
     if (rank == 1) trainer.params().adam_v_shard(1)[3] = std::numeric_limits<float>::infinity();
     checkpointer.save(trainer);
     return checkpointer.wait() ? 2 : 0;
-  });
-  EXPECT_EQ(rc, 0);
+  }, 60);
+  comm::test_util::expect_all_ok(status);
   EXPECT_EQ(checkpoint::read_latest(root), 1);
   EXPECT_FALSE(std::filesystem::exists(root + "/" + checkpoint::step_dir_name(2)));
 }
@@ -62,7 +62,7 @@ TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
   comm::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
   const config::Config c = tiny_config();
-  Distributed old_attempt, new_attempt;
+  parallel::Distributed old_attempt, new_attempt;
   old_attempt.attempt = "0123456789abcdef";
   new_attempt.attempt = "fedcba9876543210";
   Trainer trainer(c, "", old_attempt);

@@ -64,7 +64,7 @@ bool check_gemm(bool corrupt, double* worst) {
 
 }  // namespace
 
-HealthFigures health_check(const Distributed& dist, const config::Config& config,
+HealthFigures health_check(const parallel::Distributed& dist, const config::Config& config,
                            std::vector<double>* bus_gbps_per_rank) {
   const double t0 = now_seconds();
   const int rank = dist.rank(), world = dist.world_size();

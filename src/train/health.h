@@ -25,7 +25,7 @@ struct HealthFigures {
 // so all of them throw the same HealthError naming the failing rank(s) and checks (exit code 4,
 // never restarted); rank 0 logs the figures. Fault point "health" (kind fail) corrupts this
 // rank's GEMM result. Returns this rank's figures and, in `bus_gbps_per_rank`, every rank's.
-HealthFigures health_check(const Distributed& dist, const config::Config& config,
+HealthFigures health_check(const parallel::Distributed& dist, const config::Config& config,
                            std::vector<double>* bus_gbps_per_rank = nullptr);
 
 }  // namespace tessera::train

@@ -38,7 +38,7 @@ TEST(Health, PassesOnHealthyRanksWithEveryRanksBandwidth) {
           [&](const std::string& prefix) { return comm::make_file_store(dir.path, "job", "r0." + prefix); },
           std::chrono::seconds(10));
       config::Config config;
-      Distributed d;
+      parallel::Distributed d;
       d.mesh = &mesh;
       std::vector<double> gbps;
       const HealthFigures f = health_check(d, config, &gbps);

@@ -49,7 +49,7 @@ std::string format_count(double n) {
   return fmt::format("{:.0f}", n);
 }
 
-metrics::Peak job_peak(const config::Config& config, const Distributed& dist) {
+metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist) {
   const int world = dist.world_size();
   const double configured = config.metrics.peak_flops;
   if (configured < 0) return {};
@@ -92,7 +92,7 @@ double StragglerWatch::median_of_others(const std::vector<double>& busy, int ran
   return others_[others_.size() / 2];
 }
 
-StepReporter::StepReporter(const config::Config& config, const std::string& run_dir, const Distributed& dist,
+StepReporter::StepReporter(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
                            const metrics::Peak& peak, int64_t first_step)
     : config_(config),
       metrics_path_(run_dir + "/metrics.jsonl"),

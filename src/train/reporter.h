@@ -20,7 +20,7 @@ std::string format_count(double n);
 
 // The job's peak FLOP/s for MFU: metrics.peak_flops per rank when set; otherwise every rank
 // measures its own (metrics::calibrate_cpu_peak) and the ranks sum them (a collective).
-metrics::Peak job_peak(const config::Config& config, const Distributed& dist);
+metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist);
 
 // RELIABILITY row 17: a rank whose busy time stays above `factor` x the median of the other
 // ranks' for `steps` steps in a row is a straggler (its peers spend that time waiting for it).
@@ -43,7 +43,7 @@ class StepReporter {
  public:
   // Opens RUN/metrics.jsonl (keeping the records up to `first_step` of a resumed run) and, with
   // metrics.prometheus_port set, the endpoint.
-  StepReporter(const config::Config& config, const std::string& run_dir, const Distributed& dist,
+  StepReporter(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
                const metrics::Peak& peak, int64_t first_step);
   ~StepReporter();
 

@@ -28,7 +28,6 @@
 #include "data/bundled.h"
 #include "tessera/build_config.h"
 #include "train/checkpointer.h"
-#include "train/distributed.h"
 #include "train/health.h"
 #include "train/reporter.h"
 #include "train/trainer.h"
@@ -119,7 +118,7 @@ class Heartbeat {
 
 // One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
-                  const std::string& resume, const Distributed& dist, const std::string& heartbeat_path = "") {
+                  const std::string& resume, const parallel::Distributed& dist, const std::string& heartbeat_path = "") {
   Heartbeat heartbeat(heartbeat_path);
   std::error_code ec;
   const bool leader = dist.rank() == 0;
@@ -303,20 +302,21 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   train_worker(config, dataset, run_dir, resume, {});
 }
 
-void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume) {
+void run_worker(const config::Config& config, const std::string& run_dir, const parallel::JobAddress& job,
+                const std::string& heartbeat, std::string resume) {
   const StopSignals stop;  // before the first thread starts
   if (resume == "none") resume.clear();
-  log::set_rank(env.rank);
-  if (config.parallel.nproc != env.world) {
+  log::set_rank(job.rank);
+  if (config.parallel.nproc != job.world) {
     throw ConfigError(fmt::format("parallel.nproc = {} but this job has {} ranks (set parallel.nproc = {})",
-                                  config.parallel.nproc, env.world, env.world));
+                                  config.parallel.nproc, job.world, job.world));
   }
   // An agent holds the run directory's lock for its workers; ranks started without one (Slurm,
   // torchrun-style) share it as one job: the same token and round.
   std::optional<RunLock> lock;
-  if (env.heartbeat.empty()) lock.emplace(run_dir, comm::auth::job_namespace(env.job_token) + "." + env.round);
+  if (heartbeat.empty()) lock.emplace(run_dir, comm::auth::job_namespace(job.token) + "." + job.round);
   if (resume.empty()) checkpoint::refuse_fresh_run_over_checkpoints(run_dir, config.checkpoint.mirror_dir);
-  if (env.rank == 0) {
+  if (job.rank == 0) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     if (ec) throw IoError(fmt::format("cannot create run directory {}: {}", run_dir, ec.message()));
@@ -328,18 +328,17 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   configure_threads(config);
   // torchrun-style: rank 0 serves the job's TCP store at MASTER_ADDR:MASTER_PORT.
   std::unique_ptr<comm::TcpStoreServer> server;
-  const comm::StoreUrl url = comm::parse_store_url(env.rdzv);
-  if (url.kind == comm::StoreUrl::Kind::kTcp && env.rank == 0) {
+  const comm::StoreUrl url = comm::parse_store_url(job.store);
+  if (url.kind == comm::StoreUrl::Kind::kTcp && job.rank == 0) {
     const size_t colon = url.endpoint.rfind(':');
     server = std::make_unique<comm::TcpStoreServer>(url.endpoint.substr(0, colon),
-                                                    std::stoi(url.endpoint.substr(colon + 1)), env.job_token);
+                                                    std::stoi(url.endpoint.substr(colon + 1)), job.token);
   }
-  ProcessGroups groups(env.rdzv, env.job_token, env.round, env.rank, parallel::dims_for(config, env.world),
-                       comm::Millis(config.parallel.timeout_ms), env.host);
-  train_worker(config, dataset, run_dir, resume, groups.view(), env.heartbeat);
+  const parallel::Job joined(job, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms));
+  train_worker(config, dataset, run_dir, resume, joined.view(), heartbeat);
   // The store may still be read (a checkpoint outcome) until every rank is done.
-  if (url.kind == comm::StoreUrl::Kind::kTcp && groups.view().world() != nullptr) {
-    groups.view().world()->barrier({comm::Millis(config.parallel.timeout_ms)})->wait();
+  if (url.kind == comm::StoreUrl::Kind::kTcp && joined.view().world() != nullptr) {
+    joined.view().world()->barrier({comm::Millis(config.parallel.timeout_ms)})->wait();
   }
 }
 

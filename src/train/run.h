@@ -7,7 +7,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
-#include "train/distributed.h"
+#include "parallel/job.h"
 
 namespace tessera::train {
 
@@ -23,10 +23,12 @@ namespace tessera::train {
 void run_training(const config::Config& config, const std::string& run_dir, const std::string& resume = "");
 
 // One rank of a job that something else started (`tessera launch`, Slurm, torchrun-style
-// variables: see WorkerEnv): joins the job's store round, trains, checkpoints. parallel.nproc
-// must equal the job's world size. resume: as run_training's, "none" meaning "". Without an agent
-// (no heartbeat file) the ranks share the run directory's lock (RunLock) as one job.
-void run_worker(const config::Config& config, const std::string& run_dir, const WorkerEnv& env, std::string resume);
+// variables): joins the job at `job`, trains, checkpoints; rank 0 serves the job's store when it
+// is a tcp:// URL. parallel.nproc must equal job.world. heartbeat: a file rewritten after every
+// step for the agent ("" for none). resume: as run_training's, "none" meaning "". Without an
+// agent (no heartbeat file) the ranks share the run directory's lock (RunLock) as one job.
+void run_worker(const config::Config& config, const std::string& run_dir, const parallel::JobAddress& job,
+                const std::string& heartbeat, std::string resume);
 
 // The dataset directory a config trains on: "" for synthetic data, the prepared bundled corpus
 // for "bundled" (preparing it on first use), else data.dataset itself.

@@ -41,7 +41,7 @@ int configure_threads(const config::Config& config) {
   return num_threads();
 }
 
-Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist)
+Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist)
     : config_(config),
       dist_(dist),
       layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard)),

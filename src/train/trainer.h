@@ -18,7 +18,7 @@
 #include "metrics/memory.h"
 #include "model/llama.h"
 #include "optim/schedule.h"
-#include "parallel/mesh.h"
+#include "parallel/job.h"
 #include "train/synthetic.h"
 
 namespace tessera::train {
@@ -55,29 +55,12 @@ struct TrainingState {
   int64_t optimizer_steps = 0;    // AdamW updates applied: step less the skipped ones (bias correction)
 };
 
-// A rank's place in its job: the mesh (its coordinate, size and process group in each parallel
-// dimension), the store the checkpoint writer agrees through, and the attempt. The default is a
-// single process: the world-1 mesh, no store.
-struct Distributed {
-  const parallel::Mesh* mesh = &parallel::Mesh::single();
-  comm::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
-  // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
-  // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
-  // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
-  std::string attempt;
-
-  // The whole job: global rank, world size, the group of all ranks (null in a single process).
-  int rank() const { return mesh->rank(); }
-  int world_size() const { return mesh->size(); }
-  comm::ProcessGroup* world() const { return mesh->group(parallel::Dim::kWorld); }
-};
-
 class Trainer {
  public:
   // dataset_dir: a prepared dataset (its train and val splits), or empty for synthetic tokens.
   // Throws ConfigError when the model's vocabulary does not match the dataset's tokenizer. A
   // single process is the same code as rank 0 of 1.
-  Trainer(const config::Config& config, const std::string& dataset_dir, const Distributed& dist = {});
+  Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist = {});
 
   // One optimizer step over the next global batch. On a non-finite loss or gradient norm (seen
   // by every rank in the same step: both are all-reduced) parameters and optimizer state are
@@ -113,7 +96,7 @@ class Trainer {
   int64_t validation_batches() const;
 
   const config::Config& config() const { return config_; }
-  const Distributed& distributed() const { return dist_; }
+  const parallel::Distributed& distributed() const { return dist_; }
   const model::ModelLayout& layout() const { return layout_; }
   model::Llama& model() { return model_; }
   fsdp::ShardedParams& params() { return *params_; }
@@ -144,7 +127,7 @@ class Trainer {
   bool counts_loss() const;
 
   config::Config config_;
-  Distributed dist_;
+  parallel::Distributed dist_;
   model::ModelLayout layout_;
   std::unique_ptr<fsdp::ShardedParams> params_;
   model::Llama model_;

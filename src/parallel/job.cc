@@ -1,0 +1,30 @@
+// Joining a job: the mesh, the checkpoint writer's store and the agreed attempt.
+#include "parallel/job.h"
+
+#include "comm/job_auth.h"
+#include "core/check.h"
+
+namespace tessera::parallel {
+
+Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout) {
+  CHECK_MSG(dims.world() == address.world, "the layout's world size must be the job's");
+  if (dims.world() == 1) {
+    mesh_ = std::make_unique<Mesh>();
+    return;
+  }
+  // A URL (file://DIR, etcd://HOST:PORT/PREFIX, tcp://HOST:PORT) or a plain directory for the file store.
+  auto store = [&](const std::string& name) {
+    const std::string round = address.round + "." + name;
+    return address.store.find("://") != std::string::npos
+               ? comm::make_store(address.store, address.token, round, timeout)
+               : comm::make_file_store(address.store, address.token, round);
+  };
+  mesh_ = std::make_unique<Mesh>(dims, address.rank, store, timeout, address.host);
+  attempt_ = comm::broadcast_string(*mesh_->group(Dim::kWorld), address.rank == 0 ? comm::auth::random_hex(8) : "",
+                                    0, {timeout});
+  checkpoint_store_ = store("checkpoint");
+}
+
+Job::~Job() = default;
+
+}  // namespace tessera::parallel
