@@ -68,7 +68,7 @@ void jitter_norm_gains(train::Trainer& trainer) {
   fsdp::ShardedParams& p = trainer.params();
   const model::ModelLayout& layout = trainer.layout();
   for (int u = 0; u < layout.num_units(); ++u) {
-    const int64_t begin = p.shard_begin(u), end = begin + p.shard_size(u);
+    const int64_t begin = p.shard_range(u).begin, end = p.shard_range(u).end();
     for (const model::TensorSpec& t : layout.units()[u].tensors) {
       if (t.decay) continue;
       for (int64_t e = std::max(begin, t.offset); e < std::min(end, t.offset + t.numel()); ++e) {

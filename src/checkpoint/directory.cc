@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
+#include "parallel/shard_range.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -177,7 +178,7 @@ std::vector<std::string> verify(const std::string& step_dir) {
         for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
           const std::string name = Manifest::tensor_name(u.name, kind);
           const ShardEntry* e = shard.find(name);
-          if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(u.padded / m.shard_size)) {
+          if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(parallel::shard_range(u.padded, m.shard_size, f.shard_rank).size)) {
             problems.push_back(fmt::format("{}: tensor {} is {}", path, name, e ? "of the wrong size" : "missing"));
             continue;
           }
@@ -212,7 +213,7 @@ const ShardEntry& CheckpointReader::slice_entry(int shard_rank, const ManifestUn
   ShardFile& file = shard(shard_rank);
   const std::string name = Manifest::tensor_name(u.name, kind);
   const ShardEntry* e = file.find(name);
-  if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(u.padded / manifest_.shard_size)) {
+  if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(parallel::shard_range(u.padded, manifest_.shard_size, shard_rank).size)) {
     throw DataError(fmt::format("{}: tensor {} is {}", file.path(), name, e ? "of the wrong size" : "missing"));
   }
   return *e;
@@ -220,17 +221,17 @@ const ShardEntry& CheckpointReader::slice_entry(int shard_rank, const ManifestUn
 
 void CheckpointReader::read_slice(int unit, const char* kind, int64_t begin, int64_t count, float* out) {
   const ManifestUnit& u = manifest_.units.at(unit);
-  const int64_t per_shard = u.padded / manifest_.shard_size;
   std::fill(out, out + count, 0.0f);
   const int64_t end = std::min(begin + count, u.numel);
   for (int64_t pos = begin; pos < end;) {
-    const int k = static_cast<int>(pos / per_shard);
+    const int k = parallel::shard_owner(u.padded, manifest_.shard_size, pos);
+    const parallel::ShardRange file_range = parallel::shard_range(u.padded, manifest_.shard_size, k);
     const ShardEntry& e = slice_entry(k, u, kind);
-    ShardFile& file = shard(k);
-    scratch_.resize(per_shard);
-    file.read(e, scratch_.data());
-    const int64_t stop = std::min(end, (k + 1) * per_shard);
-    std::copy(scratch_.begin() + (pos - k * per_shard), scratch_.begin() + (stop - k * per_shard), out + (pos - begin));
+    scratch_.resize(file_range.size);
+    shard(k).read(e, scratch_.data());
+    const int64_t stop = std::min(end, file_range.end());
+    std::copy(scratch_.begin() + (pos - file_range.begin), scratch_.begin() + (stop - file_range.begin),
+              out + (pos - begin));
     pos = stop;
   }
 }

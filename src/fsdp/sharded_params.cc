@@ -22,7 +22,8 @@ namespace tessera::fsdp {
 namespace k = tessera::kernels::cpu;
 
 struct ShardedParams::Unit {
-  int64_t padded = 0, shard = 0;  // L and L/S
+  int64_t padded = 0;               // L
+  parallel::ShardRange range;       // this rank's elements of the unit: L/S of them
   float *master = nullptr, *grad = nullptr, *m = nullptr, *v = nullptr;  // this rank's shard
   float* full = nullptr;          // resident full parameters (master itself when S = 1)
   std::unique_ptr<comm::Work> gather;
@@ -55,7 +56,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   int64_t shard_total = 0, max_padded = 0;
   for (const model::UnitLayout& u : layout_.units()) {
     CHECK(u.padded % (16 * S) == 0);
-    shard_total += u.padded / S;
+    shard_total += parallel::shard_range(u.padded, S, shard_rank_).size;
     max_padded = std::max(max_padded, u.padded);
   }
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
@@ -66,19 +67,18 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   for (int i = 0; i < layout_.num_units(); ++i) {
     auto u = std::make_unique<Unit>();
     u->padded = layout_.units()[i].padded;
-    u->shard = u->padded / S;
-    u->master = state_.take<float>(u->shard);
-    u->grad = state_.take<float>(u->shard);
-    u->m = state_.take<float>(u->shard);
-    u->v = state_.take<float>(u->shard);
-    const int64_t begin = shard_rank_ * u->shard;
-    model::init_unit_slice(layout_, i, seed, begin, begin + u->shard, u->master);
+    u->range = parallel::shard_range(u->padded, S, shard_rank_);
+    u->master = state_.take<float>(u->range.size);
+    u->grad = state_.take<float>(u->range.size);
+    u->m = state_.take<float>(u->range.size);
+    u->v = state_.take<float>(u->range.size);
+    model::init_unit_slice(layout_, i, seed, u->range.begin, u->range.end(), u->master);
     if (S == 1) u->full = u->master;
     if (bf16) {
-      u->send16 = state_.take<uint16_t>(u->shard);
-      u->recv16 = state_.take<uint16_t>(u->shard);
+      u->send16 = state_.take<uint16_t>(u->range.size);
+      u->recv16 = state_.take<uint16_t>(u->range.size);
     }
-    if (image16) u->send16 = state_.take<uint16_t>(u->shard);
+    if (image16) u->send16 = state_.take<uint16_t>(u->range.size);
     units_.push_back(std::move(u));
   }
   if (S > 1) {
@@ -121,10 +121,10 @@ void ShardedParams::issue_gather(int unit) {
   u.backward_done = false;
   u.widened = false;
   if (param_dtype_ == comm::DType::kBF16) {
-    f32_to_bf16(u.master, u.send16, u.shard);
-    u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.shard, comm::DType::kBF16, options_);
+    f32_to_bf16(u.master, u.send16, u.range.size);
+    u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.range.size, comm::DType::kBF16, options_);
   } else {
-    u.gather = shard_group_->all_gather(u.master, u.full, u.shard, comm::DType::kF32, options_);
+    u.gather = shard_group_->all_gather(u.master, u.full, u.range.size, comm::DType::kF32, options_);
   }
 }
 
@@ -166,7 +166,7 @@ const uint16_t* ShardedParams::acquire_bf16(int unit) {
   // S = 1 gathers nothing: the image is the master rounded, rounded again whenever the unit is
   // acquired afresh, since masters change between steps (and through master_shard()). That
   // costs ~1/(B T) of the unit's GEMMs.
-  if (shards_ == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.shard);
+  if (shards_ == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.range.size);
   acquire_unit(unit);
   return shards_ == 1 ? u.send16 : companion_.at(u.full);
 }
@@ -199,7 +199,7 @@ void ShardedParams::complete_oldest_reduction() {
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
-  if (reduce_dtype_ == comm::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.shard);
+  if (reduce_dtype_ == comm::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.range.size);
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
 }
@@ -225,9 +225,9 @@ void ShardedParams::grads_ready(int unit) {
     if (reduce_dtype_ == comm::DType::kBF16) {
       uint16_t* h = companion_.at(u.full_grad);
       f32_to_bf16(u.full_grad, h, u.padded);
-      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.shard, comm::DType::kBF16, options_);
+      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.range.size, comm::DType::kBF16, options_);
     } else {
-      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.shard, comm::DType::kF32, options_);
+      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.range.size, comm::DType::kF32, options_);
     }
     pending_.push_back(unit);
   }
@@ -235,22 +235,22 @@ void ShardedParams::grads_ready(int unit) {
 }
 
 void ShardedParams::begin_step() {
-  for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->shard);
+  for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->range.size);
   cursor_ = 0;
   micro_ = 0;
 }
 
 double ShardedParams::finish_step(bool poison) {
   while (!pending_.empty()) complete_oldest_reduction();
-  if (poison && !units_.empty() && units_[0]->shard > 0) units_[0]->grad[0] = std::numeric_limits<float>::quiet_NaN();
+  if (poison && !units_.empty() && units_[0]->range.size > 0) units_[0]->grad[0] = std::numeric_limits<float>::quiet_NaN();
   if (replica_group_ != nullptr) {
     std::vector<std::unique_ptr<comm::Work>> works;
-    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->shard, comm::DType::kF32, options_));
+    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->range.size, comm::DType::kF32, options_));
     for (auto& w : works) wait(*w);
   }
   // Replicas hold identical shards, so the norm sums over one shard group only.
   double local = 0.0;
-  for (auto& u : units_) local += k::sum_squares(u->grad, u->shard);
+  for (auto& u : units_) local += k::sum_squares(u->grad, u->range.size);
   float sum = static_cast<float>(local);
   if (shard_group_ != nullptr) {
     auto w = shard_group_->all_reduce(&sum, 1, comm::DType::kF32, options_);
@@ -263,9 +263,8 @@ double ShardedParams::finish_step(bool poison) {
 void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale) {
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
-    if (grad_scale != 1.0) k::scale_inplace(u.grad, u.shard, static_cast<float>(grad_scale));
-    const int64_t begin = shard_rank_ * u.shard;
-    optim::adamw_update(layout_.units()[i], begin, begin + u.shard, u.master, u.grad, u.m, u.v, adam, lr, step);
+    if (grad_scale != 1.0) k::scale_inplace(u.grad, u.range.size, static_cast<float>(grad_scale));
+    optim::adamw_update(layout_.units()[i], u.range.begin, u.range.end(), u.master, u.grad, u.m, u.v, adam, lr, step);
   }
 }
 
@@ -280,7 +279,7 @@ std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard)
     const float* p = u.*shard;
     if (shards_ > 1) {
       full.resize(u.padded);
-      auto w = shard_group_->all_gather(u.*shard, full.data(), u.shard, comm::DType::kF32, options_);
+      auto w = shard_group_->all_gather(u.*shard, full.data(), u.range.size, comm::DType::kF32, options_);
       w->wait();
       p = full.data();
     }
@@ -296,7 +295,7 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
   for (const auto& t : tensors) by_name[t.name] = &t;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
-    const int64_t begin = shard_begin(i), end = begin + u.shard;
+    const int64_t begin = u.range.begin, end = u.range.end();
     for (const model::TensorSpec& spec : layout_.units()[i].tensors) {
       auto it = by_name.find(spec.name);
       if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, spec.name));
@@ -311,7 +310,7 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
   }
 }
 
-int64_t ShardedParams::shard_size(int unit) const { return units_[unit]->shard; }
+parallel::ShardRange ShardedParams::shard_range(int unit) const { return units_[unit]->range; }
 float* ShardedParams::master_shard(int unit) { return units_[unit]->master; }
 const float* ShardedParams::adam_m_shard(int unit) const { return units_[unit]->m; }
 float* ShardedParams::adam_m_shard(int unit) { return units_[unit]->m; }
@@ -320,9 +319,9 @@ float* ShardedParams::adam_v_shard(int unit) { return units_[unit]->v; }
 StateBytes ShardedParams::state_bytes() const {
   StateBytes b;
   for (const auto& u : units_) {
-    b.params += sizeof(float) * u->shard;
-    b.grads += sizeof(float) * u->shard;
-    b.optimizer += 2 * sizeof(float) * u->shard;
+    b.params += sizeof(float) * u->range.size;
+    b.grads += sizeof(float) * u->range.size;
+    b.optimizer += 2 * sizeof(float) * u->range.size;
   }
   return b;
 }

@@ -28,6 +28,7 @@
 #include "model/param_source.h"
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
+#include "parallel/shard_range.h"
 
 namespace tessera::fsdp {
 
@@ -79,9 +80,8 @@ class ShardedParams final : public model::ParamSource {
   // Sets this rank's shards from full tensors by name. Throws DataError naming `origin` and the
   // tensor when one is missing or has another shape.
   void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
-  // This rank's shard of `unit`: elements [shard_begin(unit), + shard_size(unit)) of the unit.
-  int64_t shard_size(int unit) const;
-  int64_t shard_begin(int unit) const { return shard_rank_ * shard_size(unit); }
+  // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
+  parallel::ShardRange shard_range(int unit) const;
   float* master_shard(int unit);
   const float* adam_m_shard(int unit) const;
   // This rank's AdamW first and second moments of `unit` (saved and restored by checkpoints).

@@ -106,12 +106,12 @@ double Checkpointer::save(Trainer& trainer) {
   const model::ModelLayout& layout = trainer.layout();
   if (views_.empty()) {
     size_t total = 0;
-    for (int u = 0; u < layout.num_units(); ++u) total += 3 * static_cast<size_t>(params.shard_size(u));
+    for (int u = 0; u < layout.num_units(); ++u) total += 3 * static_cast<size_t>(params.shard_range(u).size);
     host_.resize(total);
     size_t at = 0;
     for (int u = 0; u < layout.num_units(); ++u) {
       for (const char* kind : kKinds) {
-        const auto n = static_cast<uint64_t>(params.shard_size(u));
+        const auto n = static_cast<uint64_t>(params.shard_range(u).size);
         views_.push_back({ck::Manifest::tensor_name(layout.units()[u].name, kind), host_.data() + at, n});
         at += n;
       }
@@ -119,7 +119,7 @@ double Checkpointer::save(Trainer& trainer) {
   }
   size_t at = 0;  // the same order as views_
   for (int u = 0; u < layout.num_units(); ++u) {
-    const auto n = static_cast<size_t>(params.shard_size(u));
+    const auto n = static_cast<size_t>(params.shard_range(u).size);
     for (const float* from : {params.master_shard(u), params.adam_m_shard(u), params.adam_v_shard(u)}) {
       std::copy(from, from + n, host_.data() + at);
       at += n;
@@ -431,7 +431,7 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   }
   fsdp::ShardedParams& params = trainer.params();
   for (int u = 0; u < layout.num_units(); ++u) {
-    const int64_t begin = params.shard_begin(u), n = params.shard_size(u);
+    const auto [begin, n] = params.shard_range(u);
     reader.read_slice(u, "param", begin, n, params.master_shard(u));
     reader.read_slice(u, "exp_avg", begin, n, params.adam_m_shard(u));
     reader.read_slice(u, "exp_avg_sq", begin, n, params.adam_v_shard(u));
@@ -564,12 +564,12 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
     std::vector<std::vector<float>> buffers;
     std::vector<ck::TensorView> views;
     for (size_t u = 0; u < m.units.size(); ++u) {
-      const int64_t n = m.units[u].padded / S;
+      const parallel::ShardRange range = parallel::shard_range(m.units[u].padded, S, k);
       for (const char* kind : kKinds) {
-        buffers.emplace_back(n);
-        reader.read_slice(static_cast<int>(u), kind, k * n, n, buffers.back().data());
-        views.push_back(
-            {ck::Manifest::tensor_name(m.units[u].name, kind), buffers.back().data(), static_cast<uint64_t>(n)});
+        buffers.emplace_back(range.size);
+        reader.read_slice(static_cast<int>(u), kind, range.begin, range.size, buffers.back().data());
+        views.push_back({ck::Manifest::tensor_name(m.units[u].name, kind), buffers.back().data(),
+                         static_cast<uint64_t>(range.size)});
       }
     }
     const std::string name = ck::shard_file_name(k);
