@@ -67,6 +67,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("parity_{}_{}", variant.name, ::getpid());
   for (const char* sub : {"params", "grads", "final"}) fs::create_directories(dir / sub);
   optim::AdamWConfig adam{1e-3, 0.9, 0.95, 1e-8, 0.1};
+  optim::AdamW adamw(adam, params.shard_sizes());
   nlohmann::json cfg = {{"vocab_size", c.vocab_size},
                         {"dim", c.dim},
                         {"n_layers", c.n_layers},
@@ -125,7 +126,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
     norms.push_back(static_cast<float>(norm));
     const double clip = optim::clip_factor(norm, variant.grad_clip);
     clipped += clip < 1.0;
-    params.apply_update(adam, adam.lr, step, clip);
+    params.apply_update(adamw, adam.lr, step, clip);
   }
   if (variant.grad_clip > 0) {
     // The clip matters only where it changes from step to step (AdamW is blind to a constant factor).

@@ -63,15 +63,15 @@ TEST(OptimizerParity, UpdateAfterASkippedStepMatchesPyTorch) {
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("adamw_{}", ::getpid());
   fs::remove_all(dir);
   write_state(dir / "param", layout, [&](int u) { return p.master_shard(u); });
-  write_state(dir / "exp_avg", layout, [&](int u) { return p.adam_m_shard(u); });
-  write_state(dir / "exp_avg_sq", layout, [&](int u) { return p.adam_v_shard(u); });
+  write_state(dir / "exp_avg", layout, [&](int u) { return trainer.optimizer().exp_avg(u); });
+  write_state(dir / "exp_avg_sq", layout, [&](int u) { return trainer.optimizer().exp_avg_sq(u); });
   const train::StepStats s = trainer.step();
   ASSERT_FALSE(s.skipped);
   EXPECT_EQ(trainer.state().optimizer_steps, 3);
   write_state(dir / "grad", layout, [&](int u) { return p.grads(u); });  // one process: the whole unit
   write_state(dir / "param_after", layout, [&](int u) { return p.master_shard(u); });
-  write_state(dir / "exp_avg_after", layout, [&](int u) { return p.adam_m_shard(u); });
-  write_state(dir / "exp_avg_sq_after", layout, [&](int u) { return p.adam_v_shard(u); });
+  write_state(dir / "exp_avg_after", layout, [&](int u) { return trainer.optimizer().exp_avg(u); });
+  write_state(dir / "exp_avg_sq_after", layout, [&](int u) { return trainer.optimizer().exp_avg_sq(u); });
   nlohmann::json decay = nlohmann::json::array();
   for (const auto& unit : layout.units()) {
     for (const auto& t : unit.tensors) {

@@ -288,7 +288,6 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
     rss[0] = mine;
   }
   if (dist.rank() != 0) return;
-  const fsdp::StateBytes state = trainer.params().state_bytes();
   nlohmann::ordered_json out = {
       {"impl", "tessera"},
       {"preset", c.model.preset},
@@ -308,7 +307,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"median_split_s", nlohmann::json::object()},
       {"peak_rss_bytes", metrics::process_memory().peak},
       {"peak_rss_bytes_per_rank", static_cast<int64_t>(*std::max_element(rss.begin(), rss.end()) * (1 << 20))},
-      {"state_bytes_per_rank", state.params + state.grads + state.optimizer},
+      {"state_bytes_per_rank", trainer.state_bytes()},
       {"activation_bytes", trainer.activation_bytes()},
       {"gemm", kernels::cpu::gemm_library()},
       {"step_s", times},

@@ -24,7 +24,7 @@ namespace k = tessera::kernels::cpu;
 struct ShardedParams::Unit {
   int64_t padded = 0;               // L
   parallel::ShardRange range;       // this rank's elements of the unit: L/S of them
-  float *master = nullptr, *grad = nullptr, *m = nullptr, *v = nullptr;  // this rank's shard
+  float *master = nullptr, *grad = nullptr;  // this rank's shard
   float* full = nullptr;          // resident full parameters (master itself when S = 1)
   std::unique_ptr<comm::Work> gather;
   int refs = 0;                   // acquired and not yet released
@@ -61,7 +61,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   }
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
   const bool image16 = S == 1 && param_dtype_ == comm::DType::kBF16;  // nothing gathered: only the image
-  state_ = Arena(4 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 6 * Arena::kAlign +
+  state_ = Arena(2 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 4 * Arena::kAlign +
                  (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0) +
                  (image16 ? sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
   for (int i = 0; i < layout_.num_units(); ++i) {
@@ -70,8 +70,6 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     u->range = parallel::shard_range(u->padded, S, shard_rank_);
     u->master = state_.take<float>(u->range.size);
     u->grad = state_.take<float>(u->range.size);
-    u->m = state_.take<float>(u->range.size);
-    u->v = state_.take<float>(u->range.size);
     model::init_unit_slice(layout_, i, seed, u->range.begin, u->range.end(), u->master);
     if (S == 1) u->full = u->master;
     if (bf16) {
@@ -260,12 +258,18 @@ double ShardedParams::finish_step(bool poison) {
   return std::sqrt(static_cast<double>(sum));
 }
 
-void ShardedParams::apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale) {
+void ShardedParams::apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale) {
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     if (grad_scale != 1.0) k::scale_inplace(u.grad, u.range.size, static_cast<float>(grad_scale));
-    optim::adamw_update(layout_.units()[i], u.range.begin, u.range.end(), u.master, u.grad, u.m, u.v, adam, lr, step);
+    adamw.update(layout_.units()[i], i, u.range.begin, u.master, u.grad, lr, step);
   }
+}
+
+std::vector<int64_t> ShardedParams::shard_sizes() const {
+  std::vector<int64_t> sizes;
+  for (const auto& u : units_) sizes.push_back(u->range.size);
+  return sizes;
 }
 
 std::vector<model::NamedTensor> ShardedParams::gather_named_tensors() { return gather_named(&Unit::master); }
@@ -312,16 +316,12 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
 
 parallel::ShardRange ShardedParams::shard_range(int unit) const { return units_[unit]->range; }
 float* ShardedParams::master_shard(int unit) { return units_[unit]->master; }
-const float* ShardedParams::adam_m_shard(int unit) const { return units_[unit]->m; }
-float* ShardedParams::adam_m_shard(int unit) { return units_[unit]->m; }
-float* ShardedParams::adam_v_shard(int unit) { return units_[unit]->v; }
 
 StateBytes ShardedParams::state_bytes() const {
   StateBytes b;
   for (const auto& u : units_) {
     b.params += sizeof(float) * u->range.size;
     b.grads += sizeof(float) * u->range.size;
-    b.optimizer += 2 * sizeof(float) * u->range.size;
   }
   return b;
 }

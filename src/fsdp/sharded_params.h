@@ -1,6 +1,7 @@
 // The fully sharded data-parallel ParamSource (ARCHITECTURE.md, "Sharding math"). Each unit's
 // flat buffer is padded to a multiple of 16 x S and rank r of a shard group of S ranks owns
-// [r L/S, (r+1) L/S) of it: fp32 master parameters, gradients and AdamW moments. Full parameters
+// [r L/S, (r+1) L/S) of it (parallel::shard_range): fp32 master parameters and gradients (the
+// AdamW moments of the same range are optim::AdamW's). Full parameters
 // are all-gathered into a small pool of unit buffers when the model acquires a unit, with the
 // next unit's gather issued ahead (prefetch, in the order recorded during the first step), and
 // gradients are reduce-scattered as each unit's backward completes.
@@ -34,9 +35,9 @@ namespace tessera::fsdp {
 
 using config::Strategy;
 
-// Persistent per-rank bytes: master params, gradients, AdamW m and v (fp32 shards).
+// Persistent per-rank bytes: master params and gradients (fp32 shards).
 struct StateBytes {
-  uint64_t params = 0, grads = 0, optimizer = 0;
+  uint64_t params = 0, grads = 0;
 };
 
 class ShardedParams final : public model::ParamSource {
@@ -69,8 +70,10 @@ class ShardedParams final : public model::ParamSource {
   // first gradient value becomes NaN, so the replica reduction and the norm spread it.
   double finish_step(bool poison = false);
   // Scales the gradient shards by grad_scale (the clip factor, times any rescaling of the loss),
-  // then AdamW on this rank's shards. step: AdamW's 1-based update count (bias correction).
-  void apply_update(const optim::AdamWConfig& adam, double lr, int64_t step, double grad_scale);
+  // then has `adamw` update each master shard from its gradient shard. step: AdamW's 1-based
+  // update count (bias correction). adamw holds moments for shard_sizes().
+  void apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale);
+  std::vector<int64_t> shard_sizes() const;  // shard_range(u).size of every unit
 
   // Every parameter tensor by name, gathered from all shards (a collective: all ranks call it).
   std::vector<model::NamedTensor> gather_named_tensors();
@@ -83,10 +86,6 @@ class ShardedParams final : public model::ParamSource {
   // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
   parallel::ShardRange shard_range(int unit) const;
   float* master_shard(int unit);
-  const float* adam_m_shard(int unit) const;
-  // This rank's AdamW first and second moments of `unit` (saved and restored by checkpoints).
-  float* adam_m_shard(int unit);
-  float* adam_v_shard(int unit);
   StateBytes state_bytes() const;
   double exposed_comm_seconds() const { return exposed_seconds_; }
 

@@ -146,10 +146,10 @@ TEST_P(MixedPrecision, TrainingCurveFollowsFp32) {
   const ModelConfig& c = lay.config();
   const int64_t T = c.seq_len, V = c.vocab_size;
   std::vector<int32_t> in(kB * T), tgt(kB * T);
-  optim::AdamWConfig adam;
   std::vector<double> curves[2];
   for (bool bf16 : {false, true}) {
     ModelAndParams r = make(lay, bf16, bf16);
+    optim::AdamW adamw({}, r.params->shard_sizes());
     for (int64_t step = 1; step <= 30; ++step) {
       for (int64_t b = 0; b < kB; ++b) {
         int32_t tok = static_cast<int32_t>(rng::uniform(7, step, b) * V) % V;
@@ -162,7 +162,7 @@ TEST_P(MixedPrecision, TrainingCurveFollowsFp32) {
       r.params->begin_step();
       curves[bf16].push_back(mean_loss_step(r, in, tgt));
       const double norm = r.params->finish_step();
-      r.params->apply_update(adam, 3e-3, step, optim::clip_factor(norm, 1.0));
+      r.params->apply_update(adamw, 3e-3, step, optim::clip_factor(norm, 1.0));
     }
   }
   const double first = curves[0].front(), last32 = curves[0].back(), last16 = curves[1].back();

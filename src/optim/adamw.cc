@@ -24,6 +24,35 @@ void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, flo
   }
 }
 
+namespace {
+
+size_t arena_bytes(const std::vector<int64_t>& sizes) {
+  size_t bytes = 0;
+  for (int64_t n : sizes) bytes += 2 * (sizeof(float) * static_cast<size_t>(n) + Arena::kAlign);
+  return bytes;
+}
+
+}  // namespace
+
+AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes)
+    : config_(config), sizes_(slice_sizes), arena_(arena_bytes(slice_sizes)) {
+  for (int64_t n : sizes_) {
+    m_.push_back(arena_.take<float>(static_cast<size_t>(n)));
+    v_.push_back(arena_.take<float>(static_cast<size_t>(n)));
+  }
+}
+
+void AdamW::update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
+                   int64_t step) {
+  adamw_update(unit, begin, begin + sizes_[u], master, grad, m_[u], v_[u], config_, lr, step);
+}
+
+uint64_t AdamW::bytes() const {
+  uint64_t bytes = 0;
+  for (int64_t n : sizes_) bytes += 2 * sizeof(float) * static_cast<uint64_t>(n);
+  return bytes;
+}
+
 double clip_factor(double grad_norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;
   return std::min(1.0, max_norm / (grad_norm + 1e-6));

@@ -1,8 +1,13 @@
 // AdamW over a unit's flat fp32 master buffer (or any slice of it, such as a rank's shard), with
-// weight decay on the tensors that take it, and the global gradient-norm clip factor.
+// weight decay on the tensors that take it; the moments it keeps for a rank's slices; and the
+// global gradient-norm clip factor. Nothing here communicates: whoever holds the slices (fsdp)
+// reduces the gradients first.
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "core/arena.h"
 
 #include "kernels/ref/adamw.h"
 #include "model/layout.h"
@@ -21,6 +26,32 @@ struct AdamWConfig {
 // untouched; tensors without decay (norm gains) get weight_decay 0. step is 1-based.
 void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, float* p, const float* g, float* m,
                   float* v, const AdamWConfig& config, double lr, int64_t step);
+
+// AdamW's state for one rank: the fp32 first and second moments (exp_avg, exp_avg_sq) of its
+// slice of each unit, zero at the start, planned in one arena.
+class AdamW {
+ public:
+  // slice_sizes[u]: how many elements of unit u this rank updates (its shard of the padded unit).
+  AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes);
+
+  // Updates this rank's slice of unit u, which starts at element `begin` of the unit (the
+  // tensors it overlaps decide the weight decay): master and grad hold slice_size(u) elements.
+  // step: the 1-based update count (bias correction).
+  void update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
+              int64_t step);
+
+  const AdamWConfig& config() const { return config_; }
+  int64_t slice_size(int u) const { return sizes_[u]; }
+  float* exp_avg(int u) { return m_[u]; }
+  float* exp_avg_sq(int u) { return v_[u]; }
+  uint64_t bytes() const;  // of both moments
+
+ private:
+  AdamWConfig config_;
+  std::vector<int64_t> sizes_;
+  Arena arena_;
+  std::vector<float*> m_, v_;
+};
 
 // The factor torch.nn.utils.clip_grad_norm_ applies: min(1, max_norm / (norm + 1e-6)); 1 when
 // max_norm <= 0 (clipping off).

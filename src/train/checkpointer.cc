@@ -120,7 +120,7 @@ double Checkpointer::save(Trainer& trainer) {
   size_t at = 0;  // the same order as views_
   for (int u = 0; u < layout.num_units(); ++u) {
     const auto n = static_cast<size_t>(params.shard_range(u).size);
-    for (const float* from : {params.master_shard(u), params.adam_m_shard(u), params.adam_v_shard(u)}) {
+    for (const float* from : {params.master_shard(u), trainer.optimizer().exp_avg(u), trainer.optimizer().exp_avg_sq(u)}) {
       std::copy(from, from + n, host_.data() + at);
       at += n;
     }
@@ -433,8 +433,8 @@ void load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   for (int u = 0; u < layout.num_units(); ++u) {
     const auto [begin, n] = params.shard_range(u);
     reader.read_slice(u, "param", begin, n, params.master_shard(u));
-    reader.read_slice(u, "exp_avg", begin, n, params.adam_m_shard(u));
-    reader.read_slice(u, "exp_avg_sq", begin, n, params.adam_v_shard(u));
+    reader.read_slice(u, "exp_avg", begin, n, trainer.optimizer().exp_avg(u));
+    reader.read_slice(u, "exp_avg_sq", begin, n, trainer.optimizer().exp_avg_sq(u));
   }
   trainer.restore({m.step, m.tokens, m.sampler_position, m.optimizer_steps});
 }

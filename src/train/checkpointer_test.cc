@@ -46,7 +46,7 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
     checkpointer.save(trainer);
     if (!checkpointer.wait()) return 1;
     trainer.step();
-    if (rank == 1) trainer.params().adam_v_shard(1)[3] = std::numeric_limits<float>::infinity();
+    if (rank == 1) trainer.optimizer().exp_avg_sq(1)[3] = std::numeric_limits<float>::infinity();
     checkpointer.save(trainer);
     return checkpointer.wait() ? 2 : 0;
   }, 60);

@@ -34,6 +34,16 @@ comm::DType dtype_of(config::Precision p) {
   return p == config::Precision::kBf16 ? comm::DType::kBF16 : comm::DType::kF32;
 }
 
+optim::AdamWConfig adamw_config(const config::Config& c) {
+  optim::AdamWConfig adam;
+  adam.lr = c.train.lr;
+  adam.beta1 = c.train.beta1;
+  adam.beta2 = c.train.beta2;
+  adam.eps = c.train.eps;
+  adam.weight_decay = c.train.weight_decay;
+  return adam;
+}
+
 }  // namespace
 
 int configure_threads(const config::Config& config) {
@@ -49,6 +59,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
           dtype_of(config.parallel.reduce_dtype))),
+      optimizer_(adamw_config(config), params_->shard_sizes()),
       model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
              config.parallel.param_dtype == config::Precision::kBf16),
       train_stream_(open_split(dataset_dir, "train")),
@@ -93,7 +104,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
 
 size_t Trainer::state_bytes() const {
   const fsdp::StateBytes b = params_->state_bytes();
-  return b.params + b.grads + b.optimizer;
+  return b.params + b.grads + optimizer_.bytes();
 }
 
 void Trainer::restore(const TrainingState& state) {
@@ -231,13 +242,8 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   ++step_;
   ++optimizer_steps_;
   tokens_ += config_.tokens_per_step();
-  optim::AdamWConfig adam;
-  adam.beta1 = config_.train.beta1;
-  adam.beta2 = config_.train.beta2;
-  adam.eps = config_.train.eps;
-  adam.weight_decay = config_.train.weight_decay;
   fault::point("optimizer", rank, step_);
-  params_->apply_update(adam, schedule_.at(step_), optimizer_steps_,
+  params_->apply_update(optimizer_, schedule_.at(step_), optimizer_steps_,
                         rescale * optim::clip_factor(grad_norm, config_.train.grad_clip));
   times.optimizer += compute_since();
   return stats(false);

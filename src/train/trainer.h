@@ -100,6 +100,8 @@ class Trainer {
   const model::ModelLayout& layout() const { return layout_; }
   model::Llama& model() { return model_; }
   fsdp::ShardedParams& params() { return *params_; }
+  // AdamW's moments of this rank's shards.
+  optim::AdamW& optimizer() { return optimizer_; }
   int64_t steps_done() const { return step_; }
   TrainingState state() const { return {step_, tokens_, loader_->state().position, optimizer_steps_}; }
   // Each rank's busy seconds in the last step's forward and backward (wall time less the time
@@ -130,6 +132,7 @@ class Trainer {
   parallel::Distributed dist_;
   model::ModelLayout layout_;
   std::unique_ptr<fsdp::ShardedParams> params_;
+  optim::AdamW optimizer_;
   model::Llama model_;
   std::unique_ptr<data::TokenStream> train_stream_, val_stream_;
   SyntheticTokens synthetic_train_, synthetic_val_;

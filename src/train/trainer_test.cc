@@ -152,7 +152,7 @@ TEST(Trainer, ClippingBoundsTheUpdate) {
   ASSERT_GT(s.grad_norm, 0.01);
   double m2 = 0;
   for (int u = 0; u < t.layout().num_units(); ++u) {
-    for (int64_t i = 0; i < t.params().shard_range(u).size; ++i) m2 += std::pow(t.params().adam_m_shard(u)[i], 2);
+    for (int64_t i = 0; i < t.params().shard_range(u).size; ++i) m2 += std::pow(t.optimizer().exp_avg(u)[i], 2);
   }
   EXPECT_NEAR(std::sqrt(m2), (1 - 0.9) * 0.01, 1e-6);
 }
