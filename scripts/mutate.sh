@@ -27,14 +27,14 @@ mutations=(
   "M5|src/model/llama.cc|k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), N_, C, eps);|k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.attention_norm, 1), N_, C, eps);|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/tiny"
   "M6|src/model/llama.cc|bf16_to_f32(p.bf16 + offset, w, C);|bf16_to_f32(p.bf16 + (slot == 1 ? offset - C : offset), w, C);|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Tied/MixedPrecision.LossAndEveryGradientMatchFp32/untied"
   "M6b|src/model/llama.cc|bf16_to_f32(p.bf16 + offset, w, C);|bf16_to_f32(p.bf16 + (slot == 1 ? offset - C : offset), w, C);|tessera_fsdp_tests|tests/tessera_fsdp_tests --gtest_filter=Strategies/Fsdp.MatchesOneProcess/full_shard_w2_mb6_bf16"
-  "M7|src/train/trainer.cc|params_->apply_update(adam, schedule_.at(step_), optimizer_steps_,|params_->apply_update(adam, schedule_.at(step_), step_,|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=OptimizerParity.*"
+  "M7|src/train/trainer.cc|params_->apply_update(optimizer_, schedule_.at(step_), optimizer_steps_,|params_->apply_update(optimizer_, schedule_.at(step_), step_,|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=OptimizerParity.*"
   "M8|src/train/trainer.cc|batch.targets, 1.0f / static_cast<float>(positions));|batch.targets, 1.0f / static_cast<float>(accum * world * std::max<int64_t>(1, model::count_valid_targets(batch.targets, positions / (accum * world)))));|tessera_fsdp_tests|tests/tessera_fsdp_tests --gtest_filter=Strategies/MaskedTargets.MatchOneProcess/full_shard_w2_mb3"
   "M9|src/train/trainer.cc|loss_sum = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};|loss_sum.sum = sums[0];|tessera_fsdp_tests|tests/tessera_fsdp_tests --gtest_filter=Strategies/MaskedTargets.MatchOneProcess/full_shard_w2_mb3"
   "M10|src/optim/adamw.cc|return std::min(1.0, max_norm / (grad_norm + 1e-6));|return 1.0;|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/clip"
   "M11|src/model/llama.cc|return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });|return n + 0 * (targets != nullptr);|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/ignored"
   "M12|src/kernels/cpu/attention.cc|gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|gemm(true, false, c1 - c0, D, c1 - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/t130"
   "M13|src/train/run.cc|trainer.evaluate(last ? trainer.validation_batches() : 0);|trainer.evaluate(0);|tessera|ctest -R '^e2e_train_test\$' --output-on-failure"
-  "M14|src/train/checkpointer.cc|m.optimizer_steps = state.optimizer_steps;|m.optimizer_steps = state.step;|tessera|ctest -R '^faults_test\$' --output-on-failure"
+  "M14|src/checkpoint/checkpointer.cc|m.optimizer_steps = state.optimizer_steps;|m.optimizer_steps = state.step;|tessera|ctest -R '^faults_test\$' --output-on-failure"
 )
 
 field() { IFS='|' read -r -a f <<<"$1"; echo "${f[$2]}"; }

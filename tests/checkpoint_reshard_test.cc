@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
+#include "checkpoint/reshard.h"
+#include "checkpoint/resume.h"
 #include "launch/local_workers.h"
 #include "parallel/job.h"
-#include "train/checkpointer.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -62,8 +64,8 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
                                        const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4}, parallel::ParallelDims{1, 1, 4, 1}, comm::Millis(30000));
                                        train::Trainer trainer(c4, "", job.view());
                                        for (int i = 0; i < 3; ++i) trainer.step();
-                                       train::Checkpointer checkpointer(c4, saved, job.view());
-                                       checkpointer.save(trainer);
+                                       checkpoint::Checkpointer checkpointer(c4, saved, job.view());
+                                       checkpointer.save(trainer.shards(), trainer.state());
                                        return checkpointer.wait() ? 0 : 1;
                                      }),
             0);
@@ -77,11 +79,11 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
                                      [&](int rank) {
                                        const parallel::Job job({(dir / "store").string(), "job", "0", rank, t.world}, dims, comm::Millis(30000));
                                        train::Trainer trainer(ct, "", job.view());
-                                       train::load_checkpoint(trainer, step_dir);
-                                       const train::TrainingState s = trainer.state();
+                                       trainer.restore(checkpoint::load_checkpoint(step_dir, trainer.shards(), ct));
+                                       const checkpoint::TrainingState s = trainer.state();
                                        if (s.step != 3 || s.tokens != 3 * 12 * 64 || s.sampler_position != 36) return 2;
-                                       train::Checkpointer checkpointer(ct, loaded, job.view());
-                                       checkpointer.save(trainer);
+                                       checkpoint::Checkpointer checkpointer(ct, loaded, job.view());
+                                       checkpointer.save(trainer.shards(), trainer.state());
                                        if (!checkpointer.wait()) return 3;
                                        trainer.step();  // continues with the next global batch: samples [36, 48)
                                        return trainer.state().sampler_position == 48 ? 0 : 4;
@@ -103,7 +105,7 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
     }
   }
   // Offline: the same files as loading and saving in a live job.
-  const std::string offline = train::reshard(step_dir, (dir / "offline").string(), ct);
+  const std::string offline = checkpoint::reshard(step_dir, (dir / "offline").string(), ct);
   for (int k = 0; k < S; ++k) {
     const std::string name = checkpoint::shard_file_name(k);
     EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;

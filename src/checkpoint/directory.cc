@@ -175,7 +175,7 @@ std::vector<std::string> verify(const std::string& step_dir) {
       ShardFile shard(path);
       std::vector<float> buffer;
       for (const ManifestUnit& u : m.units) {
-        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+        for (const char* kind : Manifest::kKinds) {
           const std::string name = Manifest::tensor_name(u.name, kind);
           const ShardEntry* e = shard.find(name);
           if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(parallel::shard_range(u.padded, m.shard_size, f.shard_rank).size)) {

@@ -47,6 +47,8 @@ struct Manifest {
   std::vector<ManifestUnit> units;
   std::vector<ManifestFile> files;
 
+  // What a shard file holds of each unit, in this order.
+  static constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
   // "<unit>.param", "<unit>.exp_avg", "<unit>.exp_avg_sq": the tensors of each shard file.
   static std::string tensor_name(const std::string& unit, const char* kind) { return unit + "." + kind; }
   const ManifestFile* file_of(int shard_rank) const;

@@ -8,6 +8,7 @@
 
 #include "checkpoint/directory.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -16,7 +17,6 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
-#include "train/checkpointer.h"
 #include "train/run.h"
 
 namespace tessera::cli {
@@ -187,7 +187,7 @@ int reshard_command(const ParsedArgs& a) {
   }
   // The checkpoint's own config with the new parallel settings, validated as a whole.
   const config::Config target = config::load_text(checkpoint::read_manifest(src).config_toml, src, o);
-  const std::string out = train::reshard(src, a.positional[1], target);
+  const std::string out = checkpoint::reshard(src, a.positional[1], target);
   fmt::print("wrote {} ({} rank(s), {}) from {}\n", out, target.parallel.nproc, config::name(target.parallel.strategy),
              src);
   return kExitOk;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
 #include "cli/args.h"
 #include "core/error.h"
@@ -25,9 +26,8 @@
 #include "launch/worker_env.h"
 #include "metrics/memory.h"
 #include "model/model_config.h"
-#include "tessera/build_config.h"
 #include "parallel/job.h"
-#include "train/checkpointer.h"
+#include "tessera/build_config.h"
 #include "train/reporter.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -241,10 +241,10 @@ struct SaveTimes {
 
 SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir, const parallel::Distributed& dist) {
   SaveTimes t;
-  train::Checkpointer checkpointer(trainer.config(), checkpoint_dir, dist);
+  checkpoint::Checkpointer checkpointer(trainer.config(), checkpoint_dir, dist);
   for (int i = 0; i < 3; ++i) {
     const double t0 = now_seconds();
-    t.stall.push_back(checkpointer.save(trainer));
+    t.stall.push_back(checkpointer.save(trainer.shards(), trainer.state()));
     t.step_during.push_back(trainer.step().seconds);
     if (!checkpointer.wait()) throw IoError(fmt::format("benchmark checkpoint in {} failed", checkpoint_dir));
     t.commit.push_back(now_seconds() - t0);

@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
+#include "checkpoint/resume.h"
 #include "comm/job_auth.h"
 #include "core/check.h"
 #include "core/error.h"
@@ -27,7 +29,6 @@
 #include "core/timer.h"
 #include "data/bundled.h"
 #include "tessera/build_config.h"
-#include "train/checkpointer.h"
 #include "train/health.h"
 #include "train/reporter.h"
 #include "train/trainer.h"
@@ -177,11 +178,13 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (peak.known()) run_info.update({{"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source}});
   const std::string root = run_dir + "/checkpoints";
   std::vector<std::string> candidates;
-  if (!resume.empty()) candidates = agreed_resume_candidates(config, root, resume, dist);
-  Checkpointer checkpointer(config, root, dist);
+  if (!resume.empty()) candidates = checkpoint::agreed_resume_candidates(config, root, resume, dist);
+  checkpoint::Checkpointer checkpointer(config, root, dist);
   if (!candidates.empty()) {
     const double t0 = now_seconds();
-    const std::string loaded = resume_from(trainer, candidates);
+    TrainingState state;
+    const std::string loaded = checkpoint::resume_from(trainer.shards(), config, dist, candidates, &state);
+    trainer.restore(state);
     if (leader) checkpoint::remove_newer(root, trainer.steps_done());
     log::info("resumed from {} in {:.2f}s: step {}, {} tokens seen, data position {}", loaded, now_seconds() - t0,
               trainer.steps_done(), format_count(static_cast<double>(trainer.state().tokens)),
@@ -239,7 +242,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       }
     }
     if (save != nullptr) {
-      extra.checkpoint_s = checkpointer.save(trainer);
+      extra.checkpoint_s = checkpointer.save(trainer.shards(), trainer.state());
       last_save = now_seconds();
       log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", s.step, save,
                 extra.checkpoint_s * 1e3);

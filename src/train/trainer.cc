@@ -107,6 +107,15 @@ size_t Trainer::state_bytes() const {
   return b.params + b.grads + optimizer_.bytes();
 }
 
+checkpoint::RankShards Trainer::shards() {
+  checkpoint::RankShards out{&layout_, {}};
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    out.units.push_back(
+        {params_->shard_range(u), params_->master_shard(u), optimizer_.exp_avg(u), optimizer_.exp_avg_sq(u)});
+  }
+  return out;
+}
+
 void Trainer::restore(const TrainingState& state) {
   loader_.reset();  // joins the prefetch thread before its successor starts
   loader_ =

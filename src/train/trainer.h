@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/state.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "config/config.h"
@@ -47,13 +48,7 @@ struct StepStats {
   int64_t skipped_total = 0;  // steps skipped so far in this process
 };
 
-// Where training stands after a step: what a checkpoint records besides parameters and moments.
-struct TrainingState {
-  int64_t step = 0;               // optimizer steps taken, skipped ones included (schedule, data)
-  int64_t tokens = 0;             // training tokens seen
-  uint64_t sampler_position = 0;  // global position of the next batch's first sample
-  int64_t optimizer_steps = 0;    // AdamW updates applied: step less the skipped ones (bias correction)
-};
+using checkpoint::TrainingState;
 
 class Trainer {
  public:
@@ -102,6 +97,8 @@ class Trainer {
   fsdp::ShardedParams& params() { return *params_; }
   // AdamW's moments of this rank's shards.
   optim::AdamW& optimizer() { return optimizer_; }
+  // This rank's shards of the parameters and moments, as checkpoints save and load them.
+  checkpoint::RankShards shards();
   int64_t steps_done() const { return step_; }
   TrainingState state() const { return {step_, tokens_, loader_->state().position, optimizer_steps_}; }
   // Each rank's busy seconds in the last step's forward and backward (wall time less the time
@@ -114,7 +111,7 @@ class Trainer {
   const std::vector<int64_t>& rank_resident_bytes() const { return rank_rss_; }
   const std::vector<int64_t>& rank_peak_resident_bytes() const { return rank_peak_rss_; }
   // Continues from `state`: the step counts, tokens seen and the data position (the loader
-  // restarts there). Parameters and moments are set through params().
+  // restarts there). Parameters and moments are set through shards().
   void restore(const TrainingState& state);
   // The dataset's manifest; null for synthetic data.
   const data::DatasetManifest* dataset() const { return train_stream_ ? &train_stream_->manifest() : nullptr; }

@@ -1,0 +1,364 @@
+// Sharded asynchronous checkpoints: the writer and mirror threads, commit, resume.
+#include "checkpoint/checkpointer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/check.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/file_io.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "parallel/job.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+comm::Bytes bytes_of(const std::string& s) { return comm::Bytes(s.begin(), s.end()); }
+std::string string_of(const comm::Bytes& b) { return std::string(b.begin(), b.end()); }
+
+IoError injected(const std::string& what) {
+  return IoError(fmt::format("cannot write {}: No space left on device (injected fault)", what));
+}
+
+// Copies a committed checkpoint to mirror_root and verifies the copy before committing it there.
+void mirror_checkpoint(const std::string& root, int64_t step, const std::string& mirror_root, int keep) {
+  const std::string name = step_dir_name(step);
+  const std::string src = root + "/" + name, dst = mirror_root + "/" + name;
+  const Manifest m = read_manifest(src);
+  std::error_code ec;
+  fs::create_directories(mirror_root, ec);
+  remove_uncommitted(mirror_root);
+  fs::remove_all(dst, ec);
+  fs::create_directories(dst, ec);
+  if (ec) throw IoError(fmt::format("cannot create {}: {}", dst, ec.message()));
+  for (const ManifestFile& f : m.files) {
+    const std::string to = dst + "/" + f.name;
+    fs::copy_file(src + "/" + f.name, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw IoError(fmt::format("cannot copy {} to {}: {}", src + "/" + f.name, to, ec.message()));
+    fsync_and_drop_cache(to);  // the digest below reads the disk's copy, not the page cache's
+    const FileDigest d = digest_file(to);
+    if (d.bytes != f.bytes || d.xxh64 != f.xxh64) {
+      throw IoError(fmt::format("the copy {} differs from the checkpoint ({} bytes, checksum {}; expected {} and {})",
+                                to, d.bytes, hex64(d.xxh64), f.bytes, hex64(f.xxh64)));
+    }
+  }
+  sync_parent_dir(dst + "/x");
+  write_file_atomic(dst + "/manifest.json", to_json(m));
+  write_latest(mirror_root, step);
+  prune(mirror_root, keep);
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist)
+    : config_(config), root_(root), mirror_root_(mirror_root(config.checkpoint.mirror_dir, root)), dist_(dist) {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
+  if (dist_.rank() == 0) {
+    // The fence first: from here on a process of an earlier attempt can neither commit nor delete.
+    if (!dist_.attempt.empty()) write_file_atomic(fence_path(), dist_.attempt + "\n");
+    remove_uncommitted(root_);
+  }
+  if (dist_.world() != nullptr) {  // no rank writes a checkpoint before the cleanup is done
+    dist_.world()->barrier({comm::Millis(config_.parallel.timeout_ms)})->wait();
+  }
+  writer_ = std::thread([this] { writer_loop(); });
+  if (dist_.rank() == 0 && !mirror_root_.empty()) {
+    mirror_ = std::thread([this] { mirror_loop(); });
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  wait();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+  if (mirror_.joinable()) mirror_.join();
+}
+
+double Checkpointer::save(const RankShards& shards, const TrainingState& state) {
+  const double t0 = now_seconds();
+  wait();  // the host buffer and the store keys belong to the previous save until it is done
+  const model::ModelLayout& layout = *shards.layout;
+  CHECK(shards.units.size() == static_cast<size_t>(layout.num_units()));
+  if (views_.empty()) {
+    size_t total = 0;
+    for (const UnitShard& u : shards.units) total += 3 * static_cast<size_t>(u.range.size);
+    host_.resize(total);
+    size_t at = 0;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      for (const char* kind : Manifest::kKinds) {
+        const auto n = static_cast<uint64_t>(shards.units[u].range.size);
+        views_.push_back({Manifest::tensor_name(layout.units()[u].name, kind), host_.data() + at, n});
+        at += n;
+      }
+    }
+  }
+  size_t at = 0;  // the same order as views_
+  for (const UnitShard& u : shards.units) {
+    const auto n = static_cast<size_t>(u.range.size);
+    for (const float* from : {u.param, u.exp_avg, u.exp_avg_sq}) {
+      std::copy(from, from + n, host_.data() + at);
+      at += n;
+    }
+  }
+  Pending job;
+  // No checkpoint may hold a non-finite value (RELIABILITY.md row 14): this rank refuses, and
+  // the save fails on every rank as an I/O error does (the previous checkpoint stays latest).
+  for (size_t v = 0; v < views_.size() && job.refused.empty(); ++v) {
+    const float* p = views_[v].data;
+    for (uint64_t i = 0; i < views_[v].count; ++i) {
+      if (!std::isfinite(p[i])) {
+        job.refused =
+            fmt::format("not saving step {}: {}[{}] of this rank's shard is {}", state.step, views_[v].name, i, p[i]);
+        log::error("{}", job.refused);
+        break;
+      }
+    }
+  }
+  Manifest& m = job.manifest;
+  job.step = m.step = state.step;
+  m.optimizer_steps = state.optimizer_steps;
+  m.tokens = state.tokens;
+  m.sampler_position = state.sampler_position;
+  m.seed = static_cast<uint64_t>(config_.train.seed);
+  m.lr = config_.train.lr;
+  m.min_lr = config_.train.min_lr;
+  m.warmup_steps = config_.train.warmup_steps;
+  m.total_steps = config_.train.max_steps;
+  m.world = dist_.world_size();
+  m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
+  m.strategy = config::name(config_.parallel.strategy);
+  m.config_toml = config::to_toml(config_);
+  m.created = utc_now();
+  for (const model::UnitLayout& u : layout.units()) {
+    ManifestUnit unit{u.name, u.numel, u.padded, {}};
+    for (const model::TensorSpec& t : u.tensors) unit.tensors.push_back({t.name, t.shape, t.offset});
+    m.units.push_back(std::move(unit));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    busy_ = true;
+  }
+  cv_.notify_all();
+  last_started_ = state.step;
+  return now_seconds() - t0;
+}
+
+bool Checkpointer::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+  return outcome_;
+}
+
+bool Checkpointer::take_failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool failed = failed_;
+  failed_ = false;
+  return failed;
+}
+
+void Checkpointer::writer_loop() {
+  for (;;) {
+    Pending job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || (busy_ && job_.step >= 0); });
+      if (stop_ && !busy_) return;
+      job = job_;
+    }
+    const double t0 = now_seconds();
+    const bool ok = write_and_commit(job);
+    if (ok && dist_.rank() == 0) {
+      log::info("checkpoint step {} committed in {:.2f}s: {}/{}", job.step, now_seconds() - t0, root_,
+                step_dir_name(job.step));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+      job_.step = -1;
+      outcome_ = ok;
+      failed_ = failed_ || !ok;
+      if (ok && mirror_.joinable()) mirror_queue_.push_back(job.step);
+    }
+    cv_.notify_all();
+  }
+}
+
+std::string Checkpointer::fence_path() const { return root_ + "/.attempt"; }
+
+std::string Checkpointer::fenced() const {
+  if (dist_.attempt.empty()) return "";
+  std::ifstream in(fence_path());
+  std::string owner;
+  std::getline(in, owner);
+  if (owner == dist_.attempt) return "";
+  return fmt::format("fenced: attempt {} of this job now owns {} (this process belongs to attempt {})",
+                     owner.empty() ? "(unreadable)" : owner, root_, dist_.attempt);
+}
+
+bool Checkpointer::write_and_commit(const Pending& job) {
+  // Shard file k is dp_shard coordinate k's, written by the first replica: global ranks 0..S-1
+  // while the mesh has no tensor or pipeline dimension (files named by those coordinates too
+  // come with them).
+  CHECK(dist_.mesh->size(parallel::Dim::kTp) == 1 && dist_.mesh->size(parallel::Dim::kPp) == 1);
+  const int rank = dist_.rank(), W = dist_.world_size(), S = dist_.mesh->size(parallel::Dim::kDpShard);
+  const comm::Millis timeout(config_.parallel.timeout_ms);
+  const std::string dir = root_ + "/" + step_dir_name(job.step);
+  // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
+  auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}.{}", dist_.attempt, job.step, what); };
+  std::string error;
+  FileDigest digest;
+  try {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
+    if (!job.refused.empty()) throw IoError(job.refused);
+    if (rank < S) {  // the first replica writes; the others hold the same shards
+      const std::string path = dir + "/" + shard_file_name(rank);
+      const size_t half = views_.size() / 2;
+      digest = write_shard_file(path, views_, [&](size_t i) {
+        if (i == half && fault::point("checkpoint.shard", rank, job.step) == fault::Kind::kIo) throw injected(path);
+      });
+      sync_parent_dir(path);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Store calls run on this thread: a store error must end in a failed save, not std::terminate.
+  auto publish = [&](const std::string& k, const std::string& value) {
+    try {
+      dist_.store->set(k, bytes_of(value));
+    } catch (const Error& e) {
+      log::error("checkpoint step {}: cannot publish {} in the store: {}", job.step, k, e.what());
+    }
+  };
+  if (dist_.store != nullptr) {
+    publish(key(fmt::format("rank{}", rank)),
+            error.empty() ? fmt::format("ok {} {}", digest.bytes, hex64(digest.xxh64)) : "error " + error);
+  }
+  if (rank != 0) {  // rank 0 decides; everyone learns its answer
+    std::string outcome;
+    try {
+      outcome = string_of(dist_.store->get(key("outcome"), timeout));
+    } catch (const Error& e) {
+      outcome = fmt::format("no outcome from rank 0: {}", e.what());
+    }
+    if (outcome != "committed") log::warn("checkpoint step {} failed: {}", job.step, outcome);
+    return outcome == "committed";
+  }
+  std::string failure;
+  std::vector<FileDigest> digests(S);
+  digests[0] = digest;
+  if (!error.empty()) failure = fmt::format("rank 0: {}", error);
+  // Every report is awaited, even after a failure, so that no rank still writes into the
+  // directory when it is removed.
+  for (int r = 1; r < W; ++r) {
+    std::string report;
+    try {
+      report = string_of(dist_.store->get(key(fmt::format("rank{}", r)), timeout));
+    } catch (const Error& e) {
+      if (failure.empty()) failure = fmt::format("rank {} did not report: {}", r, e.what());
+      break;
+    }
+    std::istringstream in(report);
+    std::string word, hex;
+    in >> word;
+    if (!failure.empty()) continue;
+    if (word != "ok") {
+      failure = fmt::format("rank {}: {}", r, report.substr(std::min<size_t>(report.size(), 6)));
+    } else if (r < S && !(in >> digests[r].bytes >> hex && parse_hex64(hex, &digests[r].xxh64))) {
+      failure = fmt::format("rank {} sent a malformed report \"{}\"", r, report);
+    }
+  }
+  // The files must be what their ranks reported, read back from disk, before anything commits.
+  for (int k = 0; k < S && failure.empty(); ++k) {
+    const std::string path = dir + "/" + shard_file_name(k);
+    try {
+      const FileDigest d = digest_file(path);
+      if (d.bytes != digests[k].bytes || d.xxh64 != digests[k].xxh64) {
+        failure = fmt::format("{} holds {} bytes with checksum {}, but rank {} reported {} bytes with {}", path,
+                              d.bytes, hex64(d.xxh64), k, digests[k].bytes, hex64(digests[k].xxh64));
+      }
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  if (failure.empty()) failure = fenced();
+  if (failure.empty()) {
+    try {
+      Manifest m = job.manifest;
+      for (int k = 0; k < S; ++k) m.files.push_back({shard_file_name(k), k, digests[k].bytes, digests[k].xxh64});
+      const std::string manifest = dir + "/manifest.json";
+      write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name
+      if (fault::point("checkpoint.manifest", rank, job.step) == fault::Kind::kIo) throw injected(manifest);
+      if (::rename((manifest + ".tmp").c_str(), manifest.c_str()) != 0) {
+        throw IoError(fmt::format("cannot rename {}.tmp to {}: {}", manifest, manifest, std::strerror(errno)));
+      }
+      sync_parent_dir(manifest);  // committed
+      fault::point("checkpoint.commit", rank, job.step);
+      write_latest(root_, job.step);
+      prune(root_, static_cast<int>(config_.checkpoint.keep));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  if (dist_.store != nullptr) publish(key("outcome"), failure.empty() ? "committed" : failure);
+  if (!failure.empty()) {
+    int64_t latest = -1;
+    try {
+      latest = read_latest(root_);
+    } catch (const Error&) {  // named when a resume reads it
+    }
+    log::error("checkpoint step {} failed: {}; {}", job.step, failure,
+               latest >= 0 ? fmt::format("{} stays the latest", step_dir_name(latest))
+                           : std::string("there is no earlier checkpoint"));
+    std::error_code ec;
+    // Only this attempt's own uncommitted directory; a fenced process leaves it to the owner.
+    if (fenced().empty() && !fs::exists(dir + "/manifest.json", ec) && ec.value() == 0) fs::remove_all(dir, ec);
+  }
+  return failure.empty();
+}
+
+void Checkpointer::mirror_loop() {
+  for (;;) {
+    int64_t step = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !mirror_queue_.empty(); });
+      if (mirror_queue_.empty()) return;  // stopping with nothing left to copy
+      step = mirror_queue_.back();        // a newer commit supersedes older ones still queued
+      mirror_queue_.clear();
+    }
+    const double t0 = now_seconds();
+    try {
+      mirror_checkpoint(root_, step, mirror_root_, static_cast<int>(config_.checkpoint.keep));
+      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
+    } catch (const Error& e) {
+      log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+    }
+  }
+}
+
+}  // namespace tessera::checkpoint

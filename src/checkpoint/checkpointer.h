@@ -1,0 +1,87 @@
+// Sharded, asynchronous, atomically committed checkpoints of a training run (ARCHITECTURE.md,
+// "Checkpoints"), and loading them back at any world size or strategy. What is saved arrives as
+// a RankShards view (this rank's shards of the parameters and moments) and a TrainingState; this
+// layer knows neither the trainer nor how the processes were started.
+//
+// Save: the step loop copies this rank's shards (fp32 master parameters, AdamW moments) into a
+// host buffer and goes on; a writer thread writes and fsyncs RUN/checkpoints/step_N/shard_K.bin
+// (one file per shard rank: replicas hold the same shard, so only the first replica writes) and
+// reports to rank 0 through the store, under keys of this attempt (parallel::Distributed::attempt). Rank 0
+// commits once every rank has reported success and every shard file read back has the size and
+// checksum its rank reported, unless a later attempt owns the directory (ROOT/.attempt, written
+// at start-up: the fence): manifest.json written to a temporary name, fsynced, renamed, then
+// `latest` replaced the same way; then it tells every rank the outcome, so all agree whether the
+// save failed. A directory
+// without a manifest is never loaded and is removed. Checkpoints must live on a file system every
+// rank of the job sees (the local disk of a single node, or a shared one); `checkpoint.mirror_dir`
+// receives a verified copy of each committed checkpoint in the background.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/directory.h"
+#include "checkpoint/state.h"
+#include "config/config.h"
+#include "parallel/job.h"
+
+namespace tessera::checkpoint {
+
+class Checkpointer {
+ public:
+  // root: the checkpoint directory (RUN/checkpoints), created if missing. Rank 0 removes the
+  // directories of saves that never committed, and mirrors each commit to checkpoint::mirror_root().
+  Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist);
+  ~Checkpointer();  // waits for the save in flight and the mirror copy
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Starts saving the training state after step state.step: waits for the previous save, copies
+  // this rank's shards to host memory and hands them to the writer thread. Returns the seconds
+  // the step loop stalled. Every rank calls it after the same step.
+  double save(const RankShards& shards, const TrainingState& state);
+  // Waits for the save in flight, if any; true when it committed (all ranks get the same answer).
+  bool wait();
+  // Whether a save has failed since the last call (all ranks learn it, not at the same step).
+  bool take_failure();
+  // The step of the newest save this process started, or -1.
+  int64_t last_saved_step() const { return last_started_; }
+  const std::string& root() const { return root_; }
+
+ private:
+  struct Pending {
+    int64_t step = -1;
+    checkpoint::Manifest manifest;  // everything but the files
+    std::string refused;            // why this rank will not write it (a non-finite value); "" to write
+  };
+  void writer_loop();
+  bool write_and_commit(const Pending& job);  // on the writer thread; returns the agreed outcome
+  std::string fence_path() const;             // ROOT/.attempt: the attempt that owns the directory
+  std::string fenced() const;                 // why this attempt may not commit or delete; "" if it may
+  void mirror_loop();
+
+  config::Config config_;
+  std::string root_;
+  std::string mirror_root_;  // "" without checkpoint.mirror_dir
+  parallel::Distributed dist_;
+  std::vector<float> host_;                    // param, exp_avg, exp_avg_sq of every unit's shard
+  std::vector<checkpoint::TensorView> views_;  // into host_, in file order
+  int64_t last_started_ = -1;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Pending job_;          // the save in flight (step -1: none)
+  bool busy_ = false;    // job_ is being written
+  bool outcome_ = true;  // of the last finished save
+  bool failed_ = false;  // a save failed since take_failure()
+  bool stop_ = false;
+  std::deque<int64_t> mirror_queue_;
+  std::thread writer_, mirror_;  // last: they start after everything above
+};
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,122 @@
+// The checkpointer on its own (no trainer): a save round-trips exactly, a save refuses non-finite
+// values (RELIABILITY.md row 14) on every rank, and an earlier attempt is fenced off.
+#include "checkpoint/checkpointer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "checkpoint/directory.h"
+#include "checkpoint/resume.h"
+#include "comm/test_util.h"
+#include "parallel/job.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+// The tiny model, no timed saves; `extra` on top.
+config::Config tiny_config(config::Overrides extra = {}) {
+  config::Overrides o = {{"model.preset", "tiny"}, {"data.synthetic", "true"}, {"checkpoint.interval_minutes", "0"}};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return config::load("", o);
+}
+
+// Rank r's shards of the tiny model cut among S ranks, in vectors this fixture owns; every value
+// names its unit, kind and element, so that a slice read from the wrong place differs.
+struct OwnedShards {
+  model::ModelLayout layout;
+  std::vector<std::vector<float>> data;  // param, exp_avg, exp_avg_sq of each unit
+  RankShards view;
+
+  OwnedShards(const config::Config& c, int S, int r, bool fill) : layout(c.model, 16 * S) {
+    view.layout = &layout;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const parallel::ShardRange range = parallel::shard_range(layout.units()[u].padded, S, r);
+      for (int kind = 0; kind < 3; ++kind) {
+        std::vector<float>& d = data.emplace_back(range.size, 0.0f);
+        for (int64_t i = 0; fill && i < range.size; ++i) {
+          const int64_t e = range.begin + i;  // the padding past numel stays 0, as a checkpoint reads it
+          d[i] = e < layout.units()[u].numel ? static_cast<float>(u * 1000003 + kind * 7919 + e) * 1e-3f : 0.0f;
+        }
+      }
+    }
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const parallel::ShardRange range = parallel::shard_range(layout.units()[u].padded, S, r);
+      view.units.push_back({range, data[3 * u].data(), data[3 * u + 1].data(), data[3 * u + 2].data()});
+    }
+  }
+};
+
+TEST(Checkpointer, SaveLoadsBackExactlyWithItsState) {
+  comm::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = tiny_config();
+  OwnedShards saved(c, 1, 0, true);
+  {
+    Checkpointer checkpointer(c, root, {});
+    checkpointer.save(saved.view, {7, 7 * 512, 56, 6});
+    ASSERT_TRUE(checkpointer.wait());
+  }
+  OwnedShards loaded(c, 1, 0, false);
+  const TrainingState s = load_checkpoint(root + "/" + step_dir_name(7), loaded.view, c);
+  EXPECT_EQ(s.step, 7);
+  EXPECT_EQ(s.tokens, 7 * 512);
+  EXPECT_EQ(s.sampler_position, 56u);
+  EXPECT_EQ(s.optimizer_steps, 6);
+  ASSERT_EQ(loaded.data.size(), saved.data.size());
+  for (size_t i = 0; i < saved.data.size(); ++i) EXPECT_EQ(loaded.data[i], saved.data[i]) << "array " << i;
+}
+
+TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
+  comm::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
+  // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
+  const std::vector<int> status = comm::test_util::run_ranks(
+      2,
+      [&](int rank) {
+        const parallel::Job job({dir.path + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
+                                comm::Millis(20000));
+        OwnedShards shards(c, 2, rank, true);
+        Checkpointer checkpointer(c, root, job.view());
+        checkpointer.save(shards.view, {1, 0, 0, 1});
+        if (!checkpointer.wait()) return 1;
+        if (rank == 1) shards.view.units[1].exp_avg_sq[3] = std::numeric_limits<float>::infinity();
+        checkpointer.save(shards.view, {2, 0, 0, 2});
+        return checkpointer.wait() ? 2 : 0;
+      },
+      60);
+  comm::test_util::expect_all_ok(status);
+  EXPECT_EQ(read_latest(root), 1);
+  EXPECT_FALSE(std::filesystem::exists(root + "/" + step_dir_name(2)));
+}
+
+// Issue 12 item 7: once a later attempt of the job has taken the checkpoint directory (its
+// fence, ROOT/.attempt), a process of the earlier attempt can neither commit there nor remove
+// the directory it was writing; the later attempt commits as usual.
+TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
+  comm::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = tiny_config();
+  OwnedShards shards(c, 1, 0, true);
+  parallel::Distributed old_attempt, new_attempt;
+  old_attempt.attempt = "0123456789abcdef";
+  new_attempt.attempt = "fedcba9876543210";
+  Checkpointer early(c, root, old_attempt);
+  early.save(shards.view, {1, 0, 0, 1});
+  EXPECT_TRUE(early.wait());
+  Checkpointer later(c, root, new_attempt);  // e.g. a Slurm requeue while the old rank 0 lingers
+  early.save(shards.view, {2, 0, 0, 2});
+  EXPECT_FALSE(early.wait());
+  EXPECT_EQ(read_latest(root), 1);
+  EXPECT_TRUE(std::filesystem::exists(root + "/" + step_dir_name(2)))
+      << "the fenced attempt removed a directory it no longer owns";
+  later.save(shards.view, {3, 0, 0, 3});
+  EXPECT_TRUE(later.wait());
+  EXPECT_EQ(read_latest(root), 3);
+}
+
+}  // namespace
+}  // namespace tessera::checkpoint

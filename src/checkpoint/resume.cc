@@ -1,0 +1,183 @@
+// Resuming: candidates, agreement, loading, fallback.
+#include "checkpoint/resume.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+namespace tessera::checkpoint {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> resume_candidates(const config::Config& config, const std::string& root,
+                                           const std::string& spec) {
+  auto from_root = [&](const std::string& r) {
+    std::vector<std::string> out;
+    std::vector<int64_t> steps = committed_steps(r);
+    const int64_t latest = read_latest(r);
+    if (latest >= 0 && std::find(steps.begin(), steps.end(), latest) != steps.end()) {
+      out.push_back(r + "/" + step_dir_name(latest));
+    } else if (latest >= 0) {
+      log::warn("{}/latest names {}, which is not a committed checkpoint", r, step_dir_name(latest));
+    }
+    if (config.checkpoint.fallback || out.empty()) {
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        if (*it < latest || latest < 0) out.push_back(r + "/" + step_dir_name(*it));
+      }
+    }
+    if (!config.checkpoint.fallback && out.size() > 1) out.resize(1);
+    return out;
+  };
+  if (spec != "auto") {
+    std::error_code ec;
+    if (fs::exists(fs::path(spec) / "manifest.json", ec)) return {spec};
+    std::vector<std::string> out = from_root(spec);
+    if (out.empty()) throw DataError(fmt::format("--resume {}: no committed checkpoint there", spec));
+    return out;
+  }
+  std::vector<std::string> out = from_root(root);
+  if (const std::string mirror = mirror_root(config.checkpoint.mirror_dir, root); out.empty() && !mirror.empty()) {
+    out = from_root(mirror);
+    if (!out.empty()) log::info("no checkpoint in {}; resuming from the mirror {}", root, mirror);
+  }
+  return out;
+}
+
+TrainingState load_checkpoint(const std::string& step_dir, const RankShards& into, const config::Config& config) {
+  CheckpointReader reader(step_dir);
+  const Manifest& m = reader.manifest();
+  const model::ModelLayout& layout = *into.layout;
+  auto mismatch = [&](const std::string& what) {
+    return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
+  };
+  if (m.units.size() != layout.units().size()) {
+    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), layout.units().size()));
+  }
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    const ManifestUnit& saved = m.units[i];
+    const model::UnitLayout& mine = layout.units()[i];
+    if (saved.name != mine.name || saved.numel != mine.numel || saved.tensors.size() != mine.tensors.size()) {
+      throw mismatch(fmt::format("unit {} ({} floats) where this model has {} ({} floats)", saved.name, saved.numel,
+                                 mine.name, mine.numel));
+    }
+    for (size_t t = 0; t < saved.tensors.size(); ++t) {
+      const auto& a = saved.tensors[t];
+      const auto& b = mine.tensors[t];
+      if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
+        throw mismatch(fmt::format("tensor {} [{}] where this model has {} [{}]", a.name, fmt::join(a.shape, ", "),
+                                   b.name, fmt::join(b.shape, ", ")));
+      }
+    }
+  }
+  if (m.seed != static_cast<uint64_t>(config.train.seed)) {
+    log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir, m.seed,
+              config.train.seed);
+  }
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitShard& shard = into.units[u];
+    reader.read_slice(u, "param", shard.range.begin, shard.range.size, shard.param);
+    reader.read_slice(u, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
+    reader.read_slice(u, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
+  }
+  return {m.step, m.tokens, m.sampler_position, m.optimizer_steps};
+}
+
+namespace {
+
+// Moves a damaged checkpoint aside (STEP.damaged-TIME): out of every listing, kept for a person.
+void quarantine(const std::string& step_dir) {
+  const std::string aside = step_dir + ".damaged-" + utc_now("%Y%m%dT%H%M%S");
+  std::error_code ec;
+  fs::rename(step_dir, aside, ec);
+  if (ec) {
+    log::warn("cannot move the damaged checkpoint {} aside: {}", step_dir, ec.message());
+    return;
+  }
+  log::warn("moved the damaged checkpoint {} aside to {}", step_dir, aside);
+  try {
+    sync_parent_dir(aside);
+  } catch (const Error& e) {
+    log::warn("{}", e.what());
+  }
+}
+
+constexpr int kReadAttempts = 4;  // a failed read is retried after 0.5, 1 and 2 s
+
+}  // namespace
+
+std::vector<std::string> agreed_resume_candidates(const config::Config& config, const std::string& root,
+                                                  const std::string& spec, const parallel::Distributed& dist) {
+  if (dist.world() == nullptr) return resume_candidates(config, root, spec);
+  std::string text;
+  if (dist.rank() == 0) {
+    try {
+      for (const std::string& c : resume_candidates(config, root, spec)) text += c + "\n";
+    } catch (const DataError& e) {
+      text = std::string("\x01") + e.what();
+    }
+  }
+  text = comm::broadcast_string(*dist.world(), text, 0, {comm::Millis(config.parallel.timeout_ms)});
+  if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
+  std::vector<std::string> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out.push_back(line);
+  return out;
+}
+
+std::string resume_from(const RankShards& into, const config::Config& config, const parallel::Distributed& dist,
+                        const std::vector<std::string>& candidates, TrainingState* state) {
+  std::string errors;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::string error;
+    float outcome[2] = {0.0f, 0.0f};  // ranks that found it damaged, ranks that could not read it
+    for (int attempt = 1;; ++attempt) {
+      try {
+        *state = load_checkpoint(candidates[i], into, config);
+        error.clear();
+        outcome[1] = 0.0f;
+        break;
+      } catch (const IoError& e) {
+        error = e.what();
+        outcome[1] = 1.0f;
+        if (attempt == kReadAttempts) break;
+        const double pause = 0.5 * (1 << (attempt - 1));
+        log::warn("{} (attempt {} of {}); retrying in {:.1f} s", error, attempt, kReadAttempts, pause);
+        std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+      } catch (const DataError& e) {
+        error = e.what();
+        outcome[0] = 1.0f;
+        break;
+      }
+    }
+    if (dist.world() != nullptr) {
+      dist.world()->all_reduce(outcome, 2, comm::DType::kF32, {comm::Millis(config.parallel.timeout_ms)})->wait();
+    }
+    if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
+    if (!error.empty()) log::error("{}", error);
+    if (outcome[1] > 0.0f) {
+      throw IoError(
+          fmt::format("cannot read the checkpoint {} ({}) after {} attempts; stopping without falling back "
+                      "to an older one, since this one may be sound: nothing was deleted",
+                      candidates[i], error.empty() ? "on another rank" : error, kReadAttempts));
+    }
+    errors += fmt::format("\n  {}: {}", candidates[i], error.empty() ? "damaged on another rank" : error);
+    if (i + 1 < candidates.size()) {
+      if (dist.rank() == 0) quarantine(candidates[i]);
+      log::warn("falling back to the previous checkpoint {}", candidates[i + 1]);
+    }
+  }
+  throw DataError(
+      fmt::format("no checkpoint could be loaded (checkpoint.fallback = {}):{}", config.checkpoint.fallback, errors));
+}
+
+}  // namespace tessera::checkpoint
