@@ -67,7 +67,11 @@ void mirror_checkpoint(const std::string& root, int64_t step, const std::string&
 }  // namespace
 
 Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist)
-    : config_(config), root_(root), mirror_root_(mirror_root(config.checkpoint.mirror_dir, root)), dist_(dist) {
+    : config_(config),
+      root_(root),
+      mirror_root_(mirror_root(config.checkpoint.mirror_dir, root)),
+      dist_(dist),
+      last_save_time_(now_seconds()) {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError(fmt::format("cannot create checkpoint directory {}: {}", root_, ec.message()));
@@ -163,6 +167,7 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   }
   cv_.notify_all();
   last_started_ = state.step;
+  last_save_time_ = now_seconds();
   return now_seconds() - t0;
 }
 
@@ -177,6 +182,31 @@ bool Checkpointer::take_failure() {
   const bool failed = failed_;
   failed_ = false;
   return failed;
+}
+
+Checkpointer::Asks Checkpointer::asks() {
+  const config::CheckpointConfig& c = config_.checkpoint;
+  Asks a;
+  a.save_due = c.interval_minutes > 0 && now_seconds() - last_save_time_ >= c.interval_minutes * 60;
+  a.failed_and_stop = take_failure() && c.on_failure == config::OnFailure::kStop;
+  return a;
+}
+
+double Checkpointer::maybe_save(const RankShards& shards, const TrainingState& state, const Asks& job,
+                                bool stop_requested, bool last) {
+  if (job.failed_and_stop) return 0.0;
+  const config::CheckpointConfig& c = config_.checkpoint;
+  const char* why = stop_requested                                               ? "stop"
+                    : job.save_due                                               ? "time interval"
+                    : c.interval_steps > 0 && state.step % c.interval_steps == 0 ? "step interval"
+                    : last && c.enabled()                                        ? "end"
+                                                                                 : nullptr;
+  if (why == nullptr) return 0.0;
+  if (stop_requested) log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", state.step);
+  const double stall = save(shards, state);
+  log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", state.step, why,
+            stall * 1e3);
+  return stall;
 }
 
 void Checkpointer::writer_loop() {

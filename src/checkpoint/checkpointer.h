@@ -49,6 +49,21 @@ class Checkpointer {
   bool wait();
   // Whether a save has failed since the last call (all ranks learn it, not at the same step).
   bool take_failure();
+
+  // The save policy (checkpoint.interval_minutes, interval_steps, on_failure), decided alike on
+  // every rank. Before a step each rank says what it asks of the job; the step's all-reduce ORs
+  // the asks over ranks.
+  struct Asks {
+    bool save_due = false;         // checkpoint.interval_minutes have passed since the last save
+    bool failed_and_stop = false;  // a save failed and checkpoint.on_failure = stop
+  };
+  Asks asks();
+  // After step state.step, with the job's OR of the asks and of stop requests: saves when a stop
+  // was requested, the time or step interval came, or `last` is the run's last step (checkpointing
+  // on); never once a save failed with on_failure = stop (the run then ends on its last committed
+  // one). Returns the seconds the step loop stalled, 0 when nothing was saved.
+  double maybe_save(const RankShards& shards, const TrainingState& state, const Asks& job, bool stop_requested,
+                    bool last);
   // The step of the newest save this process started, or -1.
   int64_t last_saved_step() const { return last_started_; }
   const std::string& root() const { return root_; }
@@ -72,6 +87,7 @@ class Checkpointer {
   std::vector<float> host_;                    // param, exp_avg, exp_avg_sq of every unit's shard
   std::vector<checkpoint::TensorView> views_;  // into host_, in file order
   int64_t last_started_ = -1;
+  double last_save_time_;  // when the last save started (or this checkpointer was made), for the time interval
 
   std::mutex mu_;
   std::condition_variable cv_;

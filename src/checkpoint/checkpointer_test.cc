@@ -118,5 +118,24 @@ TEST(Checkpointer, AnEarlierAttemptIsFencedOff) {
   EXPECT_EQ(read_latest(root), 3);
 }
 
+// The save policy: which steps maybe_save saves after, from what the job asked.
+TEST(Checkpointer, MaybeSaveFollowsThePolicy) {
+  comm::test_util::TempDir dir;
+  const std::string root = dir.path + "/checkpoints";
+  const config::Config c = tiny_config({{"checkpoint.interval_steps", "3"}});
+  OwnedShards shards(c, 1, 0, true);
+  Checkpointer checkpointer(c, root, {});
+  std::vector<int64_t> saved;
+  const Checkpointer::Asks quiet, time_due{true, false}, failed{true, true};
+  for (int64_t step = 1; step <= 8; ++step) {
+    const Checkpointer::Asks& job = step == 4 ? time_due : step == 6 ? failed : quiet;
+    checkpointer.maybe_save(shards.view, {step, 0, 0, step}, job, step == 5, step == 8);
+    if (checkpointer.last_saved_step() == step) saved.push_back(step);
+  }
+  // 3 and 6 by the step interval (6 not: a save failed), 4 by time, 5 by a stop, 8 the last.
+  EXPECT_EQ(saved, (std::vector<int64_t>{3, 4, 5, 8}));
+  EXPECT_TRUE(checkpointer.wait());
+}
+
 }  // namespace
 }  // namespace tessera::checkpoint

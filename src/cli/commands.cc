@@ -28,6 +28,7 @@
 #include "model/model_config.h"
 #include "parallel/job.h"
 #include "tessera/build_config.h"
+#include "train/loop.h"
 #include "train/reporter.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -254,7 +255,7 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
   return t;
 }
 
-// Runs `steps` steps; rank 0 prints the JSON line.
+// Runs c.train.max_steps steps; rank 0 prints the JSON line.
 void bench_worker(const config::Config& c, long long steps, const parallel::Distributed& dist,
                   const std::string& checkpoint_dir) {
   train::Trainer trainer(c, "", dist);
@@ -262,11 +263,12 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
   std::vector<double> times, exposed;
   std::map<std::string, std::vector<double>> split;
   nlohmann::json losses = nlohmann::json::array();
-  for (long long i = 0; i < steps; ++i) {
-    const double before = trainer.params().exposed_comm_seconds();
-    const train::StepStats s = trainer.step();
+  double exposed_before = 0.0;
+  train::LoopHooks hooks;  // the loop of `tessera train` (c.train.max_steps = steps), without saves
+  hooks.observe = [&](const train::StepStats& s, const train::StepReporter::Extra&) {
     times.push_back(s.seconds);
-    exposed.push_back(trainer.params().exposed_comm_seconds() - before);
+    exposed.push_back(trainer.params().exposed_comm_seconds() - exposed_before);
+    exposed_before = trainer.params().exposed_comm_seconds();
     losses.push_back(s.loss);
     split["data_wait"].push_back(s.times.data_wait);
     split["forward"].push_back(s.times.forward);
@@ -274,7 +276,8 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
     split["comm"].push_back(s.times.comm);
     split["optimizer"].push_back(s.times.optimizer);
     log::debug("bench step {}: {:.3f}s loss {}", s.step, s.seconds, s.loss);
-  }
+  };
+  train::run_steps(trainer, nullptr, hooks);
   const double median = median_of_tail(times);
   const double tokens_per_s = static_cast<double>(c.tokens_per_step()) / median;
   const SaveTimes saves = checkpoint_dir.empty() ? SaveTimes{} : bench_saves(trainer, checkpoint_dir, dist);

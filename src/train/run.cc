@@ -30,6 +30,7 @@
 #include "data/bundled.h"
 #include "tessera/build_config.h"
 #include "train/health.h"
+#include "train/loop.h"
 #include "train/reporter.h"
 #include "train/trainer.h"
 
@@ -93,9 +94,6 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
 
 namespace {
 
-// Signals a rank raises in Trainer::step; all ranks act on their OR after the same step.
-enum : uint32_t { kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4 };
-
 // The step a worker has reached, for its agent's hang watchdog: "STEP\n" rewritten in place after
 // every step (no fsync: the agent reads it through the page cache). Inert without a path.
 class Heartbeat {
@@ -117,21 +115,7 @@ class Heartbeat {
   int fd_ = -1;
 };
 
-// One worker's training loop; rank 0 writes the run's files and logs job-wide figures.
-void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
-                  const std::string& resume, const parallel::Distributed& dist, const std::string& heartbeat_path = "") {
-  Heartbeat heartbeat(heartbeat_path);
-  std::error_code ec;
-  const bool leader = dist.rank() == 0;
-  // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
-  // only what goes wrong.
-  std::error_code logs_ec;  // open_file warns when it cannot write there
-  fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
-  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()), dist.rank());
-  if (!leader) log::set_console_level(log::Level::kWarn);
-  const std::string config_toml = config::to_toml(config);
-  Trainer trainer(config, dataset, dist);
-  health_check(dist, config);  // every rank, before any time goes into training
+void log_model_and_batch(const config::Config& config, const parallel::Distributed& dist, const Trainer& trainer) {
   const model::ModelConfig& m = config.model;
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
@@ -142,13 +126,18 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
       config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(),
       dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single process", config.accumulation_steps(),
       config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+}
 
-  const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
+// RUN/run.json: what the run used (dataset, tokenizer, layout, peak). Rank 0 also copies the
+// dataset's tokenizer into RUN.
+nlohmann::ordered_json describe_run(const config::Config& config, const std::string& dataset,
+                                    const std::string& run_dir, const parallel::Distributed& dist,
+                                    const Trainer& trainer, const metrics::Peak& peak) {
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
-  const data::DatasetManifest* manifest = trainer.dataset();
-  if (manifest != nullptr) {
+  if (const data::DatasetManifest* manifest = trainer.dataset(); manifest != nullptr) {
     const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
-    if (leader) {
+    std::error_code ec;
+    if (dist.rank() == 0) {
       fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
     }
     if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
@@ -163,6 +152,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
   char host[256] = "";
   ::gethostname(host, sizeof(host) - 1);
+  const model::ModelConfig& m = config.model;
   run_info.update({{"version", TESSERA_VERSION},
                    {"started", utc_now()},
                    {"host", host},
@@ -176,96 +166,73 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
                    {"tokens_per_step", config.tokens_per_step()},
                    {"max_steps", config.train.max_steps}});
   if (peak.known()) run_info.update({{"peak_flops_per_s", peak.flops_per_s}, {"peak_source", peak.source}});
+  return run_info;
+}
+
+// Continues from the checkpoint `resume` names ("auto": the run's latest, if any), every rank
+// from the same one.
+void resume_trainer(Trainer& trainer, const std::string& root, const std::string& resume,
+                    const std::vector<std::string>& candidates) {
+  if (candidates.empty()) {
+    if (resume == "auto") log::info("no checkpoint in {}: starting from step 0", root);
+    return;
+  }
+  const double t0 = now_seconds();
+  TrainingState state;
+  const std::string loaded =
+      checkpoint::resume_from(trainer.shards(), trainer.config(), trainer.distributed(), candidates, &state);
+  trainer.restore(state);
+  if (trainer.distributed().rank() == 0) checkpoint::remove_newer(root, trainer.steps_done());
+  log::info("resumed from {} in {:.2f}s: step {}, {} tokens seen, data position {}", loaded, now_seconds() - t0,
+            trainer.steps_done(), format_count(static_cast<double>(trainer.state().tokens)),
+            trainer.state().sampler_position);
+}
+
+void log_final_validation(const data::DatasetManifest& manifest, const LoopEnd& end) {
+  const double v = end.final_eval->loss;
+  log::info(
+      "validation loss {:.4f} nats/token (perplexity {:.1f}) over the whole validation split ({} tokens, "
+      "{:.1f}s) vs unigram entropy {:.4f} ({})",
+      v, std::exp(v), format_count(static_cast<double>(end.final_eval->targets)), end.final_eval_s,
+      manifest.unigram_entropy,
+      v < manifest.unigram_entropy ? fmt::format("{:.2f} below", manifest.unigram_entropy - v)
+                                   : std::string("not below"));
+}
+
+// One worker's run: start-up checks and figures, resume, the step loop, final weights; rank 0
+// writes the run's files and logs job-wide figures.
+void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
+                  const std::string& resume, const parallel::Distributed& dist,
+                  const std::string& heartbeat_path = "") {
+  Heartbeat heartbeat(heartbeat_path);
+  const bool leader = dist.rank() == 0;
+  // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
+  // only what goes wrong.
+  std::error_code logs_ec;  // open_file warns when it cannot write there
+  fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
+  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()), dist.rank());
+  if (!leader) log::set_console_level(log::Level::kWarn);
+  Trainer trainer(config, dataset, dist);
+  health_check(dist, config);  // every rank, before any time goes into training
+  log_model_and_batch(config, dist, trainer);
+  const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
+  const nlohmann::ordered_json run_info = describe_run(config, dataset, run_dir, dist, trainer, peak);
+
   const std::string root = run_dir + "/checkpoints";
   std::vector<std::string> candidates;
   if (!resume.empty()) candidates = checkpoint::agreed_resume_candidates(config, root, resume, dist);
   checkpoint::Checkpointer checkpointer(config, root, dist);
-  if (!candidates.empty()) {
-    const double t0 = now_seconds();
-    TrainingState state;
-    const std::string loaded = checkpoint::resume_from(trainer.shards(), config, dist, candidates, &state);
-    trainer.restore(state);
-    if (leader) checkpoint::remove_newer(root, trainer.steps_done());
-    log::info("resumed from {} in {:.2f}s: step {}, {} tokens seen, data position {}", loaded, now_seconds() - t0,
-              trainer.steps_done(), format_count(static_cast<double>(trainer.state().tokens)),
-              trainer.state().sampler_position);
-  } else if (resume == "auto") {
-    log::info("no checkpoint in {}: starting from step 0", root);
-  }
+  resume_trainer(trainer, root, resume, candidates);
   if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
+
   StepReporter reporter(config, run_dir, dist, peak, trainer.steps_done());
-  const config::CheckpointConfig& ckpt = config.checkpoint;
-  double last_save = now_seconds();
   const double start = now_seconds();
-  std::optional<Trainer::Evaluation> final_eval;
-  double final_eval_s = 0.0;
-  auto finished = [&] {
-    return trainer.steps_done() >= config.train.max_steps ||
-           (config.train.max_tokens > 0 && trainer.state().tokens >= config.train.max_tokens);
-  };
-  bool stopped = false;
-  while (!finished()) {
-    uint32_t raise = 0;
-    if (StopSignals::received() != 0) raise |= kStopRequested;
-    if (ckpt.interval_minutes > 0 && now_seconds() - last_save >= ckpt.interval_minutes * 60) raise |= kSaveDue;
-    if (checkpointer.take_failure() && ckpt.on_failure == config::OnFailure::kStop) raise |= kSaveFailed;
-    const StepStats s = trainer.step(raise);
-    heartbeat.beat(s.step);
-    const bool last = finished();
-    StepReporter::Extra extra;
-    if (config.train.eval_interval > 0 && (s.step % config.train.eval_interval == 0 || last)) {
-      // The last evaluation covers the whole validation split, as `tessera eval` does, so that the
-      // two agree on the same weights; the periodic ones the first train.eval_batches batches.
-      const double t0 = now_seconds();
-      const Trainer::Evaluation e = trainer.evaluate(last ? trainer.validation_batches() : 0);
-      extra.val_loss = e.loss;
-      extra.val_tokens = e.targets;
-      extra.eval_s = now_seconds() - t0;
-      if (last) {
-        final_eval = e;
-        final_eval_s = extra.eval_s;
-      }
-    }
-    // Every rank decides alike (the signals are the OR over ranks). After a failed save with
-    // on_failure = stop nothing more is saved: the run stops below on its last committed checkpoint.
-    const char* save = nullptr;
-    if (!(s.signals & kSaveFailed)) {
-      if (s.signals & kStopRequested) {
-        log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", s.step);
-        save = "stop";
-      } else if (s.signals & kSaveDue) {
-        save = "time interval";
-      } else if (ckpt.interval_steps > 0 && s.step % ckpt.interval_steps == 0) {
-        save = "step interval";
-      } else if (last && ckpt.enabled()) {
-        save = "end";
-      }
-    }
-    if (save != nullptr) {
-      extra.checkpoint_s = checkpointer.save(trainer.shards(), trainer.state());
-      last_save = now_seconds();
-      log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", s.step, save,
-                extra.checkpoint_s * 1e3);
-    }
-    reporter.report(trainer, s, extra);
-    if (s.signals & kSaveFailed) {
-      throw IoError(
-          fmt::format("step {}: a checkpoint save failed and checkpoint.on_failure = stop; the last "
-                      "committed checkpoint is intact",
-                      s.step));
-    }
-    if (s.signals & kStopRequested) {
-      stopped = true;
-      break;
-    }
-  }
-  if (!checkpointer.wait()) {
-    if (stopped || ckpt.on_failure == config::OnFailure::kStop) {
-      throw IoError("the last checkpoint save failed (see above); the previous committed checkpoint is intact");
-    }
-  }
+  LoopHooks hooks;
+  hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };
+  hooks.observe = [&](const StepStats& s, const StepReporter::Extra& extra) { reporter.report(trainer, s, extra); };
+  const LoopEnd end = run_steps(trainer, &checkpointer, hooks);
   reporter.finish();
-  if (stopped) {
+  if (end.stopped) {
     log::info("stopped at step {} with checkpoint {}", trainer.steps_done(),
               checkpoint::step_dir_name(trainer.steps_done()));
     return;
@@ -274,21 +241,13 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     auto tensors = trainer.params().gather_named_tensors();  // a collective: every rank takes part
     if (leader) {
       const std::string path = run_dir + "/model.safetensors";
-      checkpoint::write_safetensors(path, tensors, {{"tessera_config", config_toml}});
+      checkpoint::write_safetensors(path, tensors, {{"tessera_config", config::to_toml(config)}});
       log::info("wrote {}", path);
     }
   }
   log::info("done: {} steps, {} tokens in {:.1f}s", trainer.steps_done(),
             format_count(static_cast<double>(trainer.state().tokens)), now_seconds() - start);
-  if (manifest != nullptr && final_eval) {
-    const double v = final_eval->loss;
-    log::info(
-        "validation loss {:.4f} nats/token (perplexity {:.1f}) over the whole validation split ({} tokens, "
-        "{:.1f}s) vs unigram entropy {:.4f} ({})",
-        v, std::exp(v), format_count(static_cast<double>(final_eval->targets)), final_eval_s, manifest->unigram_entropy,
-        v < manifest->unigram_entropy ? fmt::format("{:.2f} below", manifest->unigram_entropy - v)
-                                      : std::string("not below"));
-  }
+  if (trainer.dataset() != nullptr && end.final_eval) log_final_validation(*trainer.dataset(), end);
 }
 
 }  // namespace
