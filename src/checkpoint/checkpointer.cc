@@ -1,14 +1,12 @@
-// Sharded asynchronous checkpoints: the writer and mirror threads, commit, resume.
+// Sharded asynchronous checkpoints: the save policy, the writer and mirror threads, the commit.
 #include "checkpoint/checkpointer.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>

@@ -1,5 +1,5 @@
 // Sharded, asynchronous, atomically committed checkpoints of a training run (ARCHITECTURE.md,
-// "Checkpoints"), and loading them back at any world size or strategy. What is saved arrives as
+// "Checkpoints"); resume.h loads them back at any world size or strategy. What is saved arrives as
 // a RankShards view (this rank's shards of the parameters and moments) and a TrainingState; this
 // layer knows neither the trainer nor how the processes were started.
 //

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <vector>
 
-#include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "model/layout.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/shard_range.h"
 

@@ -35,13 +35,11 @@ class AdamW {
   AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes);
 
   // Updates this rank's slice of unit u, which starts at element `begin` of the unit (the
-  // tensors it overlaps decide the weight decay): master and grad hold slice_size(u) elements.
+  // tensors it overlaps decide the weight decay): master and grad hold slice_sizes[u] elements.
   // step: the 1-based update count (bias correction).
   void update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
               int64_t step);
 
-  const AdamWConfig& config() const { return config_; }
-  int64_t slice_size(int u) const { return sizes_[u]; }
   float* exp_avg(int u) { return m_[u]; }
   float* exp_avg_sq(int u) { return v_[u]; }
   uint64_t bytes() const;  // of both moments
