@@ -198,6 +198,128 @@ std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& o
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// Typed reads of config.json's keys; each error names the file and the key (and echoes only
+// scalars: dumping an array or object recurses as deep as it nests).
+class ConfigKeys {
+ public:
+  ConfigKeys(const json& j, const std::string& origin) : j_(j), origin_(origin) {}
+  bool contains(const char* key) const { return j_.contains(key); }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }  // and not null
+  const json& operator[](const char* key) const { return j_[key]; }
+  DataError fail(const std::string& key, const std::string& why) const {
+    const bool echo = j_.contains(key) && j_[key].is_primitive();
+    return DataError(fmt::format("{}: key {}{}: {}", origin_, key, echo ? " = " + j_[key].dump() : "", why));
+  }
+  int64_t integer(const char* key, const int64_t* fallback) const {
+    if (!has(key)) {
+      if (fallback != nullptr) return *fallback;
+      throw fail(key, "missing");
+    }
+    if (!j_[key].is_number_integer() || j_[key].get<int64_t>() <= 0) throw fail(key, "must be an integer > 0");
+    return j_[key].get<int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_number() || !(j_[key].get<double>() > 0)) throw fail(key, "must be a number > 0");
+    return j_[key].get<double>();
+  }
+  bool flag(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_boolean()) throw fail(key, "must be true or false");
+    return j_[key].get<bool>();
+  }
+  // A negative id (conversions write -1 for none) is not said, as the export then leaves it out.
+  int64_t token_id(const char* key) const {
+    return j_.contains(key) && j_[key].is_number_integer() ? std::max<int64_t>(j_[key].get<int64_t>(), -1) : -1;
+  }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const json& j_;
+  const std::string& origin_;
+};
+
+// What Tessera's model does not compute is refused rather than loaded as a model that gives
+// other logits.
+void refuse_unsupported(const ConfigKeys& k) {
+  if (!k.has("model_type") || k["model_type"] != "llama") throw k.fail("model_type", "only \"llama\" is supported");
+  if (k.contains("architectures")) {
+    const json& a = k["architectures"];
+    if (!a.is_array() || a.size() != 1 || a[0] != "LlamaForCausalLM") {
+      throw k.fail("architectures", "only [\"LlamaForCausalLM\"] is supported");
+    }
+  }
+  if (k.has("rope_scaling")) throw k.fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
+  if (k.flag("attention_bias", false)) throw k.fail("attention_bias", "attention biases are not supported");
+  if (k.flag("mlp_bias", false)) throw k.fail("mlp_bias", "MLP biases are not supported");
+  if (k.contains("hidden_act") && k["hidden_act"] != "silu")
+    throw k.fail("hidden_act", "only silu (SwiGLU) is supported");
+}
+
+// The shape, with transformers' LlamaConfig defaults where a key is absent, checked as
+// config::validate checks [model].
+model::ModelConfig read_shape(const ConfigKeys& k) {
+  model::ModelConfig c;
+  c.dim = k.integer("hidden_size", nullptr);
+  c.ffn_hidden = k.integer("intermediate_size", nullptr);
+  c.n_heads = k.integer("num_attention_heads", nullptr);
+  c.n_kv_heads = k.integer("num_key_value_heads", &c.n_heads);  // MHA when absent
+  c.n_layers = k.integer("num_hidden_layers", nullptr);
+  c.vocab_size = k.integer("vocab_size", nullptr);
+  const int64_t default_positions = 2048;
+  c.seq_len = k.integer("max_position_embeddings", &default_positions);
+  c.norm_eps = k.number("rms_norm_eps", 1e-6);
+  c.rope_theta = k.number("rope_theta", 10000.0);
+  c.tied_embeddings = k.flag("tie_word_embeddings", false);
+  if (k.has("initializer_range") && k["initializer_range"].is_number()) {
+    const double std = k["initializer_range"].get<double>();
+    if (std > 0 && std < 1) c.init_std = std;
+  }
+  if (c.dim % c.n_heads != 0) {
+    throw k.fail("hidden_size", fmt::format("must be divisible by num_attention_heads = {}", c.n_heads));
+  }
+  if (c.n_heads % c.n_kv_heads != 0) {
+    throw k.fail("num_attention_heads", fmt::format("must be divisible by num_key_value_heads = {}", c.n_kv_heads));
+  }
+  if (c.head_dim() % 2 != 0) throw k.fail("hidden_size", "head dim hidden_size/num_attention_heads must be even");
+  const int64_t head_dim = c.head_dim();
+  if (k.integer("head_dim", &head_dim) != head_dim) {
+    throw k.fail("head_dim", fmt::format("must equal hidden_size / num_attention_heads = {}", head_dim));
+  }
+  if (c.norm_eps >= 1) throw k.fail("rms_norm_eps", "must be < 1");
+  if (c.vocab_size > (int64_t{1} << 31) - 1) throw k.fail("vocab_size", "must fit in int32 token ids");
+  const model::ShapeTotals totals = model::shape_totals(c);
+  if (totals.parameters >= model::kMaxShapeCount) {
+    throw DataError(
+        fmt::format("{}: {:.3g} parameters (hidden_size, intermediate_size, num_hidden_layers, "
+                    "vocab_size): their count must fit in an int64",
+                    k.origin(), totals.parameters));
+  }
+  if (totals.layer_cells >= model::kMaxShapeCount) {
+    throw k.fail("max_position_embeddings",
+                 "num_hidden_layers x max_position_embeddings x hidden_size must fit in an int64");
+  }
+  return c;
+}
+
+// Tessera's preset whose shape this is, so that logs name it; "default" (every key is stored
+// explicitly beside it) otherwise.
+std::string matching_preset(const model::ModelConfig& c) {
+  for (const std::string& name : model::model_preset_names()) {
+    model::ModelConfig p;
+    model::model_preset(name, &p);
+    if (p.vocab_size == c.vocab_size && p.dim == c.dim && p.n_layers == c.n_layers && p.n_heads == c.n_heads &&
+        p.n_kv_heads == c.n_kv_heads && p.ffn_hidden == c.ffn_hidden && p.seq_len == c.seq_len) {
+      return name;
+    }
+  }
+  return "default";
+}
+
+}  // namespace
+
 HfModel hf_config_from_json(const std::string& json_text, const std::string& origin) {
   json j;
   try {
@@ -206,108 +328,13 @@ HfModel hf_config_from_json(const std::string& json_text, const std::string& ori
     throw DataError(fmt::format("{}: not valid JSON: {}", origin, e.what()));
   }
   if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
-  // Only scalars are echoed: dumping an array or object recurses as deep as it nests.
-  auto fail = [&](const std::string& key, const std::string& why) -> DataError {
-    const bool echo = j.contains(key) && j[key].is_primitive();
-    return DataError(fmt::format("{}: key {}{}: {}", origin, key, echo ? " = " + j[key].dump() : "", why));
-  };
-  auto integer = [&](const std::string& key, const int64_t* fallback) -> int64_t {
-    if (!j.contains(key) || j[key].is_null()) {
-      if (fallback != nullptr) return *fallback;
-      throw fail(key, "missing");
-    }
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0) throw fail(key, "must be an integer > 0");
-    return j[key].get<int64_t>();
-  };
-  auto number = [&](const std::string& key, double fallback) -> double {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_number() || !(j[key].get<double>() > 0)) throw fail(key, "must be a number > 0");
-    return j[key].get<double>();
-  };
-  auto flag = [&](const std::string& key, bool fallback) -> bool {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_boolean()) throw fail(key, "must be true or false");
-    return j[key].get<bool>();
-  };
-
-  if (!j.contains("model_type") || j["model_type"] != "llama") throw fail("model_type", "only \"llama\" is supported");
-  if (j.contains("architectures")) {
-    const json& a = j["architectures"];
-    if (!a.is_array() || a.size() != 1 || a[0] != "LlamaForCausalLM") {
-      throw fail("architectures", "only [\"LlamaForCausalLM\"] is supported");
-    }
-  }
-  // What Tessera's model does not compute: refuse rather than load a model that gives other logits.
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    throw fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
-  }
-  if (flag("attention_bias", false)) throw fail("attention_bias", "attention biases are not supported");
-  if (flag("mlp_bias", false)) throw fail("mlp_bias", "MLP biases are not supported");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") throw fail("hidden_act", "only silu (SwiGLU) is supported");
-
+  const ConfigKeys keys(j, origin);
+  refuse_unsupported(keys);
   HfModel out;
-  model::ModelConfig& c = out.config;
-  c.dim = integer("hidden_size", nullptr);
-  c.ffn_hidden = integer("intermediate_size", nullptr);
-  c.n_heads = integer("num_attention_heads", nullptr);
-  c.n_kv_heads = integer("num_key_value_heads", &c.n_heads);  // transformers: MHA when absent
-  c.n_layers = integer("num_hidden_layers", nullptr);
-  c.vocab_size = integer("vocab_size", nullptr);
-  const int64_t default_positions = 2048;  // transformers' LlamaConfig default
-  c.seq_len = integer("max_position_embeddings", &default_positions);
-  c.norm_eps = number("rms_norm_eps", 1e-6);  // transformers' default
-  c.rope_theta = number("rope_theta", 10000.0);
-  c.tied_embeddings = flag("tie_word_embeddings", false);
-  if (j.contains("initializer_range") && j["initializer_range"].is_number()) {
-    const double std = j["initializer_range"].get<double>();
-    if (std > 0 && std < 1) c.init_std = std;
-  }
-  if (c.dim % c.n_heads != 0) throw fail("hidden_size", fmt::format("must be divisible by num_attention_heads = {}", c.n_heads));
-  if (c.n_heads % c.n_kv_heads != 0) {
-    throw fail("num_attention_heads", fmt::format("must be divisible by num_key_value_heads = {}", c.n_kv_heads));
-  }
-  if (c.head_dim() % 2 != 0) throw fail("hidden_size", "head dim hidden_size/num_attention_heads must be even");
-  const int64_t head_dim = c.head_dim();
-  if (integer("head_dim", &head_dim) != head_dim) {
-    throw fail("head_dim", fmt::format("must equal hidden_size / num_attention_heads = {}", head_dim));
-  }
-  if (c.norm_eps >= 1) throw fail("rms_norm_eps", "must be < 1");
-  if (c.vocab_size > (int64_t{1} << 31) - 1) throw fail("vocab_size", "must fit in int32 token ids");
-  // Parameter counts, FLOPs and the layout's offsets are int64 products of these sizes: bounded
-  // in double as config::validate bounds [model], so that no product overflows.
-  const auto d = [](int64_t v) { return static_cast<double>(v); };
-  constexpr double kMaxCount = 0x1p62;
-  const double qkv = (d(c.n_heads) + 2 * d(c.n_kv_heads)) * d(c.head_dim());
-  const double block = d(c.dim) * qkv + d(c.dim) * d(c.dim) + 3 * d(c.dim) * d(c.ffn_hidden) + 2 * d(c.dim);
-  const double params = d(c.n_layers) * block + d(c.dim) + 2 * d(c.vocab_size) * d(c.dim);
-  if (params >= kMaxCount) {
-    throw DataError(
-        fmt::format("{}: {:.3g} parameters (hidden_size, intermediate_size, num_hidden_layers, "
-                    "vocab_size): their count must fit in an int64",
-                    origin, params));
-  }
-  if (d(c.n_layers) * d(c.seq_len) * d(c.dim) >= kMaxCount) {
-    throw fail("max_position_embeddings",
-               "num_hidden_layers x max_position_embeddings x hidden_size must fit in an int64");
-  }
-  // Tessera's preset whose shape this is, so that logs name it; "default" (every key is stored
-  // explicitly beside it) otherwise.
-  c.preset = "default";
-  for (const std::string& name : model::model_preset_names()) {
-    model::ModelConfig p;
-    model::model_preset(name, &p);
-    if (p.vocab_size == c.vocab_size && p.dim == c.dim && p.n_layers == c.n_layers && p.n_heads == c.n_heads &&
-        p.n_kv_heads == c.n_kv_heads && p.ffn_hidden == c.ffn_hidden && p.seq_len == c.seq_len) {
-      c.preset = name;
-      break;
-    }
-  }
-  // A negative id (conversions write -1 for none) is not said, as the export then leaves it out.
-  auto token_id = [&](const char* key) -> int64_t {
-    return j.contains(key) && j[key].is_number_integer() ? std::max<int64_t>(j[key].get<int64_t>(), -1) : -1;
-  };
-  out.bos_token_id = token_id("bos_token_id");
-  out.eos_token_id = token_id("eos_token_id");
+  out.config = read_shape(keys);
+  out.config.preset = matching_preset(out.config);
+  out.bos_token_id = keys.token_id("bos_token_id");
+  out.eos_token_id = keys.token_id("eos_token_id");
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <variant>
 
@@ -173,16 +174,34 @@ std::string toml_float(double v) {
   return s;
 }
 
+// The range a numeric key accepts: what validate() checks for every key before the rules that
+// relate keys to each other.
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr Bounds gt(double lo, const char* note = "") { return {lo, kInf, true, false, note}; }
+constexpr Bounds ge(double lo, const char* note = "") { return {lo, kInf, false, false, note}; }
+constexpr Bounds closed(double lo, double hi, const char* note = "") { return {lo, hi, false, false, note}; }
+constexpr Bounds open(double lo, double hi) { return {lo, hi, true, true, ""}; }
+constexpr Bounds half_open(double lo, double hi) { return {lo, hi, false, true, ""}; }
+constexpr Bounds any(const char* note = "") { return {-kInf, kInf, false, false, note}; }
+
 struct Key {
   std::string name;
   std::function<void(Config&, const Assignment&)> set;
   std::function<std::string(const Config&)> get;
+  std::function<double(const Config&)> number;  // numeric keys only
+  bool real = false;                            // a floating-point key
+  Bounds bounds;
 };
 
 template <typename T>
-Key make_key(std::string name, T& (*field)(Config&)) {
+Key make_key(std::string name, T& (*field)(Config&), Bounds bounds = any()) {
   Key k;
   k.name = std::move(name);
+  k.bounds = bounds;
+  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
+    k.number = [field](const Config& c) { return static_cast<double>(field(const_cast<Config&>(c))); };
+    k.real = std::is_same_v<T, double>;
+  }
   k.set = [field](Config& c, const Assignment& a) {
     if constexpr (std::is_enum_v<T>) {
       if (!parse_enum(convert<std::string>(a), &field(c))) fail(a, "must be one of " + enum_choices<T>());
@@ -207,67 +226,68 @@ Key make_key(std::string name, T& (*field)(Config&)) {
   return k;
 }
 
-#define KEY(section, field) \
-  make_key(                 \
-      #section "." #field, +[](Config& c) -> decltype(c.section.field)& { return c.section.field; })
+#define KEY(section, field, ...) \
+  make_key(                      \
+      #section "." #field,       \
+      +[](Config& c) -> decltype(c.section.field)& { return c.section.field; } __VA_OPT__(, ) __VA_ARGS__)
 
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = {
       KEY(model, preset),
-      KEY(model, vocab_size),
-      KEY(model, dim),
-      KEY(model, n_layers),
-      KEY(model, n_heads),
-      KEY(model, n_kv_heads),
-      KEY(model, ffn_hidden),
-      KEY(model, seq_len),
-      KEY(model, rope_theta),
-      KEY(model, norm_eps),
+      KEY(model, vocab_size, gt(0)),
+      KEY(model, dim, gt(0)),
+      KEY(model, n_layers, gt(0)),
+      KEY(model, n_heads, gt(0)),
+      KEY(model, n_kv_heads, gt(0)),
+      KEY(model, ffn_hidden, gt(0)),
+      KEY(model, seq_len, gt(0)),
+      KEY(model, rope_theta, gt(0)),
+      KEY(model, norm_eps, open(0, 1)),
       KEY(model, tied_embeddings),
-      KEY(model, init_std),
-      KEY(train, batch_size),
-      KEY(train, micro_batch_size),
-      KEY(train, max_steps),
-      KEY(train, max_tokens),
-      KEY(train, lr),
-      KEY(train, min_lr),
-      KEY(train, warmup_steps),
-      KEY(train, weight_decay),
-      KEY(train, beta1),
-      KEY(train, beta2),
-      KEY(train, eps),
-      KEY(train, grad_clip),
+      KEY(model, init_std, open(0, 1)),
+      KEY(train, batch_size, gt(0)),
+      KEY(train, micro_batch_size, ge(0, "0 derives it from train.batch_size")),
+      KEY(train, max_steps, gt(0)),
+      KEY(train, max_tokens, ge(0, "0: no limit")),
+      KEY(train, lr, gt(0)),
+      KEY(train, min_lr, ge(0)),
+      KEY(train, warmup_steps, ge(0)),
+      KEY(train, weight_decay, ge(0)),
+      KEY(train, beta1, half_open(0, 1)),
+      KEY(train, beta2, half_open(0, 1)),
+      KEY(train, eps, gt(0)),
+      KEY(train, grad_clip, ge(0, "0: no clipping")),
       KEY(train, on_nonfinite),
-      KEY(train, max_skipped_steps),
-      KEY(train, seed),
-      KEY(train, threads),
-      KEY(train, eval_interval),
-      KEY(train, eval_batches),
+      KEY(train, max_skipped_steps, gt(0)),
+      KEY(train, seed, ge(0)),
+      KEY(train, threads, closed(0, 1024, "0: one per core")),
+      KEY(train, eval_interval, ge(0, "0: never")),
+      KEY(train, eval_batches, gt(0)),
       KEY(train, init_from),
       KEY(data, dataset),
       KEY(data, cache_dir),
       KEY(data, synthetic),
-      KEY(parallel, nproc),
+      KEY(parallel, nproc, closed(1, 1024)),
       KEY(parallel, strategy),
-      KEY(parallel, shard_group_size),
-      KEY(parallel, timeout_ms),
+      KEY(parallel, shard_group_size, ge(0, "0: nproc")),
+      KEY(parallel, timeout_ms, gt(0)),
       KEY(parallel, param_dtype),
       KEY(parallel, reduce_dtype),
-      KEY(parallel, activation_checkpointing),
+      KEY(parallel, activation_checkpointing, ge(0, "0: off, k: every k-th block")),
       KEY(checkpoint, save_final),
-      KEY(checkpoint, interval_steps),
-      KEY(checkpoint, interval_minutes),
-      KEY(checkpoint, keep),
+      KEY(checkpoint, interval_steps, ge(0, "0: off")),
+      KEY(checkpoint, interval_minutes, ge(0, "0: off")),
+      KEY(checkpoint, keep, gt(0)),
       KEY(checkpoint, fallback),
       KEY(checkpoint, mirror_dir),
       KEY(checkpoint, on_failure),
       KEY(metrics, log_level),
-      KEY(metrics, log_interval),
-      KEY(metrics, straggler_factor),
-      KEY(metrics, straggler_steps),
-      KEY(metrics, peak_flops),
+      KEY(metrics, log_interval, gt(0)),
+      KEY(metrics, straggler_factor, gt(1)),
+      KEY(metrics, straggler_steps, gt(0)),
+      KEY(metrics, peak_flops, any("FLOP/s per rank; 0: measure; < 0: no MFU")),
       KEY(metrics, prometheus_host),
-      KEY(metrics, prometheus_port),
+      KEY(metrics, prometheus_port, closed(0, 65535, "a TCP port; 0: no endpoint")),
   };
   return keys;
 }
@@ -387,99 +407,89 @@ const char* name(Precision v) { return enum_name(v); }
 const char* name(OnNonFinite v) { return enum_name(v); }
 const char* name(OnFailure v) { return enum_name(v); }
 
-void validate(const Config& c) {
-  const model::ModelConfig& m = c.model;
-  auto positive = [](const std::string& key, int64_t v) { require(v > 0, key, fmt::format("{}", v), "must be > 0"); };
-  positive("model.vocab_size", m.vocab_size);
+namespace {
+
+// "must be a finite number > 0 (note)", "must be in [0, 1)", ...
+std::string describe(const Bounds& b, bool real) {
+  std::string range;
+  if (b.hi == kInf && b.lo != -kInf) {
+    range = fmt::format("{} {}", b.lo_open ? ">" : ">=", b.lo);
+  } else if (b.lo == -kInf && b.hi != kInf) {
+    range = fmt::format("{} {}", b.hi_open ? "<" : "<=", b.hi);
+  } else if (b.lo != -kInf) {
+    range = fmt::format("in {}{}, {}{}", b.lo_open ? "(" : "[", b.lo, b.hi, b.hi_open ? ")" : "]");
+  }
+  std::string text = real ? "must be a finite number" + (range.empty() ? "" : " " + range) : "must be " + range;
+  if (*b.note != '\0') text += fmt::format(" ({})", b.note);
+  return text;
+}
+
+// The rules between keys, once every key is in its range.
+void validate_model(const model::ModelConfig& m) {
   require(m.vocab_size <= (int64_t{1} << 31) - 1, "model.vocab_size", fmt::format("{}", m.vocab_size),
           "must fit in int32 token ids");
-  positive("model.dim", m.dim);
-  positive("model.n_layers", m.n_layers);
-  positive("model.n_heads", m.n_heads);
-  positive("model.n_kv_heads", m.n_kv_heads);
-  positive("model.ffn_hidden", m.ffn_hidden);
-  positive("model.seq_len", m.seq_len);
   require(m.dim % m.n_heads == 0, "model.dim", fmt::format("{}", m.dim),
           fmt::format("must be divisible by model.n_heads = {}", m.n_heads));
   require(m.n_heads % m.n_kv_heads == 0, "model.n_heads", fmt::format("{}", m.n_heads),
           fmt::format("must be divisible by model.n_kv_heads = {}", m.n_kv_heads));
   require(m.head_dim() % 2 == 0, "model.dim", fmt::format("{}", m.dim),
           fmt::format("head dim dim/n_heads = {} must be even for rotary embeddings", m.head_dim()));
-  require(m.rope_theta > 0, "model.rope_theta", fmt::format("{}", m.rope_theta), "must be > 0");
-  require(m.norm_eps > 0 && m.norm_eps < 1, "model.norm_eps", fmt::format("{}", m.norm_eps), "must be in (0, 1)");
-  require(m.init_std > 0 && m.init_std < 1, "model.init_std", fmt::format("{}", m.init_std), "must be in (0, 1)");
+}
 
-  // Sizes derived from the shape (parameter counts, FLOPs, tokens per step) are int64 products of
-  // these positive keys: bounding the totals, in double, keeps every partial product in range.
-  const auto d = [](int64_t v) { return static_cast<double>(v); };
-  constexpr double kMaxCount = 0x1p62;
-  const double qkv = (d(m.n_heads) + 2 * d(m.n_kv_heads)) * d(m.head_dim());
-  const double block = d(m.dim) * qkv + d(m.dim) * d(m.dim) + 3 * d(m.dim) * d(m.ffn_hidden) + 2 * d(m.dim);
-  const double params = d(m.n_layers) * block + d(m.dim) + 2 * d(m.vocab_size) * d(m.dim);
-  require(params < kMaxCount, "model.dim", fmt::format("{}", m.dim),
-          fmt::format("{:.3g} parameters: too many to count in an int64", params));
-  require(d(m.n_layers) * d(m.seq_len) * d(m.dim) < kMaxCount, "model.seq_len", fmt::format("{}", m.seq_len),
+// Counts derived from the shape and the batch must fit in int64 (model::kMaxShapeCount).
+void validate_sizes(const Config& c) {
+  const model::ModelConfig& m = c.model;
+  const model::ShapeTotals totals = model::shape_totals(m);
+  require(totals.parameters < model::kMaxShapeCount, "model.dim", fmt::format("{}", m.dim),
+          fmt::format("{:.3g} parameters: too many to count in an int64", totals.parameters));
+  require(totals.layer_cells < model::kMaxShapeCount, "model.seq_len", fmt::format("{}", m.seq_len),
           "model.n_layers x model.seq_len x model.dim must fit in an int64");
+  const int64_t batch = c.train.batch_size;
+  require(
+      static_cast<double>(batch) * static_cast<double>(m.seq_len) < model::kMaxShapeCount, "train.batch_size",
+      fmt::format("{}", batch),
+      fmt::format("tokens per step train.batch_size x model.seq_len = {} x {} must fit in an int64", batch, m.seq_len));
+}
 
+void validate_batch_and_ranks(const Config& c) {
   const TrainConfig& t = c.train;
-  positive("train.batch_size", t.batch_size);
-  require(d(t.batch_size) * d(m.seq_len) < kMaxCount, "train.batch_size", fmt::format("{}", t.batch_size),
-          fmt::format("tokens per step train.batch_size x model.seq_len = {} x {} must fit in an int64", t.batch_size,
-                      m.seq_len));
-  positive("parallel.nproc", c.parallel.nproc);
-  require(c.parallel.nproc <= 1024, "parallel.nproc", fmt::format("{}", c.parallel.nproc), "must be <= 1024");
   const ParallelConfig& p = c.parallel;
-  require(p.shard_group_size >= 0 && (p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0),
-          "parallel.shard_group_size", fmt::format("{}", p.shard_group_size),
-          fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
-  positive("parallel.timeout_ms", p.timeout_ms);
-  require(c.parallel.activation_checkpointing >= 0, "parallel.activation_checkpointing",
-          fmt::format("{}", c.parallel.activation_checkpointing), "must be >= 0 (0: off, k: every k-th block)");
-  require(t.micro_batch_size >= 0, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
-          "must be >= 0 (0 derives it from train.batch_size)");
-  require(t.batch_size % c.parallel.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),
-          fmt::format("must be divisible by parallel.nproc = {}", c.parallel.nproc));
+  require(p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0, "parallel.shard_group_size",
+          fmt::format("{}", p.shard_group_size), fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
+  require(t.batch_size % p.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("must be divisible by parallel.nproc = {}", p.nproc));
   // Also keeps nproc x micro_batch_size (below, and in accumulation_steps()) inside int64.
-  require(t.micro_batch_size <= t.batch_size / c.parallel.nproc, "train.micro_batch_size",
-          fmt::format("{}", t.micro_batch_size),
-          fmt::format("must be <= train.batch_size / parallel.nproc = {}", t.batch_size / c.parallel.nproc));
-  require(t.batch_size % (c.parallel.nproc * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
-          fmt::format("must be divisible by parallel.nproc x train.micro_batch_size = {} x {}", c.parallel.nproc,
-                      c.micro_batch()));
-  positive("train.max_steps", t.max_steps);
-  require(t.max_tokens >= 0, "train.max_tokens", fmt::format("{}", t.max_tokens), "must be >= 0 (0: no limit)");
-  require(t.lr > 0 && std::isfinite(t.lr), "train.lr", fmt::format("{}", t.lr), "must be a finite number > 0");
-  require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
-          fmt::format("must be in [0, train.lr = {}]", t.lr));
-  require(t.warmup_steps >= 0, "train.warmup_steps", fmt::format("{}", t.warmup_steps), "must be >= 0");
-  require(t.weight_decay >= 0, "train.weight_decay", fmt::format("{}", t.weight_decay), "must be >= 0");
-  require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", fmt::format("{}", t.beta1), "must be in [0, 1)");
-  require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", fmt::format("{}", t.beta2), "must be in [0, 1)");
-  require(t.eps > 0, "train.eps", fmt::format("{}", t.eps), "must be > 0");
-  require(t.grad_clip >= 0, "train.grad_clip", fmt::format("{}", t.grad_clip), "must be >= 0 (0: no clipping)");
-  positive("train.max_skipped_steps", t.max_skipped_steps);
-  require(t.seed >= 0, "train.seed", fmt::format("{}", t.seed), "must be >= 0");
-  require(t.threads >= 0 && t.threads <= 1024, "train.threads", fmt::format("{}", t.threads),
-          "must be in [0, 1024] (0: one per core)");
+  require(t.micro_batch_size <= t.batch_size / p.nproc, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
+          fmt::format("must be <= train.batch_size / parallel.nproc = {}", t.batch_size / p.nproc));
+  require(
+      t.batch_size % (p.nproc * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+      fmt::format("must be divisible by parallel.nproc x train.micro_batch_size = {} x {}", p.nproc, c.micro_batch()));
+}
 
-  require(t.eval_interval >= 0, "train.eval_interval", fmt::format("{}", t.eval_interval), "must be >= 0 (0: never)");
-  positive("train.eval_batches", t.eval_batches);
+}  // namespace
+
+std::vector<std::pair<std::string, Bounds>> numeric_key_bounds() {
+  std::vector<std::pair<std::string, Bounds>> out;
+  for (const Key& k : schema()) {
+    if (k.number) out.emplace_back(k.name, k.bounds);
+  }
+  return out;
+}
+
+void validate(const Config& c) {
+  for (const Key& k : schema()) {
+    if (!k.number) continue;
+    const double v = k.number(c);
+    require(k.bounds.contains(v) && std::isfinite(v), k.name, k.get(c), describe(k.bounds, k.real));
+  }
+  validate_model(c.model);
+  validate_sizes(c);
+  validate_batch_and_ranks(c);
+  const TrainConfig& t = c.train;
+  require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
+          fmt::format("must be in [0, train.lr = {}]", t.lr));
   require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",
           "name a prepared dataset directory, \"bundled\", or set data.synthetic = true");
-  const CheckpointConfig& k = c.checkpoint;
-  require(k.interval_steps >= 0, "checkpoint.interval_steps", fmt::format("{}", k.interval_steps),
-          "must be >= 0 (0: off)");
-  require(k.interval_minutes >= 0 && std::isfinite(k.interval_minutes), "checkpoint.interval_minutes",
-          fmt::format("{}", k.interval_minutes), "must be a finite number >= 0 (0: off)");
-  positive("checkpoint.keep", k.keep);
-  positive("metrics.log_interval", c.metrics.log_interval);
-  require(c.metrics.straggler_factor > 1 && std::isfinite(c.metrics.straggler_factor), "metrics.straggler_factor",
-          fmt::format("{}", c.metrics.straggler_factor), "must be a finite number > 1");
-  positive("metrics.straggler_steps", c.metrics.straggler_steps);
-  require(std::isfinite(c.metrics.peak_flops), "metrics.peak_flops", fmt::format("{}", c.metrics.peak_flops),
-          "must be a finite number (FLOP/s per rank; 0: measure; < 0: no MFU)");
-  require(c.metrics.prometheus_port >= 0 && c.metrics.prometheus_port <= 65535, "metrics.prometheus_port",
-          fmt::format("{}", c.metrics.prometheus_port), "must be a TCP port in [0, 65535] (0: no endpoint)");
   require(!c.metrics.prometheus_host.empty(), "metrics.prometheus_host", "\"\"",
           "name an address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)");
 }

@@ -1,3 +1,6 @@
+// Layer config: the typed configuration and its validation. It must not know how any key is used
+// at run time.
+//
 // Run configuration: TOML sections [model] [train] [data] [parallel] [checkpoint] [metrics],
 // overridable per key from the command line (`--set train.lr=1e-3`), validated strictly before
 // any work starts. Every error is a ConfigError naming the key and value (exit code 2).
@@ -139,6 +142,16 @@ Config load(const std::string& path, const Overrides& overrides);
 Config load_text(const std::string& toml_text, const std::string& origin, const Overrides& overrides);
 // Parses "key=value"; throws ConfigError when there is no '='.
 std::pair<std::string, std::string> parse_override(const std::string& text);
+// The values a numeric key accepts (from lo to hi, each end open or closed; a floating-point key
+// must also be finite). validate() checks every key's range before the rules between keys.
+struct Bounds {
+  double lo, hi;
+  bool lo_open, hi_open;
+  const char* note;  // what the special values mean, e.g. "0: off"; "" when none
+  bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
+};
+// Every numeric key with its range, in schema order.
+std::vector<std::pair<std::string, Bounds>> numeric_key_bounds();
 // Checks ranges and consistency; throws ConfigError naming the key.
 void validate(const Config& config);
 // The resolved configuration as TOML, every key present.

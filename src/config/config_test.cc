@@ -1,8 +1,10 @@
 // Configuration: presets, overrides, types, ranges, consistency, and the shipped configs.
 #include "config/config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -96,6 +98,32 @@ TEST(Config, RangesAndConsistencyAreChecked) {
   EXPECT_EQ(load_error("", {{"train.on_nonfinite", "skip"}}), "");
 }
 
+// Every numeric key's range, as the schema states it, is enforced at both ends: just outside is
+// refused naming the key, the nearest valid value inside a finite end is accepted where the other
+// keys allow it, and a floating-point key refuses nan.
+TEST(Config, EveryKeyRangeIsEnforced) {
+  const auto bounds = numeric_key_bounds();
+  ASSERT_GE(bounds.size(), 30u);
+  const auto text = [](double v) { return fmt::format("{}", v); };
+  for (const auto& [key, b] : bounds) {
+    SCOPED_TRACE(key);
+    std::vector<double> outside;
+    if (std::isfinite(b.lo)) outside.push_back(b.lo_open ? b.lo : b.lo - 1);
+    if (std::isfinite(b.hi)) outside.push_back(b.hi_open ? b.hi : b.hi + 1);
+    for (const double v : outside) {
+      EXPECT_NE(load_error("", {{key, text(v)}}).find("config key " + key + " = "), std::string::npos) << v;
+    }
+  }
+  EXPECT_NE(load_error("", {{"train.lr", "nan"}}).find("train.lr = nan: must be a finite number > 0"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"metrics.peak_flops", "inf"}}).find("must be a finite number (FLOP/s"), std::string::npos);
+  EXPECT_NE(load_error("", {{"train.beta1", "1"}}).find("train.beta1 = 1.0: must be a finite number in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"train.threads", "1025"}}).find("must be in [0, 1024] (0: one per core)"),
+            std::string::npos);
+  EXPECT_EQ(load_error("", {{"train.threads", "1024"}, {"train.beta1", "0"}, {"model.init_std", "0.999"}}), "");
+}
+
 TEST(Config, MalformedTomlNamesFileAndLine) {
   const std::string path = temp_toml("broken.toml", "[train]\nlr = = 3\n");
   const std::string e = load_error(path, {});
@@ -146,7 +174,7 @@ TEST(Config, EnumKeysAreTypedAndRoundTripByName) {
 TEST(Config, ResolvedTomlRoundTripsEdgeValues) {
   const std::string text =
       "[train]\nlr = 1e300\nmin_lr = 2.0\n"
-      "[model]\nrope_theta = inf\ninit_std = 5e-324\n"
+      "[model]\nrope_theta = 1.7976931348623157e308\ninit_std = 5e-324\n"
       "[data]\ndataset = \"dir \\\"q\\\" \\\\ back\\nslash \\u0007 \u00e9\"\n";
   const Config c = load_text(text, "edge.toml", {});
   EXPECT_EQ(c.train.lr, 1e300);

@@ -51,6 +51,13 @@ int64_t matmul_parameter_count(const ModelConfig& c) {
   return c.n_layers * block + c.dim + c.vocab_size * c.dim;  // blocks, final norm, LM head
 }
 
+ShapeTotals shape_totals(const ModelConfig& c) {
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  const double qkv = (d(c.n_heads) + 2 * d(c.n_kv_heads)) * d(c.head_dim());
+  const double block = d(c.dim) * qkv + d(c.dim) * d(c.dim) + 3 * d(c.dim) * d(c.ffn_hidden) + 2 * d(c.dim);
+  return {d(c.n_layers) * block + d(c.dim) + 2 * d(c.vocab_size) * d(c.dim), d(c.n_layers) * d(c.seq_len) * d(c.dim)};
+}
+
 int64_t parameter_count(const ModelConfig& c) {
   // The embedding table counts separately unless the head shares it.
   return matmul_parameter_count(c) + (c.tied_embeddings ? 0 : c.vocab_size * c.dim);

@@ -32,6 +32,17 @@ struct ModelConfig {
 bool model_preset(std::string_view name, ModelConfig* out);
 std::vector<std::string> model_preset_names();
 
+// Counts derived from the shape (parameters, FLOPs, the layout's offsets, activation sizes) are
+// int64 products of its positive sizes. A shape whose parameter count and L x T x C stay under
+// kMaxShapeCount, computed in double, keeps every partial product in range; a shape read from
+// outside (config, Hugging Face) is refused otherwise.
+constexpr double kMaxShapeCount = 0x1p62;
+struct ShapeTotals {
+  double parameters;   // as parameter_count, with tied embeddings counted twice
+  double layer_cells;  // L x T x C
+};
+ShapeTotals shape_totals(const ModelConfig& c);
+
 // Parameters, and those BENCHMARKS.md counts for model FLOPs: everything but the embedding table.
 int64_t parameter_count(const ModelConfig& c);
 int64_t matmul_parameter_count(const ModelConfig& c);
