@@ -246,66 +246,89 @@ std::string Checkpointer::fenced() const {
                      owner.empty() ? "(unreadable)" : owner, root_, dist_.attempt);
 }
 
+std::string Checkpointer::store_key(int64_t step, const std::string& what) const {
+  // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
+  return fmt::format("checkpoint.{}.{}.{}", dist_.attempt, step, what);
+}
+
+void Checkpointer::publish(int64_t step, const std::string& what, const std::string& value) {
+  if (dist_.store == nullptr) return;
+  // Store calls run on the writer thread: a store error must end in a failed save, not
+  // std::terminate.
+  try {
+    dist_.store->set(store_key(step, what), bytes_of(value));
+  } catch (const Error& e) {
+    log::error("checkpoint step {}: cannot publish {} in the store: {}", step, store_key(step, what), e.what());
+  }
+}
+
 bool Checkpointer::write_and_commit(const Pending& job) {
   // Shard file k is dp_shard coordinate k's, written by the first replica: global ranks 0..S-1
   // while the mesh has no tensor or pipeline dimension (files named by those coordinates too
   // come with them).
   CHECK(dist_.mesh->size(parallel::Dim::kTp) == 1 && dist_.mesh->size(parallel::Dim::kPp) == 1);
-  const int rank = dist_.rank(), W = dist_.world_size(), S = dist_.mesh->size(parallel::Dim::kDpShard);
-  const comm::Millis timeout(config_.parallel.timeout_ms);
+  const int rank = dist_.rank();
   const std::string dir = root_ + "/" + step_dir_name(job.step);
-  // Keys of this attempt only: an earlier attempt in the same store round left its own reports.
-  auto key = [&](const std::string& what) { return fmt::format("checkpoint.{}.{}.{}", dist_.attempt, job.step, what); };
-  std::string error;
   FileDigest digest;
+  const std::string error = write_own_shard(job, dir, &digest);
+  publish(job.step, fmt::format("rank{}", rank),
+          error.empty() ? fmt::format("ok {} {}", digest.bytes, hex64(digest.xxh64)) : "error " + error);
+  if (rank != 0) return await_outcome(job.step);  // rank 0 decides; everyone learns its answer
+  std::vector<FileDigest> digests(dist_.mesh->size(parallel::Dim::kDpShard));
+  digests[0] = digest;
+  std::string failure = error.empty() ? "" : fmt::format("rank 0: {}", error);
+  const std::string reports = collect_reports(job.step, &digests);  // awaited even after a failure
+  if (failure.empty()) failure = reports;
+  if (failure.empty()) failure = verify_files(dir, digests);
+  if (failure.empty()) failure = fenced();
+  if (failure.empty()) failure = commit(job, dir, digests);
+  publish(job.step, "outcome", failure.empty() ? "committed" : failure);
+  if (!failure.empty()) abandon(job.step, dir, failure);
+  return failure.empty();
+}
+
+std::string Checkpointer::write_own_shard(const Pending& job, const std::string& dir, FileDigest* digest) {
+  const int rank = dist_.rank();
   try {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
     if (!job.refused.empty()) throw IoError(job.refused);
-    if (rank < S) {  // the first replica writes; the others hold the same shards
+    if (rank < dist_.mesh->size(parallel::Dim::kDpShard)) {  // the first replica writes; the others hold the same
       const std::string path = dir + "/" + shard_file_name(rank);
       const size_t half = views_.size() / 2;
-      digest = write_shard_file(path, views_, [&](size_t i) {
+      *digest = write_shard_file(path, views_, [&](size_t i) {
         if (i == half && fault::point("checkpoint.shard", rank, job.step) == fault::Kind::kIo) throw injected(path);
       });
       sync_parent_dir(path);
     }
   } catch (const Error& e) {
-    error = e.what();
+    return e.what();
   }
-  // Store calls run on this thread: a store error must end in a failed save, not std::terminate.
-  auto publish = [&](const std::string& k, const std::string& value) {
-    try {
-      dist_.store->set(k, bytes_of(value));
-    } catch (const Error& e) {
-      log::error("checkpoint step {}: cannot publish {} in the store: {}", job.step, k, e.what());
-    }
-  };
-  if (dist_.store != nullptr) {
-    publish(key(fmt::format("rank{}", rank)),
-            error.empty() ? fmt::format("ok {} {}", digest.bytes, hex64(digest.xxh64)) : "error " + error);
+  return "";
+}
+
+bool Checkpointer::await_outcome(int64_t step) {
+  std::string outcome;
+  try {
+    outcome = string_of(dist_.store->get(store_key(step, "outcome"), comm::Millis(config_.parallel.timeout_ms)));
+  } catch (const Error& e) {
+    outcome = fmt::format("no outcome from rank 0: {}", e.what());
   }
-  if (rank != 0) {  // rank 0 decides; everyone learns its answer
-    std::string outcome;
-    try {
-      outcome = string_of(dist_.store->get(key("outcome"), timeout));
-    } catch (const Error& e) {
-      outcome = fmt::format("no outcome from rank 0: {}", e.what());
-    }
-    if (outcome != "committed") log::warn("checkpoint step {} failed: {}", job.step, outcome);
-    return outcome == "committed";
-  }
-  std::string failure;
-  std::vector<FileDigest> digests(S);
-  digests[0] = digest;
-  if (!error.empty()) failure = fmt::format("rank 0: {}", error);
+  if (outcome != "committed") log::warn("checkpoint step {} failed: {}", step, outcome);
+  return outcome == "committed";
+}
+
+std::string Checkpointer::collect_reports(int64_t step, std::vector<FileDigest>* digests) {
   // Every report is awaited, even after a failure, so that no rank still writes into the
   // directory when it is removed.
-  for (int r = 1; r < W; ++r) {
+  const int S = static_cast<int>(digests->size());
+  std::string failure;
+  for (int r = 1; r < dist_.world_size(); ++r) {
     std::string report;
     try {
-      report = string_of(dist_.store->get(key(fmt::format("rank{}", r)), timeout));
+      report = string_of(
+          dist_.store->get(store_key(step, fmt::format("rank{}", r)), comm::Millis(config_.parallel.timeout_ms)));
     } catch (const Error& e) {
       if (failure.empty()) failure = fmt::format("rank {} did not report: {}", r, e.what());
       break;
@@ -316,57 +339,65 @@ bool Checkpointer::write_and_commit(const Pending& job) {
     if (!failure.empty()) continue;
     if (word != "ok") {
       failure = fmt::format("rank {}: {}", r, report.substr(std::min<size_t>(report.size(), 6)));
-    } else if (r < S && !(in >> digests[r].bytes >> hex && parse_hex64(hex, &digests[r].xxh64))) {
+    } else if (r < S && !(in >> (*digests)[r].bytes >> hex && parse_hex64(hex, &(*digests)[r].xxh64))) {
       failure = fmt::format("rank {} sent a malformed report \"{}\"", r, report);
     }
   }
+  return failure;
+}
+
+std::string Checkpointer::verify_files(const std::string& dir, const std::vector<FileDigest>& digests) const {
   // The files must be what their ranks reported, read back from disk, before anything commits.
-  for (int k = 0; k < S && failure.empty(); ++k) {
-    const std::string path = dir + "/" + shard_file_name(k);
+  for (size_t k = 0; k < digests.size(); ++k) {
+    const std::string path = dir + "/" + shard_file_name(static_cast<int>(k));
     try {
       const FileDigest d = digest_file(path);
       if (d.bytes != digests[k].bytes || d.xxh64 != digests[k].xxh64) {
-        failure = fmt::format("{} holds {} bytes with checksum {}, but rank {} reported {} bytes with {}", path,
-                              d.bytes, hex64(d.xxh64), k, digests[k].bytes, hex64(digests[k].xxh64));
+        return fmt::format("{} holds {} bytes with checksum {}, but rank {} reported {} bytes with {}", path, d.bytes,
+                           hex64(d.xxh64), k, digests[k].bytes, hex64(digests[k].xxh64));
       }
     } catch (const Error& e) {
-      failure = e.what();
+      return e.what();
     }
   }
-  if (failure.empty()) failure = fenced();
-  if (failure.empty()) {
-    try {
-      Manifest m = job.manifest;
-      for (int k = 0; k < S; ++k) m.files.push_back({shard_file_name(k), k, digests[k].bytes, digests[k].xxh64});
-      const std::string manifest = dir + "/manifest.json";
-      write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name
-      if (fault::point("checkpoint.manifest", rank, job.step) == fault::Kind::kIo) throw injected(manifest);
-      if (::rename((manifest + ".tmp").c_str(), manifest.c_str()) != 0) {
-        throw IoError(fmt::format("cannot rename {}.tmp to {}: {}", manifest, manifest, std::strerror(errno)));
-      }
-      sync_parent_dir(manifest);  // committed
-      fault::point("checkpoint.commit", rank, job.step);
-      write_latest(root_, job.step);
-      prune(root_, static_cast<int>(config_.checkpoint.keep));
-    } catch (const Error& e) {
-      failure = e.what();
+  return "";
+}
+
+std::string Checkpointer::commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests) {
+  try {
+    Manifest m = job.manifest;
+    for (size_t k = 0; k < digests.size(); ++k) {
+      m.files.push_back(
+          {shard_file_name(static_cast<int>(k)), static_cast<int>(k), digests[k].bytes, digests[k].xxh64});
     }
-  }
-  if (dist_.store != nullptr) publish(key("outcome"), failure.empty() ? "committed" : failure);
-  if (!failure.empty()) {
-    int64_t latest = -1;
-    try {
-      latest = read_latest(root_);
-    } catch (const Error&) {  // named when a resume reads it
+    const std::string manifest = dir + "/manifest.json";
+    write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name
+    if (fault::point("checkpoint.manifest", dist_.rank(), job.step) == fault::Kind::kIo) throw injected(manifest);
+    if (::rename((manifest + ".tmp").c_str(), manifest.c_str()) != 0) {
+      throw IoError(fmt::format("cannot rename {}.tmp to {}: {}", manifest, manifest, std::strerror(errno)));
     }
-    log::error("checkpoint step {} failed: {}; {}", job.step, failure,
-               latest >= 0 ? fmt::format("{} stays the latest", step_dir_name(latest))
-                           : std::string("there is no earlier checkpoint"));
-    std::error_code ec;
-    // Only this attempt's own uncommitted directory; a fenced process leaves it to the owner.
-    if (fenced().empty() && !fs::exists(dir + "/manifest.json", ec) && ec.value() == 0) fs::remove_all(dir, ec);
+    sync_parent_dir(manifest);  // committed
+    fault::point("checkpoint.commit", dist_.rank(), job.step);
+    write_latest(root_, job.step);
+    prune(root_, static_cast<int>(config_.checkpoint.keep));
+  } catch (const Error& e) {
+    return e.what();
   }
-  return failure.empty();
+  return "";
+}
+
+void Checkpointer::abandon(int64_t step, const std::string& dir, const std::string& failure) const {
+  int64_t latest = -1;
+  try {
+    latest = read_latest(root_);
+  } catch (const Error&) {  // named when a resume reads it
+  }
+  log::error("checkpoint step {} failed: {}; {}", step, failure,
+             latest >= 0 ? fmt::format("{} stays the latest", step_dir_name(latest))
+                         : std::string("there is no earlier checkpoint"));
+  std::error_code ec;
+  // Only this attempt's own uncommitted directory; a fenced process leaves it to the owner.
+  if (fenced().empty() && !fs::exists(dir + "/manifest.json", ec) && ec.value() == 0) fs::remove_all(dir, ec);
 }
 
 void Checkpointer::mirror_loop() {

@@ -1,3 +1,7 @@
+// Layer checkpoint: file formats (shard files, manifests, safetensors, Hugging Face), the
+// checkpointer and its commit protocol, resume and reshard. It must not know the trainer, fsdp or
+// how processes were started.
+//
 // Sharded, asynchronous, atomically committed checkpoints of a training run (ARCHITECTURE.md,
 // "Checkpoints"); resume.h loads them back at any world size or strategy. What is saved arrives as
 // a RankShards view (this rank's shards of the parameters and moments) and a TrainingState; this
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "checkpoint/directory.h"
+#include "checkpoint/shard_file.h"
 #include "checkpoint/state.h"
 #include "config/config.h"
 #include "parallel/job.h"
@@ -75,7 +80,20 @@ class Checkpointer {
     std::string refused;            // why this rank will not write it (a non-finite value); "" to write
   };
   void writer_loop();
-  bool write_and_commit(const Pending& job);  // on the writer thread; returns the agreed outcome
+  // On the writer thread: every rank writes its shard and reports it in the store; rank 0
+  // collects the reports, verifies the files, commits and publishes the outcome everyone
+  // returns. The steps below return "" or what failed.
+  bool write_and_commit(const Pending& job);
+  std::string write_own_shard(const Pending& job, const std::string& dir, FileDigest* digest);
+  bool await_outcome(int64_t step);  // ranks other than 0
+  // Awaits every other rank's report (so none still writes when a failed save is removed) and
+  // fills the digests of shard files 1..S-1.
+  std::string collect_reports(int64_t step, std::vector<FileDigest>* digests);
+  std::string verify_files(const std::string& dir, const std::vector<FileDigest>& digests) const;
+  std::string commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests);
+  void abandon(int64_t step, const std::string& dir, const std::string& failure) const;  // logs, removes dir
+  std::string store_key(int64_t step, const std::string& what) const;
+  void publish(int64_t step, const std::string& what, const std::string& value);
   std::string fence_path() const;             // ROOT/.attempt: the attempt that owns the directory
   std::string fenced() const;                 // why this attempt may not commit or delete; "" if it may
   void mirror_loop();

@@ -132,28 +132,20 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   return e;
 }
 
-}  // namespace
-
-std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  uint64_t header_len = 0;
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_len), 8)) {
+// The header's JSON; *header_len its length in bytes (the data starts at 8 + header_len).
+nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t file_size, uint64_t* header_len) {
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(header_len), 8)) {
     throw DataError(fmt::format("{}: too short for a safetensors header", path));
   }
-  if (header_len > file_size - 8) {
-    throw DataError(fmt::format("{}: header length {} exceeds the file size {}", path, header_len, file_size));
+  if (*header_len > file_size - 8) {
+    throw DataError(fmt::format("{}: header length {} exceeds the file size {}", path, *header_len, file_size));
   }
-  if (header_len > kMaxHeaderBytes) {
+  if (*header_len > kMaxHeaderBytes) {
     throw DataError(
-        fmt::format("{}: header length {} exceeds the format's limit of {}", path, header_len, kMaxHeaderBytes));
+        fmt::format("{}: header length {} exceeds the format's limit of {}", path, *header_len, kMaxHeaderBytes));
   }
-  std::string json(header_len, '\0');
-  in.read(json.data(), static_cast<std::streamsize>(header_len));
-  const uint64_t data_size = file_size - 8 - header_len;
+  std::string json(*header_len, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(*header_len));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json);
@@ -161,22 +153,12 @@ std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std:
     throw DataError(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
   }
   if (!header.is_object()) throw DataError(fmt::format("{}: header is not a JSON object", path));
+  return header;
+}
 
-  // Every entry is checked before any tensor is allocated: each range inside the data, and the
-  // ranges tiling it exactly (as the format requires), so the tensors together never claim more
-  // bytes than the file holds.
-  std::vector<Entry> entries;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      if (!info.is_object()) throw DataError(fmt::format("{}: __metadata__ is not an object", path));
-      for (const auto& [key, value] : info.items()) {
-        if (!value.is_string()) throw DataError(fmt::format("{}: __metadata__ entry {} is not a string", path, key));
-        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    entries.push_back(parse_entry(path, name, info, data_size));
-  }
+// The format requires the entries' ranges to tile the data exactly, so the tensors together
+// never claim more bytes than the file holds.
+void check_tiling(const std::string& path, const std::vector<Entry>& entries, uint64_t data_size) {
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(),
@@ -195,39 +177,68 @@ std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std:
   if (covered != data_size) {
     throw DataError(fmt::format("{}: no tensor holds data bytes [{}, {})", path, covered, data_size));
   }
+}
 
+// One checked entry's data, at `data_start` in the file, as fp32 (16-bit types widen exactly).
+NamedTensor read_tensor(std::ifstream& in, const std::string& path, uint64_t data_start, Entry& e) {
+  NamedTensor t;
+  t.name = std::move(e.name);
+  t.shape = std::move(e.shape);
+  const uint64_t numel = (e.end - e.begin) / e.element_size;
+  t.data.resize(numel);  // at most twice the tensor's bytes in the file (16-bit widened)
+  in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+  if (e.element_size == sizeof(float)) {
+    if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(e.end - e.begin))) {
+      throw IoError(fmt::format("cannot read tensor {} from {}", t.name, path));
+    }
+    return t;
+  }
+  // Read in chunks so the staging buffer stays small.
+  std::vector<uint16_t> staging(std::min<uint64_t>(numel, uint64_t{1} << 20));
+  for (uint64_t done = 0; done < numel;) {
+    const uint64_t n = std::min<uint64_t>(staging.size(), numel - done);
+    if (!in.read(reinterpret_cast<char*>(staging.data()), static_cast<std::streamsize>(n * 2))) {
+      throw IoError(fmt::format("cannot read tensor {} from {}", t.name, path));
+    }
+    float* to = t.data.data() + done;
+    if (e.dtype == "BF16") {
+      bf16_to_f32(staging.data(), to, static_cast<int64_t>(n));
+    } else {
+      for (uint64_t i = 0; i < n; ++i) to[i] = f16_to_f32(staging[i]);
+    }
+    done += n;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<NamedTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  uint64_t header_len = 0;
+  const nlohmann::json header = read_header(in, path, file_size, &header_len);
+  const uint64_t data_size = file_size - 8 - header_len;
+  // Every entry is checked before any tensor is allocated.
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) throw DataError(fmt::format("{}: __metadata__ is not an object", path));
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string()) throw DataError(fmt::format("{}: __metadata__ entry {} is not a string", path, key));
+        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, info, data_size));
+  }
+  check_tiling(path, entries, data_size);
   std::vector<NamedTensor> out;
   out.reserve(entries.size());
-  for (Entry& e : entries) {
-    NamedTensor t;
-    t.name = std::move(e.name);
-    t.shape = std::move(e.shape);
-    const uint64_t numel = (e.end - e.begin) / e.element_size;
-    t.data.resize(numel);  // at most twice the tensor's bytes in the file (16-bit widened)
-    in.seekg(static_cast<std::streamoff>(8 + header_len + e.begin));
-    if (e.element_size == sizeof(float)) {
-      if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(e.end - e.begin))) {
-        throw IoError(fmt::format("cannot read tensor {} from {}", t.name, path));
-      }
-    } else {
-      // 16-bit tensors widen to fp32 exactly; read in chunks so the staging buffer stays small.
-      std::vector<uint16_t> staging(std::min<uint64_t>(numel, uint64_t{1} << 20));
-      for (uint64_t done = 0; done < numel;) {
-        const uint64_t n = std::min<uint64_t>(staging.size(), numel - done);
-        if (!in.read(reinterpret_cast<char*>(staging.data()), static_cast<std::streamsize>(n * 2))) {
-          throw IoError(fmt::format("cannot read tensor {} from {}", t.name, path));
-        }
-        float* to = t.data.data() + done;
-        if (e.dtype == "BF16") {
-          bf16_to_f32(staging.data(), to, static_cast<int64_t>(n));
-        } else {
-          for (uint64_t i = 0; i < n; ++i) to[i] = f16_to_f32(staging[i]);
-        }
-        done += n;
-      }
-    }
-    out.push_back(std::move(t));
-  }
+  for (Entry& e : entries) out.push_back(read_tensor(in, path, 8 + header_len, e));
   return out;
 }
 

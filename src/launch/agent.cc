@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -137,6 +138,9 @@ class Agent {
   std::string key(int r, const char* what) const { return fmt::format("rdzv.{}.{}", r, what); }
   int64_t counter(int r, const char* what) { return store_->add(key(r, what), 0); }
   bool join(int r, Round* out);
+  // Joins round *r, or the next open one (moving *r on) when it closed before this agent came;
+  // false when this agent should exit 0 instead: a stop request, or the job finished meanwhile.
+  bool join_open_round(int* r, Round* round);
   // Whether round r will never go on: its agents ended it (done, stopped, gave up, a failure not
   // worth restarting) or are gone (none bumped the round's beat counter for a few monitor ticks).
   // A relaunched agent then starts a new generation in round r + 1 instead of waiting as a late
@@ -149,7 +153,15 @@ class Agent {
   // Marks round r ended for good (best effort: a relaunch also detects a silent round).
   int end_round(int r, int exit_code);
   void start_workers(const Round& round, int restart_count);
+  // Watches the round's workers and the job until the round ends, one tick each
+  // --monitor-interval; the parts of a tick follow.
   Outcome monitor(const Round& round);
+  Worker* reap_exited();  // the worker whose failure is the cause, or null
+  Outcome fail_round(const Worker& failed, const Round& round);
+  void watch_heartbeats(int r);  // SIGTERM to a worker without progress, SIGKILL after the grace
+  std::optional<Outcome> outcome_when_exited(int r);
+  // Another node's failure or a lost agent, a stop request, or a late node to take in.
+  std::optional<Outcome> follow_the_job(const Round& round);
   void kill_workers(int signo);
   void record_failure(const Worker& w, const Round& round);
   void record_cause(int r, int code, const std::string& summary, bool consequence);
@@ -387,97 +399,141 @@ void Agent::reap_all() {
 }
 
 Agent::Outcome Agent::monitor(const Round& round) {
-  const int r = round.index;
   for (;;) {
     sleep_s(o_.monitor_interval_s);
-    beat(r);  // this round is alive (round_over)
-    // Workers: exits and heartbeats. Of the failures seen in one tick, a worker that lost a peer
-    // (exit 12) is the consequence of another's; the other is recorded as the cause.
-    Worker* failed = nullptr;
-    for (Worker& w : workers_) {
-      if (w.exited || waitpid(w.pid, &w.status, WNOHANG) != w.pid) continue;
-      w.exited = true;
-      if (w.status == 0 || forwarded_stop_) continue;
-      if (failed == nullptr || (exit_code_of(failed->status) == kExitPeer && exit_code_of(w.status) != kExitPeer)) {
-        failed = &w;
-      }
-    }
-    if (failed != nullptr) {
-      for (const Worker& w : workers_) {
-        if (&w != failed && w.exited && w.status != 0) log::error("round {}: worker {}", r, worker_summary(w, round));
-      }
-      record_failure(*failed, round);
-      kill_workers(SIGKILL);
-      reap_all();
-      return Outcome::kFailed;
-    }
-    for (Worker& w : workers_) {
-      if (w.exited) continue;
-      std::ifstream in(w.heartbeat);
-      std::string beat((std::istreambuf_iterator<char>(in)), {});
-      if (beat != w.last_beat) {
-        w.last_beat = beat;
-        w.progress = Clock::now();
-      } else if (!w.term_sent && seconds_since(w.progress) > o_.hang_timeout_s) {
-        log::error("round {}: rank {} (pid {}) made no progress for {:.0f} s (--hang-timeout): SIGTERM", r, w.rank,
-                   w.pid, seconds_since(w.progress));
-        kill(w.pid, SIGTERM);
-        w.term_sent = true;
-        w.hung = true;
-        w.term_at = Clock::now();
-      } else if (w.term_sent && seconds_since(w.term_at) > o_.kill_grace_s) {
-        log::error("round {}: rank {} (pid {}) still there {:.0f} s after SIGTERM: SIGKILL", r, w.rank, w.pid,
-                   o_.kill_grace_s);
-        kill(w.pid, SIGKILL);
-        w.term_at = Clock::now() + std::chrono::hours(24);  // once
-      }
-    }
-    bool all_exited = true, all_ok = true;
-    for (const Worker& w : workers_) {
-      all_exited = all_exited && w.exited;
-      all_ok = all_ok && w.exited && w.status == 0;
-    }
-    if (forwarded_stop_ && all_exited) {
-      if (!all_ok) log::warn("stopped, but not every worker exited 0 (see above)");
-      return Outcome::kStopped;
-    }
-    if (all_ok) {
-      // A hung worker that got going again on SIGTERM stops the whole job at a checkpoint: that
-      // is a failure to restart from, not the end of training.
-      for (const Worker& w : workers_) {
-        if (!w.hung) continue;
-        record_cause(r, kExitPeer, fmt::format("rank {} made no progress for {:.0f} s and was stopped by the watchdog",
-                                               w.rank, o_.hang_timeout_s),
-                     false);
-        return Outcome::kFailed;
-      }
-      return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
-    }
-    // Another node's failure or a lost agent, a late node to take in, or a stop request.
-    if (counter(r, "failed") > 0 || !all_agents_alive(round)) {
-      log::warn("round {}: another node failed; stopping this node's workers", r);
-      kill_workers(SIGKILL);
-      reap_all();
-      return Outcome::kFailed;
-    }
-    if (!forwarded_stop_ && StopSignals::received() != 0) {
-      log::warn("stop requested (signal {}): the workers checkpoint and exit", StopSignals::received());
-      kill_workers(SIGTERM);
-      forwarded_stop_ = true;
-    }
-    if (!forwarded_stop_ && round.nodes < o_.max_nodes && counter(r, "late") > 0 && counter(r, "rejoin") == 0) {
-      // A node arrived after the round closed: every node checkpoints and all rejoin with it.
-      store_->add(key(r, "rejoin"), 1);
-    }
-    if (!forwarded_stop_ && counter(r, "rejoin") > 0 && !workers_.empty() && !workers_[0].term_sent) {
-      log::info("round {}: a new node is waiting; checkpointing to take it in", r);
-      for (Worker& w : workers_) {
-        if (!w.exited) kill(w.pid, SIGTERM);
-        w.term_sent = true;
-        w.term_at = Clock::now() + std::chrono::hours(24);  // a planned stop, not a hang
-      }
+    beat(round.index);  // this round is alive (round_over)
+    if (Worker* failed = reap_exited()) return fail_round(*failed, round);
+    watch_heartbeats(round.index);
+    if (const std::optional<Outcome> end = outcome_when_exited(round.index)) return *end;
+    if (const std::optional<Outcome> end = follow_the_job(round)) return *end;
+  }
+}
+
+Worker* Agent::reap_exited() {
+  // Of the failures seen in one tick, a worker that lost a peer (exit 12) is the consequence of
+  // another's; the other is recorded as the cause.
+  Worker* failed = nullptr;
+  for (Worker& w : workers_) {
+    if (w.exited || waitpid(w.pid, &w.status, WNOHANG) != w.pid) continue;
+    w.exited = true;
+    if (w.status == 0 || forwarded_stop_) continue;
+    if (failed == nullptr || (exit_code_of(failed->status) == kExitPeer && exit_code_of(w.status) != kExitPeer)) {
+      failed = &w;
     }
   }
+  return failed;
+}
+
+Agent::Outcome Agent::fail_round(const Worker& failed, const Round& round) {
+  for (const Worker& w : workers_) {
+    if (&w != &failed && w.exited && w.status != 0) {
+      log::error("round {}: worker {}", round.index, worker_summary(w, round));
+    }
+  }
+  record_failure(failed, round);
+  kill_workers(SIGKILL);
+  reap_all();
+  return Outcome::kFailed;
+}
+
+void Agent::watch_heartbeats(int r) {
+  for (Worker& w : workers_) {
+    if (w.exited) continue;
+    std::ifstream in(w.heartbeat);
+    std::string beat((std::istreambuf_iterator<char>(in)), {});
+    if (beat != w.last_beat) {
+      w.last_beat = beat;
+      w.progress = Clock::now();
+    } else if (!w.term_sent && seconds_since(w.progress) > o_.hang_timeout_s) {
+      log::error("round {}: rank {} (pid {}) made no progress for {:.0f} s (--hang-timeout): SIGTERM", r, w.rank, w.pid,
+                 seconds_since(w.progress));
+      kill(w.pid, SIGTERM);
+      w.term_sent = true;
+      w.hung = true;
+      w.term_at = Clock::now();
+    } else if (w.term_sent && seconds_since(w.term_at) > o_.kill_grace_s) {
+      log::error("round {}: rank {} (pid {}) still there {:.0f} s after SIGTERM: SIGKILL", r, w.rank, w.pid,
+                 o_.kill_grace_s);
+      kill(w.pid, SIGKILL);
+      w.term_at = Clock::now() + std::chrono::hours(24);  // once
+    }
+  }
+}
+
+std::optional<Agent::Outcome> Agent::outcome_when_exited(int r) {
+  bool all_exited = true, all_ok = true;
+  for (const Worker& w : workers_) {
+    all_exited = all_exited && w.exited;
+    all_ok = all_ok && w.exited && w.status == 0;
+  }
+  if (forwarded_stop_ && all_exited) {
+    if (!all_ok) log::warn("stopped, but not every worker exited 0 (see above)");
+    return Outcome::kStopped;
+  }
+  if (!all_ok) return std::nullopt;
+  // A hung worker that got going again on SIGTERM stops the whole job at a checkpoint: that is a
+  // failure to restart from, not the end of training.
+  for (const Worker& w : workers_) {
+    if (!w.hung) continue;
+    record_cause(
+        r, kExitPeer,
+        fmt::format("rank {} made no progress for {:.0f} s and was stopped by the watchdog", w.rank, o_.hang_timeout_s),
+        false);
+    return Outcome::kFailed;
+  }
+  return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;
+}
+
+std::optional<Agent::Outcome> Agent::follow_the_job(const Round& round) {
+  const int r = round.index;
+  if (counter(r, "failed") > 0 || !all_agents_alive(round)) {
+    log::warn("round {}: another node failed; stopping this node's workers", r);
+    kill_workers(SIGKILL);
+    reap_all();
+    return Outcome::kFailed;
+  }
+  if (!forwarded_stop_ && StopSignals::received() != 0) {
+    log::warn("stop requested (signal {}): the workers checkpoint and exit", StopSignals::received());
+    kill_workers(SIGTERM);
+    forwarded_stop_ = true;
+  }
+  if (!forwarded_stop_ && round.nodes < o_.max_nodes && counter(r, "late") > 0 && counter(r, "rejoin") == 0) {
+    // A node arrived after the round closed: every node checkpoints and all rejoin with it.
+    store_->add(key(r, "rejoin"), 1);
+  }
+  if (!forwarded_stop_ && counter(r, "rejoin") > 0 && !workers_.empty() && !workers_[0].term_sent) {
+    log::info("round {}: a new node is waiting; checkpointing to take it in", r);
+    for (Worker& w : workers_) {
+      if (!w.exited) kill(w.pid, SIGTERM);
+      w.term_sent = true;
+      w.term_at = Clock::now() + std::chrono::hours(24);  // a planned stop, not a hang
+    }
+  }
+  return std::nullopt;
+}
+
+bool Agent::join_open_round(int* r, Round* round) {
+  while (!join(*r, round)) {
+    if (StopSignals::received() != 0) return false;
+    if (round_over(*r)) {  // a relaunch after a stop, a finish or a give-up
+      log::info("round {} is over (its agents ended or are gone): a new generation starts in round {}", *r, *r + 1);
+      ++*r;
+      continue;
+    }
+    log::info("round {} closed with {} nodes before this agent joined; waiting for the next round", *r, round->nodes);
+    store_->add(key(*r, "late"), 1);
+    while (!store_->check({key(*r + 1, "joined")})) {
+      if (StopSignals::received() != 0) return false;
+      const bool over = round_over(*r);  // waits up to a few ticks; returns at the next beat of a live round
+      if (counter(*r, "done") > 0) {
+        log::info("the job finished without this node");
+        return false;
+      }
+      if (over) break;  // stopped or died while this node waited: start it again
+    }
+    ++*r;
+  }
+  return true;
 }
 
 int Agent::run() {
@@ -511,26 +567,7 @@ int Agent::run() {
   std::string first_failure;
   for (;;) {
     Round round;
-    while (!join(r, &round)) {
-      if (StopSignals::received() != 0) return kExitOk;
-      if (round_over(r)) {  // a relaunch after a stop, a finish or a give-up
-        log::info("round {} is over (its agents ended or are gone): a new generation starts in round {}", r, r + 1);
-        ++r;
-        continue;
-      }
-      log::info("round {} closed with {} nodes before this agent joined; waiting for the next round", r, round.nodes);
-      store_->add(key(r, "late"), 1);
-      while (!store_->check({key(r + 1, "joined")})) {
-        if (StopSignals::received() != 0) return kExitOk;
-        const bool over = round_over(r);  // waits up to a few ticks; returns at the next beat of a live round
-        if (counter(r, "done") > 0) {
-          log::info("the job finished without this node");
-          return kExitOk;
-        }
-        if (over) break;  // stopped or died while this node waited: start it again
-      }
-      ++r;
-    }
+    if (!join_open_round(&r, &round)) return kExitOk;
     log::info("round {}: node {} of {}, {} worker(s) per node, world size {}, restart {}/{}", r, round.node_rank,
               round.nodes, o_.nproc_per_node, round.nodes * o_.nproc_per_node, restarts, o_.max_restarts);
     announce(round);

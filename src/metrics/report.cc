@@ -221,37 +221,50 @@ std::vector<double> step_edges(const std::vector<double>& x) {
   return edges;
 }
 
-}  // namespace
-
-std::string chart_svg(const std::vector<Series>& series, const ChartOptions& o) {
-  // Legend entries flow in rows across the top; DejaVu Sans at 12 px is under 8 px a character.
-  std::string legend;
+// Legend entries flow in rows across the top; DejaVu Sans at 12 px is under 8 px a character.
+struct Legend {
+  std::string svg;
+  double height = 0;
+};
+Legend legend_svg(const std::vector<Series>& series, double width) {
+  Legend out;
   double lx = 0, ly = 0;
-  const double legend_width = o.width - 80;
   for (size_t i = 0; i < series.size(); ++i) {
     const double w = 32 + 8.0 * static_cast<double>(series[i].name.size());
-    if (lx > 0 && lx + w > legend_width) lx = 0, ly += 18;
-    legend += fmt::format(
+    if (lx > 0 && lx + w > width) lx = 0, ly += 18;
+    out.svg += fmt::format(
         "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/>"
         "<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n",
         72 + lx, 8 + ly, color(i), 72 + lx + 16, 18 + ly, html_escape(series[i].name));
     lx += w;
   }
-  const double legend_height = series.empty() ? 0 : ly + 24;
-  const double height = o.height + legend_height;
-  const double x0 = 72, x1 = o.width - 16, y0 = legend_height + 8, y1 = height - 42;
+  out.height = series.empty() ? 0 : ly + 24;
+  return out;
+}
 
-  // Data ranges; a stacked chart's top is the sum of its series.
+// The plot area (pixels), the axes' data ranges and ticks, and the mapping between them. A
+// stacked chart's top is the sum of its series, drawn as steps between `edges`.
+struct Plot {
+  double x0, x1, y0, y1;  // pixels
+  double xa, xb, ya, yb;  // data at the axes' ends
+  Ticks xt, yt;
+  std::vector<double> edges, tops;  // stacked only
+  double px(double x) const { return x0 + (x - xa) / (xb - xa) * (x1 - x0); }
+  double py(double y) const { return y1 - (y - ya) / (yb - ya) * (y1 - y0); }
+};
+
+Plot plot_area(const std::vector<Series>& series, const ChartOptions& o, double top, double bottom) {
+  Plot p;
+  p.x0 = 72, p.x1 = o.width - 16, p.y0 = top, p.y1 = bottom;
   double xmin = INFINITY, xmax = -INFINITY, ymin = o.zero_based ? 0 : INFINITY, ymax = o.zero_based ? 0 : -INFINITY;
-  std::vector<double> edges, base;
   if (o.stacked && !series.empty() && !series[0].x.empty()) {
-    edges = step_edges(series[0].x);
-    base.assign(series[0].x.size(), 0.0);
+    p.edges = step_edges(series[0].x);
+    p.tops.assign(series[0].x.size(), 0.0);
     for (const Series& s : series) {
-      for (size_t i = 0; i < std::min(s.y.size(), base.size()); ++i) base[i] += s.y[i];
+      for (size_t i = 0; i < std::min(s.y.size(), p.tops.size()); ++i) p.tops[i] += s.y[i];
     }
     xmin = series[0].x.front(), xmax = series[0].x.back();
-    for (const double v : base) ymin = std::min(ymin, v), ymax = std::max(ymax, v);
+    for (const double v : p.tops) ymin = std::min(ymin, v), ymax = std::max(ymax, v);
   } else {
     for (const Series& s : series) {
       for (size_t i = 0; i < s.x.size(); ++i) {
@@ -263,77 +276,96 @@ std::string chart_svg(const std::vector<Series>& series, const ChartOptions& o) 
   if (!(xmax >= xmin)) xmin = 0, xmax = 1;
   if (!(ymax >= ymin)) ymin = 0, ymax = 1;
   if (xmax - xmin < 5) xmax = xmin + 5;  // steps are integers: no fractional step ticks
-  const Ticks xt = nice_ticks(xmin, xmax, 8), yt = nice_ticks(ymin, ymax, 5);
+  p.xt = nice_ticks(xmin, xmax, 8), p.yt = nice_ticks(ymin, ymax, 5);
   // A stacked chart's outer steps reach half a step past the data: widen the axis, not the ticks.
-  const double xa = std::min(xt.values.front(), edges.empty() ? xmin : edges.front());
-  const double xb = std::max(xt.values.back(), edges.empty() ? xmax : edges.back());
-  const double ya = yt.values.front(), yb = yt.values.back();
-  auto px = [&](double x) { return x0 + (x - xa) / (xb - xa) * (x1 - x0); };
-  auto py = [&](double y) { return y1 - (y - ya) / (yb - ya) * (y1 - y0); };
+  p.xa = std::min(p.xt.values.front(), p.edges.empty() ? xmin : p.edges.front());
+  p.xb = std::max(p.xt.values.back(), p.edges.empty() ? xmax : p.edges.back());
+  p.ya = p.yt.values.front(), p.yb = p.yt.values.back();
+  return p;
+}
 
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {0} {1:.0f}\" width=\"{0}\" height=\"{1:.0f}\" "
-      "role=\"img\" aria-label=\"{2}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"12\">\n",
-      o.width, height, html_escape(o.title));
-  svg += legend;
-  const double y_unit_of = std::max(std::abs(ya), std::abs(yb)), x_unit_of = std::max(std::abs(xa), std::abs(xb));
-  for (const double v : yt.values) {
+std::string grid_svg(const Plot& p) {
+  std::string svg;
+  const double y_unit_of = std::max(std::abs(p.ya), std::abs(p.yb));
+  const double x_unit_of = std::max(std::abs(p.xa), std::abs(p.xb));
+  for (const double v : p.yt.values) {
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#e4e4e4\"/>"
         "<text x=\"{3:.1f}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
-        x0, x1, py(v), x0 - 6, py(v) + 4, tick_label(v, yt.step, y_unit_of));
+        p.x0, p.x1, p.py(v), p.x0 - 6, p.py(v) + 4, tick_label(v, p.yt.step, y_unit_of));
   }
-  for (const double v : xt.values) {
+  for (const double v : p.xt.values) {
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#f0f0f0\"/>"
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{2:.1f}\" y2=\"{3:.1f}\" stroke=\"#555\"/>"
         "<text x=\"{0:.1f}\" y=\"{4:.1f}\" text-anchor=\"middle\">{5}</text>\n",
-        px(v), y0, y1, y1 + 5, y1 + 18, tick_label(v, xt.step, x_unit_of));
+        p.px(v), p.y0, p.y1, p.y1 + 5, p.y1 + 18, tick_label(v, p.xt.step, x_unit_of));
   }
+  return svg;
+}
 
-  if (o.stacked) {
-    std::vector<double> below(base.size(), 0.0);
-    for (size_t k = 0; k < series.size(); ++k) {
-      const Series& s = series[k];
-      std::string upper, lower;
-      for (size_t i = 0; i < std::min(s.y.size(), below.size()); ++i) {
-        const double top = below[i] + s.y[i];
-        upper += fmt::format("{}{:.1f},{:.1f} {:.1f},{:.1f} ", i == 0 ? "M" : "L", px(edges[i]), py(top),
-                             px(edges[i + 1]), py(top));
-        lower =
-            fmt::format("L{:.1f},{:.1f} {:.1f},{:.1f} ", px(edges[i + 1]), py(below[i]), px(edges[i]), py(below[i])) +
-            lower;
-        below[i] = top;
-      }
-      svg += fmt::format("<path class=\"series\" data-name=\"{}\" fill=\"{}\" stroke=\"none\" d=\"{}{}Z\"/>\n",
-                         html_escape(s.name), color(k), upper, lower);
+// Each series a band of steps on top of the ones before it.
+std::string stacked_svg(const std::vector<Series>& series, const Plot& p) {
+  std::string svg;
+  std::vector<double> below(p.tops.size(), 0.0);
+  for (size_t k = 0; k < series.size(); ++k) {
+    const Series& s = series[k];
+    std::string upper, lower;
+    for (size_t i = 0; i < std::min(s.y.size(), below.size()); ++i) {
+      const double top = below[i] + s.y[i];
+      upper += fmt::format("{}{:.1f},{:.1f} {:.1f},{:.1f} ", i == 0 ? "M" : "L", p.px(p.edges[i]), p.py(top),
+                           p.px(p.edges[i + 1]), p.py(top));
+      lower = fmt::format("L{:.1f},{:.1f} {:.1f},{:.1f} ", p.px(p.edges[i + 1]), p.py(below[i]), p.px(p.edges[i]),
+                          p.py(below[i])) +
+              lower;
+      below[i] = top;
     }
-  } else {
-    for (size_t k = 0; k < series.size(); ++k) {
-      const Series& s = series[k];
-      std::string points;
-      for (size_t i = 0; i < s.x.size(); ++i) points += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
-      if (!points.empty()) points.pop_back();
-      svg += fmt::format(
-          "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
-          "stroke-linejoin=\"round\" points=\"{}\"/>\n",
-          html_escape(s.name), color(k), points);
-      if (s.x.size() <= 60) {  // few points (evaluations, short runs): mark each one
-        for (size_t i = 0; i < s.x.size(); ++i) {
-          svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", px(s.x[i]), py(s.y[i]),
-                             color(k));
-        }
-        svg += "\n";
+    svg += fmt::format("<path class=\"series\" data-name=\"{}\" fill=\"{}\" stroke=\"none\" d=\"{}{}Z\"/>\n",
+                       html_escape(s.name), color(k), upper, lower);
+  }
+  return svg;
+}
+
+std::string lines_svg(const std::vector<Series>& series, const Plot& p) {
+  std::string svg;
+  for (size_t k = 0; k < series.size(); ++k) {
+    const Series& s = series[k];
+    std::string points;
+    for (size_t i = 0; i < s.x.size(); ++i) points += fmt::format("{:.1f},{:.1f} ", p.px(s.x[i]), p.py(s.y[i]));
+    if (!points.empty()) points.pop_back();
+    svg += fmt::format(
+        "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
+        "stroke-linejoin=\"round\" points=\"{}\"/>\n",
+        html_escape(s.name), color(k), points);
+    if (s.x.size() <= 60) {  // few points (evaluations, short runs): mark each one
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", p.px(s.x[i]), p.py(s.y[i]),
+                           color(k));
       }
+      svg += "\n";
     }
   }
+  return svg;
+}
 
+}  // namespace
+
+std::string chart_svg(const std::vector<Series>& series, const ChartOptions& o) {
+  const Legend legend = legend_svg(series, o.width - 80);
+  const double height = o.height + legend.height;
+  const Plot p = plot_area(series, o, legend.height + 8, height - 42);
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {0} {1:.0f}\" width=\"{0}\" height=\"{1:.0f}\" "
+      "role=\"img\" aria-label=\"{2}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"12\">\n",
+      o.width, height, html_escape(o.title));
+  svg += legend.svg + grid_svg(p) + (o.stacked ? stacked_svg(series, p) : lines_svg(series, p));
   svg += fmt::format(
       "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#555\"/>"
       "<line x1=\"{0:.1f}\" x2=\"{3:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#555\"/>\n"
       "<text x=\"{4:.1f}\" y=\"{5:.1f}\" text-anchor=\"middle\">{6}</text>\n"
       "<text transform=\"translate(16 {7:.1f}) rotate(-90)\" text-anchor=\"middle\">{8}</text>\n</svg>\n",
-      x0, y0, y1, x1, 0.5 * (x0 + x1), height - 6, html_escape(o.x_label), 0.5 * (y0 + y1), html_escape(o.y_label));
+      p.x0, p.y0, p.y1, p.x1, 0.5 * (p.x0 + p.x1), height - 6, html_escape(o.x_label), 0.5 * (p.y0 + p.y1),
+      html_escape(o.y_label));
   return svg;
 }
 
@@ -450,7 +482,8 @@ std::string table_row(const std::string& key, const std::string& value) {
   return fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", html_escape(key), html_escape(value));
 }
 
-std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t warm) {
+// Steps, tokens, wall time and losses.
+std::string progress_rows(const Metrics& m, const nlohmann::ordered_json& info) {
   std::string rows;
   const size_t n = m.records;
   std::string steps = fmt::format("{} records, last step {:.0f}", n, m.step.back());
@@ -480,6 +513,12 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
     rows += table_row("validation loss", fmt::format("best {:.4f} (step {:.0f}), last {:.4f} (step {:.0f})",
                                                      (*val)[best], m.step[best], v, m.step[at]));
   }
+  return rows;
+}
+
+// Means after the first `warm` steps, and the checkpoint stalls.
+std::string speed_rows(const Metrics& m, size_t warm) {
+  std::string rows;
   const std::string window = warm > 0 ? fmt::format(" (mean over steps after the first {})", warm) : " (mean)";
   if (const auto* c = m.column("tokens_per_s")) {
     rows += table_row("throughput", format_si(mean_from(*c, warm)) + " tokens/s" + window);
@@ -508,6 +547,11 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
           table_row("checkpoint stalls", fmt::format("{} save{}, {:.3f} s in all", saves, saves > 1 ? "s" : "", total));
     }
   }
+  return rows;
+}
+
+std::string memory_rows(const Metrics& m) {
+  std::string rows;
   const auto* peak = m.column("peak_rss_bytes");
   const auto* rss = peak ? peak : m.column("rss_bytes");
   if (rss) rows += table_row("peak RSS (rank 0)", format_mib(max_of(*rss)));
@@ -521,6 +565,13 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
     rows += table_row("largest rank RSS", fmt::format("{} (rank {})", format_mib(most), rank));
   }
   if (!rss && !m.per_rank.count("rank_rss_bytes")) rows += table_row("peak RSS", "not recorded");
+  return rows;
+}
+
+std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t warm) {
+  std::string rows = progress_rows(m, info) + speed_rows(m, warm) + memory_rows(m);
+  double v = kNaN;
+  size_t at = 0;
   if (last_finite(m.column("skipped_steps"), &v, &at)) rows += table_row("skipped steps", fmt::format("{:.0f}", v));
   if (!m.straggler_steps.empty()) {
     std::string s;
@@ -532,32 +583,32 @@ std::string summary(const Metrics& m, const nlohmann::ordered_json& info, size_t
   return "<table>\n" + rows + "</table>\n";
 }
 
-std::string figures(const Metrics& m, const nlohmann::ordered_json& info) {
-  std::string out;
-  auto chart = [](const std::vector<Series>& s, const std::string& title, const std::string& y_label, bool zero_based) {
-    ChartOptions o;
-    o.title = title;
-    o.y_label = y_label;
-    o.zero_based = zero_based;
-    return chart_svg(s, o);
-  };
+std::string line_chart(const std::vector<Series>& s, const std::string& title, const std::string& y_label,
+                       bool zero_based) {
+  ChartOptions o;
+  o.title = title;
+  o.y_label = y_label;
+  o.zero_based = zero_based;
+  return chart_svg(s, o);
+}
 
-  // Loss.
+std::string loss_figure(const Metrics& m) {
   std::vector<Series> loss;
   if (const auto* c = m.column("loss")) loss.push_back(make_series("training loss", m, *c));
   if (const auto* c = m.column("val_loss")) loss.push_back(make_series("validation loss", m, *c));
-  out += loss.empty() ? figure("plot-loss", "Loss", "no loss: metrics.jsonl records no finite loss", true)
-                      : figure("plot-loss", "Loss (nats/token)", chart(loss, "loss", "nats/token", false), false);
+  return loss.empty() ? figure("plot-loss", "Loss", "no loss: metrics.jsonl records no finite loss", true)
+                      : figure("plot-loss", "Loss (nats/token)", line_chart(loss, "loss", "nats/token", false), false);
+}
 
-  // Throughput.
+std::string throughput_figure(const Metrics& m) {
   if (const auto* c = m.column("tokens_per_s")) {
-    out += figure("plot-throughput", "Throughput (tokens/s, whole job)",
-                  chart({make_series("tokens/s", m, *c)}, "throughput", "tokens/s", true), false);
-  } else {
-    out += figure("plot-throughput", "Throughput", "no throughput: metrics.jsonl has no tokens_per_s", true);
+    return figure("plot-throughput", "Throughput (tokens/s, whole job)",
+                  line_chart({make_series("tokens/s", m, *c)}, "throughput", "tokens/s", true), false);
   }
+  return figure("plot-throughput", "Throughput", "no throughput: metrics.jsonl has no tokens_per_s", true);
+}
 
-  // MFU.
+std::string mfu_figure(const Metrics& m, const nlohmann::ordered_json& info) {
   if (const auto* c = m.column("mfu")) {
     std::string remark;
     if (info.contains("peak_flops_per_s")) {
@@ -566,74 +617,85 @@ std::string figures(const Metrics& m, const nlohmann::ordered_json& info) {
                                ? " (" + info["peak_source"].get<std::string>() + ")"
                                : "");
     }
-    out += figure("plot-mfu", "Model FLOPs utilization (%)", chart({make_series("MFU", m, *c, 100)}, "MFU", "%", true),
-                  false, remark);
-  } else {
-    out += figure("plot-mfu", "Model FLOPs utilization",
-                  info.contains("peak_flops_per_s") ? "no MFU: metrics.jsonl records no mfu"
-                                                    : "no MFU: no peak known for this run (run.json has no "
-                                                      "peak_flops_per_s)",
-                  true);
+    return figure("plot-mfu", "Model FLOPs utilization (%)",
+                  line_chart({make_series("MFU", m, *c, 100)}, "MFU", "%", true), false, remark);
   }
+  return figure("plot-mfu", "Model FLOPs utilization",
+                info.contains("peak_flops_per_s") ? "no MFU: metrics.jsonl records no mfu"
+                                                  : "no MFU: no peak known for this run (run.json has no "
+                                                    "peak_flops_per_s)",
+                true);
+}
 
-  // Time split, stacked in the order of a step, then the checkpoint stall after it.
+// Stacked in the order of a step, then the checkpoint stall after it.
+std::string time_split_figure(const Metrics& m) {
   std::vector<std::pair<std::string, const std::vector<double>*>> split;
   for (const char* key :
        {"data_wait_s", "forward_s", "backward_s", "comm_s", "optimizer_s", "other_s", "checkpoint_s"}) {
     if (const auto* c = m.column(key)) split.emplace_back(key, c);
   }
   if (split.empty()) {
-    out += figure("plot-time-split", "Step time split",
+    return figure("plot-time-split", "Step time split",
                   "no time split: metrics.jsonl has none of data_wait_s, forward_s, backward_s, comm_s, optimizer_s, "
                   "other_s, checkpoint_s",
                   true);
-  } else {
-    ChartOptions o;
-    o.title = "step time split";
-    o.y_label = "seconds";
-    o.stacked = true;
-    const bool bucketed = m.records > kMaxBars;
-    out += figure("plot-time-split", "Step time split (seconds per step)",
-                  chart_svg(bucket_means(m, split, kMaxBars), o), false,
-                  std::string("checkpoint_s is the step loop's stall after the step, outside step_s.") +
-                      (bucketed ? fmt::format(" Means over buckets of about {} steps.", m.records / kMaxBars) : ""));
   }
+  ChartOptions o;
+  o.title = "step time split";
+  o.y_label = "seconds";
+  o.stacked = true;
+  const bool bucketed = m.records > kMaxBars;
+  return figure("plot-time-split", "Step time split (seconds per step)", chart_svg(bucket_means(m, split, kMaxBars), o),
+                false,
+                std::string("checkpoint_s is the step loop's stall after the step, outside step_s.") +
+                    (bucketed ? fmt::format(" Means over buckets of about {} steps.", m.records / kMaxBars) : ""));
+}
 
-  // Memory, in MiB.
+// One series per rank of a per-rank column, named prefix + rank + suffix, within a shared budget
+// of points.
+std::vector<Series> rank_series(const Metrics& m, const std::vector<std::vector<double>>& columns,
+                                const std::string& prefix, const std::string& suffix, double scale) {
+  std::vector<Series> out;
+  const size_t budget = std::clamp<size_t>(4000 / columns.size(), 100, kMaxPoints);
+  for (size_t r = 0; r < columns.size(); ++r) {
+    out.push_back(make_series(prefix + std::to_string(r) + suffix, m, columns[r], scale, budget));
+  }
+  return out;
+}
+
+std::string memory_figure(const Metrics& m) {  // in MiB
   std::vector<Series> memory;
   const double mib = 1.0 / (1 << 20);
   if (const auto* c = m.column("rss_bytes")) memory.push_back(make_series("rss_bytes (rank 0)", m, *c, mib));
   if (const auto* c = m.column("peak_rss_bytes")) memory.push_back(make_series("peak_rss_bytes (rank 0)", m, *c, mib));
   if (auto it = m.per_rank.find("rank_rss_bytes"); it != m.per_rank.end()) {
-    const size_t budget = std::clamp<size_t>(4000 / it->second.size(), 100, kMaxPoints);
-    for (size_t r = 0; r < it->second.size(); ++r) {
-      memory.push_back(make_series(fmt::format("rank_rss_bytes[{}]", r), m, it->second[r], mib, budget));
-    }
+    for (Series& s : rank_series(m, it->second, "rank_rss_bytes[", "]", mib)) memory.push_back(std::move(s));
   }
-  out += memory.empty() ? figure("plot-memory", "Memory", "no memory figures: metrics.jsonl has no rss_bytes", true)
-                        : figure("plot-memory", "Resident memory (MiB)", chart(memory, "memory", "MiB", true), false);
+  return memory.empty()
+             ? figure("plot-memory", "Memory", "no memory figures: metrics.jsonl has no rss_bytes", true)
+             : figure("plot-memory", "Resident memory (MiB)", line_chart(memory, "memory", "MiB", true), false);
+}
 
-  // Ranks.
+std::string ranks_figure(const Metrics& m, const nlohmann::ordered_json& info) {
   if (auto it = m.per_rank.find("rank_busy_s"); it != m.per_rank.end() && it->second.size() > 1) {
-    std::vector<Series> busy;
-    const size_t budget = std::clamp<size_t>(4000 / it->second.size(), 100, kMaxPoints);
-    for (size_t r = 0; r < it->second.size(); ++r) {
-      busy.push_back(make_series(fmt::format("rank {}", r), m, it->second[r], 1, budget));
-    }
     std::string remark;
     for (const auto& [rank, count] : m.straggler_steps) {
       remark += fmt::format("{}rank {} on {} steps", remark.empty() ? "Flagged as stragglers: " : ", ", rank, count);
     }
-    out += figure("plot-ranks", "Compute time per rank (forward + backward seconds per step)",
-                  chart(busy, "rank busy time", "seconds", true), false, remark);
-  } else {
-    const bool several = info.contains("world_size") && info["world_size"].is_number() && info["world_size"] > 1;
-    out += figure("plot-ranks", "Compute time per rank",
-                  several ? "no per-rank busy times: metrics.jsonl has no rank_busy_s"
-                          : "one rank: no per-rank busy times (rank_busy_s)",
-                  true);
+    return figure("plot-ranks", "Compute time per rank (forward + backward seconds per step)",
+                  line_chart(rank_series(m, it->second, "rank ", "", 1), "rank busy time", "seconds", true), false,
+                  remark);
   }
-  return out;
+  const bool several = info.contains("world_size") && info["world_size"].is_number() && info["world_size"] > 1;
+  return figure("plot-ranks", "Compute time per rank",
+                several ? "no per-rank busy times: metrics.jsonl has no rank_busy_s"
+                        : "one rank: no per-rank busy times (rank_busy_s)",
+                true);
+}
+
+std::string figures(const Metrics& m, const nlohmann::ordered_json& info) {
+  return loss_figure(m) + throughput_figure(m) + mfu_figure(m, info) + time_split_figure(m) + memory_figure(m) +
+         ranks_figure(m, info);
 }
 
 }  // namespace

@@ -130,23 +130,40 @@ StepStats Trainer::step(uint32_t signals) {
   return step([this] { return loader_->next(); }, signals);
 }
 
+// Splits a step's wall time into phases: a phase's compute time excludes the communication the
+// parameters waited for meanwhile, which counts as comm.
+class PhaseClock {
+ public:
+  PhaseClock(const fsdp::ShardedParams& params, StepTimes& times)
+      : params_(params), times_(times), t_(now_seconds()), comm_(params.exposed_comm_seconds()) {}
+  // Compute seconds since the last mark (the construction or any call).
+  double compute() {
+    const double now = now_seconds(), waited = params_.exposed_comm_seconds() - comm_;
+    const double compute = now - t_ - waited;
+    times_.comm += waited;
+    t_ = now;
+    comm_ += waited;
+    return compute;
+  }
+  // Everything since the last mark was communication.
+  void communication() {
+    const double now = now_seconds();
+    times_.comm += now - t_;
+    t_ = now;
+  }
+  void restart() { t_ = now_seconds(); }  // what ran since the last mark is bookkeeping
+
+ private:
+  const fsdp::ShardedParams& params_;
+  StepTimes& times_;
+  double t_, comm_;
+};
+
 StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
-  const int64_t accum = loader_->micro_batches_per_step();
-  const int world = dist_.world_size(), rank = dist_.rank();
   StepTimes times;
-  double t = t0, comm = params_->exposed_comm_seconds();
-  // Seconds since `t` less the communication waited for since `comm`, which counts as comm
-  // (both then move on to now).
-  auto compute_since = [&] {
-    const double now = now_seconds(), waited = params_->exposed_comm_seconds() - comm;
-    const double compute = now - t - waited;
-    times.comm += waited;
-    t = now;
-    comm += waited;
-    return compute;
-  };
+  PhaseClock clock(*params_, times);
   params_->begin_step();
   // The step's loss is the sum over the global batch's valid targets divided by their count,
   // which no rank knows before its backward. Each target's gradient is scaled by 1 / positions
@@ -154,108 +171,117 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   // over ranks, is rescaled by positions / count once the count is known (with the loss, below):
   // no extra collective, and no rescaling pass unless targets were ignored.
   const int64_t positions = config_.tokens_per_step();
-  model::LossSum loss_sum;
-  for (int64_t a = 0; a < accum; ++a) {
-    params_->begin_micro_batch(a);
-    const data::Loader::Batch batch = next();
-    times.data_wait += compute_since();
-    if (a == 0) fault::point("forward", rank, step_ + 1);
-    const model::LossSum mb =
-        model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(positions));
-    loss_sum.sum += mb.sum;
-    loss_sum.count += mb.count;
-    times.forward += compute_since() - model_.head_backward_seconds();
-    times.backward += model_.head_backward_seconds();
-    model_.backward(*params_, batch.inputs);
-    times.backward += compute_since();
-  }
-  const bool poison = fault::point("backward", rank, step_ + 1) == fault::Kind::kNan;
+  model::LossSum loss_sum = accumulate_gradients(next, positions, clock, times);
+  const bool poison = fault::point("backward", dist_.rank(), step_ + 1) == fault::Kind::kNan;
   // This rank's busy time (forward and backward, not the time spent waiting on collectives or
   // data): a slow rank shows here, its peers only wait for it.
-  rank_busy_[rank] = times.forward + times.backward;
+  rank_busy_[dist_.rank()] = times.forward + times.backward;
   memory_ = metrics::process_memory();
-  rank_rss_[rank] = memory_.resident;
-  rank_peak_rss_[rank] = memory_.peak;
+  rank_rss_[dist_.rank()] = memory_.resident;
+  rank_peak_rss_[dist_.rank()] = memory_.peak;
   if (dist_.world() != nullptr) {
-    // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
-    // time and memory: [loss sum, valid targets, signal bits..., busy of rank 0..W-1, RSS MiB...,
-    // peak RSS MiB...] summed over ranks, the loss over one rank per dp coordinate (counts_loss).
-    // A float holds the count exactly up to 2^24 targets per step, and to 6e-8 relative beyond.
-    constexpr int kBits = kSignalBits;
-    constexpr double kMiB = 1 << 20;
-    float* sums = reduce_buffer_.data();
-    float* bits = sums + 2;
-    float* busy = bits + kBits;
-    float* rss = busy + world;
-    float* peak = rss + world;
-    std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
-    if (counts_loss()) {
-      sums[0] = static_cast<float>(loss_sum.sum);
-      sums[1] = static_cast<float>(loss_sum.count);
-    }
-    for (int b = 0; b < kBits; ++b) bits[b] = static_cast<float>(signals >> b & 1u);
-    busy[rank] = static_cast<float>(rank_busy_[rank]);
-    rss[rank] = static_cast<float>(std::round(static_cast<double>(rank_rss_[rank]) / kMiB));
-    peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
-    const double t_reduce = now_seconds();
-    dist_.world()
-        ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), comm::DType::kF32,
-                     {comm::Millis(config_.parallel.timeout_ms)})
-        ->wait();
-    times.comm += now_seconds() - t_reduce;
-    t = now_seconds();
-    loss_sum = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
-    signals = 0;
-    for (int b = 0; b < kBits; ++b) signals |= bits[b] > 0.0f ? 1u << b : 0u;
-    for (int r = 0; r < world; ++r) {
-      rank_busy_[r] = busy[r];
-      rank_rss_[r] = static_cast<int64_t>(rss[r] * kMiB);
-      rank_peak_rss_[r] = static_cast<int64_t>(peak[r] * kMiB);
-    }
+    clock.restart();
+    share_step_figures(&loss_sum, &signals);
+    clock.communication();
   }
   const double loss = loss_sum.mean();
   // positions / count: 1 unless targets were ignored; 0 when none is valid (zero gradients).
   const double rescale =
       loss_sum.count > 0 ? static_cast<double>(positions) / static_cast<double>(loss_sum.count) : 0.0;
   const double grad_norm = params_->finish_step(poison) * rescale;
-  times.optimizer += compute_since();
-  // After the step count moved on (skipped or not).
-  auto stats = [&](bool skipped) {
-    return StepStats{
-        step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, config_.tokens_per_step(),
-        signals, skipped, skipped_total_};
-  };
-  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-    const std::string what = fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm);
-    if (config_.train.on_nonfinite != config::OnNonFinite::kSkip) {
-      throw NonFiniteError(what +
-                           "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
-                           "train.on_nonfinite = \"skip\")");
-    }
-    if (++skipped_in_a_row_ > config_.train.max_skipped_steps) {
-      throw NonFiniteError(
-          fmt::format("{}: {} steps in a row were not finite (train.max_skipped_steps = {}); "
-                      "parameters are unchanged (try a lower train.lr or train.grad_clip)",
-                      what, skipped_in_a_row_, config_.train.max_skipped_steps));
-    }
-    // The gradients are dropped (begin_step zeroes them); the schedule and data move on, AdamW's
-    // step count (its bias correction) does not.
-    ++skipped_total_;
-    ++step_;
-    tokens_ += config_.tokens_per_step();
-    log::warn("{}: update skipped (train.on_nonfinite = skip; {} in a row, {} in all)", what, skipped_in_a_row_,
-              skipped_total_);
-    return stats(true);
+  times.optimizer += clock.compute();
+  const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+  if (finite) {
+    skipped_in_a_row_ = 0;
+    ++optimizer_steps_;
+  } else {
+    skip_nonfinite(fmt::format("step {}: loss {} and gradient norm {}", step_ + 1, loss, grad_norm));
   }
-  skipped_in_a_row_ = 0;
   ++step_;
-  ++optimizer_steps_;
   tokens_ += config_.tokens_per_step();
-  fault::point("optimizer", rank, step_);
-  params_->apply_update(optimizer_, schedule_.at(step_), optimizer_steps_,
-                        rescale * optim::clip_factor(grad_norm, config_.train.grad_clip));
-  times.optimizer += compute_since();
-  return stats(false);
+  if (finite) {
+    fault::point("optimizer", dist_.rank(), step_);
+    params_->apply_update(optimizer_, schedule_.at(step_), optimizer_steps_,
+                          rescale * optim::clip_factor(grad_norm, config_.train.grad_clip));
+    times.optimizer += clock.compute();
+  }
+  return StepStats{step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, positions,
+                   signals, !finite, skipped_total_};
+}
+
+model::LossSum Trainer::accumulate_gradients(const BatchSource& next, int64_t positions, PhaseClock& clock,
+                                             StepTimes& times) {
+  model::LossSum loss_sum;
+  for (int64_t a = 0; a < loader_->micro_batches_per_step(); ++a) {
+    params_->begin_micro_batch(a);
+    const data::Loader::Batch batch = next();
+    times.data_wait += clock.compute();
+    if (a == 0) fault::point("forward", dist_.rank(), step_ + 1);
+    const model::LossSum mb =
+        model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(positions));
+    loss_sum.sum += mb.sum;
+    loss_sum.count += mb.count;
+    times.forward += clock.compute() - model_.head_backward_seconds();
+    times.backward += model_.head_backward_seconds();
+    model_.backward(*params_, batch.inputs);
+    times.backward += clock.compute();
+  }
+  return loss_sum;
+}
+
+void Trainer::share_step_figures(model::LossSum* loss_sum, uint32_t* signals) {
+  // Every rank logs, and stops on, the same global loss and signals, and sees every rank's busy
+  // time and memory: [loss sum, valid targets, signal bits..., busy of rank 0..W-1, RSS MiB...,
+  // peak RSS MiB...] summed over ranks, the loss over one rank per dp coordinate (counts_loss).
+  // A float holds the count exactly up to 2^24 targets per step, and to 6e-8 relative beyond.
+  constexpr int kBits = kSignalBits;
+  constexpr double kMiB = 1 << 20;
+  const int world = dist_.world_size(), rank = dist_.rank();
+  float* sums = reduce_buffer_.data();
+  float* bits = sums + 2;
+  float* busy = bits + kBits;
+  float* rss = busy + world;
+  float* peak = rss + world;
+  std::fill(reduce_buffer_.begin(), reduce_buffer_.end(), 0.0f);
+  if (counts_loss()) {
+    sums[0] = static_cast<float>(loss_sum->sum);
+    sums[1] = static_cast<float>(loss_sum->count);
+  }
+  for (int b = 0; b < kBits; ++b) bits[b] = static_cast<float>(*signals >> b & 1u);
+  busy[rank] = static_cast<float>(rank_busy_[rank]);
+  rss[rank] = static_cast<float>(std::round(static_cast<double>(rank_rss_[rank]) / kMiB));
+  peak[rank] = static_cast<float>(std::round(static_cast<double>(rank_peak_rss_[rank]) / kMiB));
+  dist_.world()
+      ->all_reduce(sums, static_cast<int64_t>(reduce_buffer_.size()), comm::DType::kF32,
+                   {comm::Millis(config_.parallel.timeout_ms)})
+      ->wait();
+  *loss_sum = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};
+  *signals = 0;
+  for (int b = 0; b < kBits; ++b) *signals |= bits[b] > 0.0f ? 1u << b : 0u;
+  for (int r = 0; r < world; ++r) {
+    rank_busy_[r] = busy[r];
+    rank_rss_[r] = static_cast<int64_t>(rss[r] * kMiB);
+    rank_peak_rss_[r] = static_cast<int64_t>(peak[r] * kMiB);
+  }
+}
+
+void Trainer::skip_nonfinite(const std::string& what) {
+  if (config_.train.on_nonfinite != config::OnNonFinite::kSkip) {
+    throw NonFiniteError(what +
+                         "; parameters are unchanged (try a lower train.lr or train.grad_clip, or "
+                         "train.on_nonfinite = \"skip\")");
+  }
+  if (++skipped_in_a_row_ > config_.train.max_skipped_steps) {
+    throw NonFiniteError(
+        fmt::format("{}: {} steps in a row were not finite (train.max_skipped_steps = {}); "
+                    "parameters are unchanged (try a lower train.lr or train.grad_clip)",
+                    what, skipped_in_a_row_, config_.train.max_skipped_steps));
+  }
+  // The gradients are dropped (begin_step zeroes them); the schedule and data move on, AdamW's
+  // step count (its bias correction) does not.
+  ++skipped_total_;
+  log::warn("{}: update skipped (train.on_nonfinite = skip; {} in a row, {} in all)", what, skipped_in_a_row_,
+            skipped_total_);
 }
 
 bool Trainer::counts_loss() const {

@@ -1,3 +1,7 @@
+// Layer train: the trainer, the step loop, step records, health checks and generation; it puts
+// the layers below together. It must not know how its processes were launched (it is given a
+// JobAddress).
+//
 // One training process: model, parameters and optimizer state, data, and the optimizer step
 // (gradient accumulation, global grad-norm clipping, AdamW, learning-rate schedule), plus
 // evaluation on the validation split.
@@ -49,6 +53,7 @@ struct StepStats {
 };
 
 using checkpoint::TrainingState;
+class PhaseClock;
 
 class Trainer {
  public:
@@ -124,6 +129,12 @@ class Trainer {
   // Whether this rank adds its loss to the job's: one rank per data-parallel coordinate (the
   // first of its tensor-parallel group, on the last pipeline stage), so the sum is over dp.
   bool counts_loss() const;
+  // The parts of step(): forward and backward over this step's micro-batches (returns the loss
+  // sum); the step's all-reduce of the loss, signals and per-rank figures; the non-finite policy
+  // (throws, or counts and logs a skipped update).
+  model::LossSum accumulate_gradients(const BatchSource& next, int64_t positions, PhaseClock& clock, StepTimes& times);
+  void share_step_figures(model::LossSum* loss_sum, uint32_t* signals);
+  void skip_nonfinite(const std::string& what);
 
   config::Config config_;
   parallel::Distributed dist_;
