@@ -102,7 +102,7 @@ void check(const std::string& text) {
   FUZZ_CHECK(same_metrics(m, back));
 }
 
-// Records as the trainer writes them (train/reporter.cc), one a line.
+// Records as the trainer writes them (train/step_log.cc), one a line.
 const char* const kFirst =
     R"({"step":1,"time":1767225600.25,"elapsed_s":0.5,"loss":8.3125,"lr":1e-05,"grad_norm":3.5,"tokens":4096,)"
     R"("step_s":0.5,"data_wait_s":0.001,"forward_s":0.2,"backward_s":0.25,"comm_s":0.02,"optimizer_s":0.02,)"

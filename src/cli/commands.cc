@@ -29,8 +29,8 @@
 #include "parallel/job.h"
 #include "tessera/build_config.h"
 #include "train/loop.h"
-#include "train/reporter.h"
 #include "train/run.h"
+#include "train/step_log.h"
 #include "train/trainer.h"
 #if TESSERA_CUDA
 #include "kernels/cuda/device.h"
@@ -265,7 +265,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
   nlohmann::json losses = nlohmann::json::array();
   double exposed_before = 0.0;
   train::LoopHooks hooks;  // the loop of `tessera train` (c.train.max_steps = steps), without saves
-  hooks.observe = [&](const train::StepStats& s, const train::StepReporter::Extra&) {
+  hooks.observe = [&](const train::StepStats& s, const train::StepLog::Extra&) {
     times.push_back(s.seconds);
     exposed.push_back(trainer.params().exposed_comm_seconds() - exposed_before);
     exposed_before = trainer.params().exposed_comm_seconds();

@@ -36,7 +36,7 @@ int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
   return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
 }
 
-void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t checkpoint_every,
+void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                  bool bf16) {
   const ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
@@ -60,7 +60,7 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   bool any_recompute = false;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     BlockActs& a = b.blocks[l];
-    a.recompute = checkpoint_every > 0 && l % checkpoint_every == 0;
+    a.recompute = recompute_every > 0 && l % recompute_every == 0;
     if (a.recompute && !any_recompute) {
       take_saved(shared);
       b.recompute_out = take(N * C);
@@ -95,24 +95,24 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
 }
 
 size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                       int64_t checkpoint_every, bool bf16) {
+                                       int64_t recompute_every, bool bf16) {
   Arena measure;
   Buffers b;
-  plan(measure, b, layout, micro_batch, threads, checkpoint_every, bf16);
+  plan(measure, b, layout, micro_batch, threads, recompute_every, bf16);
   return measure.used();
 }
 
-Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every, bool bf16)
+Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every, bool bf16)
     : layout_(layout),
       B_(micro_batch),
       T_(layout.config().seq_len),
       N_(micro_batch * layout.config().seq_len),
       threads_(threads),
-      checkpoint_every_(checkpoint_every),
+      recompute_every_(recompute_every),
       bf16_(bf16),
-      arena_(planned_activation_bytes(layout, micro_batch, threads, checkpoint_every, bf16)) {
-  CHECK(micro_batch > 0 && threads > 0 && checkpoint_every >= 0);
-  plan(arena_, b_, layout_, B_, threads_, checkpoint_every_, bf16_);
+      arena_(planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16)) {
+  CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
+  plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_);
   const ModelConfig& c = layout_.config();
   k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
 }
@@ -269,7 +269,7 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
     const UnitParams w = acquire(params, unit);
-    // A checkpointed block recomputes its activations from its saved input; the same kernels on
+    // A block marked for recompute rebuilds its activations from its saved input; the same kernels on
     // the same inputs give the same bits, so gradients do not change.
     if (b_.blocks[l].recompute) block_forward(w, b_.blocks[l], b_.recompute_out);
     block_backward(w, params.grads(unit), b_.blocks[l]);

@@ -1,3 +1,7 @@
+// Layer model: the model's configuration, its parameter layout in flat units, initialization and
+// the forward and backward. It must not know how parameters are sharded or communicated (it sees
+// a ParamSource), nor checkpoints, optimizers or processes.
+//
 // Llama 2 forward and backward on the CPU, written op by op (no autograd), over parameters that a
 // ParamSource provides unit by unit. Every activation buffer is planned from the config and
 // allocated once, in the constructor; forward and backward never call the allocator.
@@ -27,7 +31,7 @@ int64_t count_valid_targets(const int32_t* targets, int64_t n);
 class Llama {
  public:
   // micro_batch: sequences per forward (B); sequences are config.seq_len tokens (T).
-  // checkpoint_every: 0 keeps every block's activations; k > 0 keeps only the input of blocks
+  // recompute_every: 0 keeps every block's activations; k > 0 keeps only the input of blocks
   // 0, k, 2k, ... and recomputes the rest of their activations in backward (activation
   // checkpointing). Results are bitwise identical either way.
   // bf16: mixed precision. The model asks the source for bf16 images of its units
@@ -35,14 +39,14 @@ class Llama {
   // (fused qkv, wo, fused w1|w3, w2, LM head) on bf16 weights and bf16 copies of their inputs,
   // accumulating in fp32, forward and backward; everything else stays fp32 (PyTorch's autocast
   // to bf16 draws the same line). Off, or with a source that offers no bf16, the model is fp32.
-  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t checkpoint_every = 0, bool bf16 = false);
+  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every = 0, bool bf16 = false);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   size_t activation_bytes() const { return arena_.capacity(); }
   // Activation bytes the constructor would allocate, without allocating them.
   static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                         int64_t checkpoint_every = 0, bool bf16 = false);
+                                         int64_t recompute_every = 0, bool bf16 = false);
 
   // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
   // grad_scale x (the sum of the losses of the valid targets) to the source's gradient buffers
@@ -103,8 +107,8 @@ class Llama {
     const float* f32 = nullptr;
     const uint16_t* bf16 = nullptr;
   };
-  static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads,
-                   int64_t checkpoint_every, bool bf16);
+  static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
+                   bool bf16);
   static int64_t loss_chunk_rows(const ModelConfig& c, int64_t N);
 
   UnitParams acquire(ParamSource& params, int unit) const;
@@ -129,7 +133,7 @@ class Llama {
   ModelLayout layout_;
   int64_t B_, T_, N_;
   int threads_;
-  int64_t checkpoint_every_;
+  int64_t recompute_every_;
   bool bf16_;
   Arena arena_;
   Buffers b_{};

@@ -16,7 +16,7 @@ constexpr uint32_t kStopRequested = 1, kSaveDue = 2, kSaveFailed = 4;
 }  // namespace
 
 std::optional<Trainer::Evaluation> Validator::maybe_evaluate(Trainer& trainer, int64_t step, bool last,
-                                                             StepReporter::Extra* extra) const {
+                                                             StepLog::Extra* extra) const {
   if (interval_ <= 0 || (step % interval_ != 0 && !last)) return std::nullopt;
   const double t0 = now_seconds();
   const Trainer::Evaluation e = trainer.evaluate(last ? trainer.validation_batches() : 0);
@@ -43,7 +43,7 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
     const StepStats s = trainer.step(raise);
     if (hooks.stepped) hooks.stepped(s.step);
     const bool last = finished();
-    StepReporter::Extra extra;
+    StepLog::Extra extra;
     if (auto e = validator.maybe_evaluate(trainer, s.step, last, &extra); e && last) {
       end.final_eval = e;
       end.final_eval_s = extra.eval_s;

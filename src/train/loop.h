@@ -7,7 +7,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "config/config.h"
-#include "train/reporter.h"
+#include "train/step_log.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -20,7 +20,7 @@ class Validator {
   explicit Validator(const config::Config& config) : interval_(config.train.eval_interval) {}
   // Evaluates after `step` when due, filling extra's val_loss, val_tokens and eval_s.
   std::optional<Trainer::Evaluation> maybe_evaluate(Trainer& trainer, int64_t step, bool last,
-                                                    StepReporter::Extra* extra) const;
+                                                    StepLog::Extra* extra) const;
 
  private:
   int64_t interval_;
@@ -35,7 +35,7 @@ struct LoopEnd {
 
 struct LoopHooks {
   std::function<void(int64_t step)> stepped;  // right after each step, before evaluation and saving
-  std::function<void(const StepStats&, const StepReporter::Extra&)> observe;  // after each step's evaluation and save
+  std::function<void(const StepStats&, const StepLog::Extra&)> observe;  // after each step's evaluation and save
 };
 
 // Steps until train.max_steps (or train.max_tokens) or a stop request (SIGTERM, SIGINT: that step

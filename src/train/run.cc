@@ -31,7 +31,7 @@
 #include "tessera/build_config.h"
 #include "train/health.h"
 #include "train/loop.h"
-#include "train/reporter.h"
+#include "train/step_log.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -225,13 +225,13 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   resume_trainer(trainer, root, resume, candidates);
   if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
 
-  StepReporter reporter(config, run_dir, dist, peak, trainer.steps_done());
+  StepLog step_log(config, run_dir, dist, peak, trainer.steps_done());
   const double start = now_seconds();
   LoopHooks hooks;
   hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };
-  hooks.observe = [&](const StepStats& s, const StepReporter::Extra& extra) { reporter.report(trainer, s, extra); };
+  hooks.observe = [&](const StepStats& s, const StepLog::Extra& extra) { step_log.record(trainer, s, extra); };
   const LoopEnd end = run_steps(trainer, &checkpointer, hooks);
-  reporter.finish();
+  step_log.finish();
   if (end.stopped) {
     log::info("stopped at step {} with checkpoint {}", trainer.steps_done(),
               checkpoint::step_dir_name(trainer.steps_done()));

@@ -129,18 +129,18 @@ TEST(Trainer, ActivationCheckpointingIsBitwiseIdenticalAndSavesMemory) {
 
 TEST(Trainer, Bf16ComputeIsDeterministicWithAndWithoutCheckpointing) {
   // bf16 compute rounds activations afresh in recomputation and backward: the same inputs give
-  // the same bits, so a checkpointed run is the plain run, bit for bit.
+  // the same bits, so a run with recompute is the plain run, bit for bit.
   const config::Overrides bf16 = {{"model.n_layers", "4"}, {"parallel.param_dtype", "bf16"}};
   config::Overrides o = bf16;
   o.emplace_back("parallel.activation_checkpointing", "2");
-  Trainer plain(tiny(bf16), ""), checkpointed(tiny(o), "");
+  Trainer plain(tiny(bf16), ""), recomputed(tiny(o), "");
   for (int i = 0; i < 3; ++i) {
-    const StepStats a = plain.step(), b = checkpointed.step();
+    const StepStats a = plain.step(), b = recomputed.step();
     EXPECT_EQ(a.loss, b.loss);
     EXPECT_EQ(a.grad_norm, b.grad_norm);
   }
-  EXPECT_EQ(plain.evaluate().loss, checkpointed.evaluate().loss);
-  const auto ta = plain.params().gather_named_tensors(), tb = checkpointed.params().gather_named_tensors();
+  EXPECT_EQ(plain.evaluate().loss, recomputed.evaluate().loss);
+  const auto ta = plain.params().gather_named_tensors(), tb = recomputed.params().gather_named_tensors();
   for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
 }
 

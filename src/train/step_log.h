@@ -1,9 +1,11 @@
-// What each training step reports, and where (docs/metrics.md): RUN/metrics.jsonl, the progress
-// line or periodic log lines, the Prometheus endpoint, and straggler warnings.
+// The record of each training step, as it happens (docs/metrics.md): RUN/metrics.jsonl, the
+// progress line or periodic log lines, the Prometheus endpoint, and straggler warnings. The HTML
+// page drawn from metrics.jsonl afterwards is metrics/report.
 #pragma once
 
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,13 +41,13 @@ class StragglerWatch {
 };
 
 // Every rank keeps one (all know every rank's figures after a step); rank 0 writes.
-class StepReporter {
+class StepLog {
  public:
   // Opens RUN/metrics.jsonl (keeping the records up to `first_step` of a resumed run) and, with
   // metrics.prometheus_port set, the endpoint.
-  StepReporter(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
-               const metrics::Peak& peak, int64_t first_step);
-  ~StepReporter();
+  StepLog(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
+          const metrics::Peak& peak, int64_t first_step);
+  ~StepLog();
 
   // What happened around the step besides Trainer::step.
   struct Extra {
@@ -54,11 +56,18 @@ class StepReporter {
     double eval_s = 0.0;
     double checkpoint_s = 0.0;  // the step loop's stall for a save after the step
   };
-  void report(const Trainer& trainer, const StepStats& s, const Extra& extra);
+  void record(const Trainer& trainer, const StepStats& s, const Extra& extra);
   // Ends the progress line; throws IoError if metrics.jsonl could not be written.
   void finish();
 
  private:
+  struct Rates {  // of the step just taken
+    double elapsed = 0.0, tokens_per_s = 0.0, flops = 0.0, eta = 0.0;
+    std::optional<double> mfu;
+  };
+  nlohmann::ordered_json metrics_record(const Trainer& trainer, const StepStats& s, const Extra& extra,
+                                        const std::vector<int>& stragglers, const Rates& r) const;
+  void print(const StepStats& s, const Extra& extra, const Rates& r);  // progress line, log lines
   std::string prometheus_page(const Trainer& trainer, const StepStats& s, const Extra& extra,
                               const std::vector<int>& stragglers, double eta) const;
 

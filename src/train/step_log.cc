@@ -1,5 +1,5 @@
-// What each training step reports, and where (docs/metrics.md).
-#include "train/reporter.h"
+// The record of each training step: metrics.jsonl, the log and Prometheus (docs/metrics.md).
+#include "train/step_log.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -92,8 +92,8 @@ double StragglerWatch::median_of_others(const std::vector<double>& busy, int ran
   return others_[others_.size() / 2];
 }
 
-StepReporter::StepReporter(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
-                           const metrics::Peak& peak, int64_t first_step)
+StepLog::StepLog(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
+                 const metrics::Peak& peak, int64_t first_step)
     : config_(config),
       metrics_path_(run_dir + "/metrics.jsonl"),
       leader_(dist.rank() == 0),
@@ -113,11 +113,11 @@ StepReporter::StepReporter(const config::Config& config, const std::string& run_
   }
 }
 
-StepReporter::~StepReporter() {
+StepLog::~StepLog() {
   if (terminal_) log::progress("");
 }
 
-void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extra& extra) {
+void StepLog::record(const Trainer& trainer, const StepStats& s, const Extra& extra) {
   const std::vector<double>& busy = trainer.rank_busy_seconds();
   const std::vector<int> slow = stragglers_.update(busy, &new_stragglers_);
   if (!leader_) return;
@@ -136,17 +136,26 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
   total_.comm += t.comm;
   total_.optimizer += t.optimizer;
   total_checkpoint_s_ += extra.checkpoint_s;
-  const double elapsed = now_seconds() - start_;
-  const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
-  const double flops = tokens_per_s * flops_per_token_;
-  const std::optional<double> mfu = metrics::mfu(flops, peak_);
-  const double eta = elapsed / static_cast<double>(s.step - first_step_) *
-                     static_cast<double>(std::max<int64_t>(config_.train.max_steps - s.step, 0));
+  Rates r;
+  r.elapsed = now_seconds() - start_;
+  r.tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
+  r.flops = r.tokens_per_s * flops_per_token_;
+  r.mfu = metrics::mfu(r.flops, peak_);
+  r.eta = r.elapsed / static_cast<double>(s.step - first_step_) *
+          static_cast<double>(std::max<int64_t>(config_.train.max_steps - s.step, 0));
+  metrics_ << metrics_record(trainer, s, extra, slow, r).dump() << '\n';
+  metrics_.flush();
+  if (prometheus_) prometheus_->publish(prometheus_page(trainer, s, extra, slow, r.eta));
+  print(s, extra, r);
+}
 
+nlohmann::ordered_json StepLog::metrics_record(const Trainer& trainer, const StepStats& s, const Extra& extra,
+                                               const std::vector<int>& stragglers, const Rates& r) const {
+  const StepTimes& t = s.times;
   nlohmann::ordered_json record = {
       {"step", s.step},
       {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
-      {"elapsed_s", elapsed},
+      {"elapsed_s", r.elapsed},
       {"loss", s.loss},
       {"lr", s.lr},
       {"grad_norm", s.grad_norm},
@@ -159,9 +168,9 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
       {"optimizer_s", t.optimizer},
       {"other_s", s.seconds - t.accounted()},
       {"checkpoint_s", extra.checkpoint_s},
-      {"tokens_per_s", tokens_per_s},
-      {"model_flops_per_s", flops}};
-  if (mfu) record["mfu"] = *mfu;
+      {"tokens_per_s", r.tokens_per_s},
+      {"model_flops_per_s", r.flops}};
+  if (r.mfu) record["mfu"] = *r.mfu;
   record["rss_bytes"] = trainer.memory().resident;
   record["peak_rss_bytes"] = trainer.memory().peak;
   if (extra.val_loss) {
@@ -169,30 +178,30 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
     record["val_tokens"] = extra.val_tokens;
     record["eval_s"] = extra.eval_s;
   }
-  if (busy.size() > 1) {
-    record["rank_busy_s"] = busy;
+  if (trainer.rank_busy_seconds().size() > 1) {
+    record["rank_busy_s"] = trainer.rank_busy_seconds();
     record["rank_rss_bytes"] = trainer.rank_resident_bytes();
   }
-  if (!slow.empty()) record["stragglers"] = slow;
+  if (!stragglers.empty()) record["stragglers"] = stragglers;
   if (s.skipped) record["skipped"] = true;
   if (s.skipped_total > 0) record["skipped_steps"] = s.skipped_total;
-  metrics_ << record.dump() << '\n';
-  metrics_.flush();
+  return record;
+}
 
-  if (prometheus_) prometheus_->publish(prometheus_page(trainer, s, extra, slow, eta));
-  const std::string mfu_text = mfu ? fmt::format(" MFU {:.1f}%", *mfu * 100) : "";
+void StepLog::print(const StepStats& s, const Extra& extra, const Rates& r) {
+  const std::string mfu_text = r.mfu ? fmt::format(" MFU {:.1f}%", *r.mfu * 100) : "";
   const bool last = s.step >= config_.train.max_steps;
   if (terminal_ && (last || now_seconds() - last_progress_ >= 0.1)) {  // at most 10 redraws a second
     last_progress_ = now_seconds();
     log::progress(fmt::format("step {}/{} loss {:.4f}{} | {} tok/s{} | eta {}", s.step, config_.train.max_steps, s.loss,
                               last_val_loss_ ? fmt::format(" val {:.4f}", *last_val_loss_) : "",
-                              format_count(tokens_per_s), mfu_text, format_duration(eta)));
+                              format_count(r.tokens_per_s), mfu_text, format_duration(r.eta)));
   }
   if (s.step % config_.metrics.log_interval == 0 || last || extra.val_loss) {
     const std::string line = fmt::format(
         "step {:>5}/{} loss {:.4f}{} lr {:.2e} grad_norm {:.3f} {} tok/s {:.1f} GFLOP/s{} eta {}", s.step,
         config_.train.max_steps, s.loss, extra.val_loss ? fmt::format(" val_loss {:.4f}", *extra.val_loss) : "", s.lr,
-        s.grad_norm, format_count(tokens_per_s), flops / 1e9, mfu_text, format_duration(eta));
+        s.grad_norm, format_count(r.tokens_per_s), r.flops / 1e9, mfu_text, format_duration(r.eta));
     // Evaluations stay on the terminal; the progress line stands for the rest.
     if (extra.val_loss) {
       log::info("{}", line);
@@ -202,8 +211,8 @@ void StepReporter::report(const Trainer& trainer, const StepStats& s, const Extr
   }
 }
 
-std::string StepReporter::prometheus_page(const Trainer& trainer, const StepStats& s, const Extra& extra,
-                                          const std::vector<int>& stragglers, double eta) const {
+std::string StepLog::prometheus_page(const Trainer& trainer, const StepStats& s, const Extra& extra,
+                                     const std::vector<int>& stragglers, double eta) const {
   metrics::Exposition e;
   const config::Config& c = config_;
   const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
@@ -263,7 +272,7 @@ std::string StepReporter::prometheus_page(const Trainer& trainer, const StepStat
   return e.text();
 }
 
-void StepReporter::finish() {
+void StepLog::finish() {
   if (terminal_) log::progress("");
   if (leader_ && !metrics_) throw IoError(fmt::format("cannot write {}", metrics_path_));
 }
