@@ -1,3 +1,5 @@
+// Layer cli: the `tessera` subcommands, the only layer that sees them all.
+//
 // The `tessera` subcommands. Each returns a process exit code; faults arrive as tessera::Error.
 #pragma once
 

@@ -1,3 +1,6 @@
+// Layer comm: stores and process groups, the wire between processes. It must not know models,
+// parallel dimensions or training.
+//
 // Collective communication between the ranks of a job (ARCHITECTURE.md, comm). Every operation
 // is asynchronous (a Work handle), has a timeout, is numbered per group, and counts the bytes it
 // sends; a failure raises CollectiveError naming the operation, its sequence number and the rank.

@@ -1,3 +1,6 @@
+// Layer core: errors and exit codes, CHECK, logging, the start-up arena, the counter-based RNG,
+// threads, file I/O, fault injection. It knows no other layer.
+//
 // Error hierarchy and exit codes: the contract between a worker, its agent and the user.
 #pragma once
 

@@ -1,3 +1,6 @@
+// Layer data: text, tokenizers, token shards, prepared datasets, the sampler and the loader. It
+// must not know models, parameters or processes (a loader is given its rank's slice).
+//
 // A prepared dataset: the directory `tessera prepare` writes, with manifest.json listing the
 // shards of each split, and the token stream of one split read through its shards.
 //

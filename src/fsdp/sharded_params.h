@@ -1,3 +1,6 @@
+// Layer fsdp: sharded data-parallel parameters over the mesh's data dimensions. It must not know
+// checkpoints, data or the training loop.
+//
 // The fully sharded data-parallel ParamSource (ARCHITECTURE.md, "Sharding math"). Each unit's
 // flat buffer is padded to a multiple of 16 x S and rank r of a shard group of S ranks owns
 // [r L/S, (r+1) L/S) of it (parallel::shard_range): fp32 master parameters and gradients (the

@@ -1,3 +1,6 @@
+// Layer launch: starting, watching and restarting worker processes. It must not know the trainer:
+// the agent executes this binary's worker command, the local launcher a function it is given.
+//
 // `tessera launch`: one agent per node (ARCHITECTURE.md, "Launcher and resilience").
 //
 // Agents meet in rendezvous rounds in a store (file:// today; the key layout is the same for any

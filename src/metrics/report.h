@@ -1,3 +1,6 @@
+// Layer metrics: MFU peaks, process memory, the Prometheus endpoint and the run report. It must
+// not know the trainer: figures arrive as numbers and files.
+//
 // The run report: one self-contained HTML page (inline CSS, SVG drawn here) over a run
 // directory's metrics.jsonl and run.json (docs/metrics.md), for `tessera report`.
 #pragma once

@@ -1,3 +1,6 @@
+// Layer optim: the optimizer and its state, the learning-rate schedule and clipping. It must not
+// know processes or communication.
+//
 // AdamW over a unit's flat fp32 master buffer (or any slice of it, such as a rank's shard), with
 // weight decay on the tensors that take it; the moments it keeps for a rank's slices; and the
 // global gradient-norm clip factor. Nothing here communicates: whoever holds the slices (fsdp)

@@ -1,3 +1,6 @@
+// Layer parallel: the parallel dimensions, the mesh of process groups over them, and joining a
+// job. It must not know what is sharded or trained; every rank-aware layer above takes a Mesh.
+//
 // The device mesh: for each parallel dimension (parallel_dims.h), this rank's coordinate, the
 // group's size and its process group, built once at start-up. Every rank-aware component takes
 // the mesh and asks for the dimension it means: FSDP shards over dp_shard and all-reduces over

@@ -1,3 +1,6 @@
+// Layer kernels/cpu: the ops of kernels/ref, for speed, with the same contracts. It knows nothing
+// of models, parameters or processes.
+//
 // CPU GEMM through oneDNN, in fp32 and with bf16 inputs. Contract of linear_*: ref/matmul.h.
 #pragma once
 

@@ -1,3 +1,6 @@
+// Layer kernels/ref: the scalar, double-accumulating oracle of every op and its shape contract.
+// It knows nothing of models, parameters or processes: pointers and sizes in, numbers out.
+//
 // Reference linear layer without bias, weights in PyTorch's (out, in) layout: y = x w^T.
 #pragma once
 
