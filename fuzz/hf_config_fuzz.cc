@@ -10,7 +10,6 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,24 +17,11 @@
 
 #include "checkpoint/hf.h"
 #include "harness.h"
+#include "hf_fixture.h"
 #include "model/layout.h"
 
 namespace tessera::fuzz {
 namespace {
-
-model::ModelConfig fixture_config() {
-  model::ModelConfig c;
-  c.vocab_size = 16;
-  c.dim = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_hidden = 12;
-  c.seq_len = 16;
-  c.rope_theta = 500000.0;
-  c.norm_eps = 1e-5;
-  return c;
-}
 
 checkpoint::HfExportOptions fixture_options() {
   checkpoint::HfExportOptions o;
@@ -54,17 +40,7 @@ const Fixture& fixture() {
   static const Fixture f = [] {
     Fixture out;
     out.dir = scratch_dir() + "/model";
-    const model::ModelConfig c = fixture_config();
-    std::vector<checkpoint::NamedTensor> tensors;
-    const model::ModelLayout layout(c);
-    for (const model::UnitLayout& u : layout.units()) {
-      for (const model::TensorSpec& s : u.tensors) {
-        checkpoint::NamedTensor t{s.name, s.shape, std::vector<float>(s.numel())};
-        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = 0.01f * static_cast<float>(tensors.size() * 100 + i);
-        tensors.push_back(std::move(t));
-      }
-    }
-    checkpoint::export_hf(c, tensors, "fixture", out.dir, fixture_options());
+    export_hf_fixture(out.dir, fixture_options());
     out.imported = checkpoint::import_hf(out.dir);
     return out;
   }();
@@ -111,12 +87,7 @@ void check_import(const std::string& text) {
   checkpoint::HfModel m;
   if (!parses([&] { m = checkpoint::import_hf(f.dir); })) return;
   FUZZ_CHECK(same_shape(m.config, f.imported.config));
-  FUZZ_CHECK(m.tensors.size() == f.imported.tensors.size());
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const checkpoint::NamedTensor &t = m.tensors[i], &want = f.imported.tensors[i];
-    FUZZ_CHECK(t.name == want.name && t.shape == want.shape && t.data.size() == want.data.size());
-    FUZZ_CHECK(std::memcmp(t.data.data(), want.data.data(), t.data.size() * sizeof(float)) == 0);
-  }
+  check_same_tensors(m.tensors, f.imported.tensors);
 }
 
 // The keys of transformers' LlamaConfig that hf_config_from_json reads.
@@ -144,7 +115,7 @@ std::string recipe_config(FuzzedDataProvider& p) {
       "true", "false", "null", "\"llama\"", "\"silu\"", "\"gelu\"", "[\"LlamaForCausalLM\"]", "[]", "{}",
       "{\"type\": \"linear\", \"factor\": 2.0}", "\"8\"", "\"\\u0000\""};
   // clang-format on
-  std::string text = checkpoint::hf_config_json(fixture_config(), fixture_options());
+  std::string text = checkpoint::hf_config_json(hf_fixture_config(), fixture_options());
   for (int i = 0, n = p.ConsumeIntegralInRange(1, 6); i < n; ++i) {
     text = with_key(text, p.PickValueInArray(kKeys), p.PickValueInArray(kValues));
   }
@@ -219,7 +190,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // survives (100000 levels; dump() overflowed the stack near 20000 in one build, 30000 passed in
   // another). Too slow to be one of the recipe's picks.
   static const bool deep_checked = [] {
-    const std::string base = checkpoint::hf_config_json(fuzz::fixture_config(), fuzz::fixture_options());
+    const std::string base = checkpoint::hf_config_json(fuzz::hf_fixture_config(), fuzz::fixture_options());
     const std::string deep = std::string(100000, '[') + std::string(100000, ']');
     for (const char* key : fuzz::kKeys) fuzz::check_config(fuzz::with_key(base, key, deep));
     return true;

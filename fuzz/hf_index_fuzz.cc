@@ -7,7 +7,6 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,7 +15,7 @@
 
 #include "checkpoint/hf.h"
 #include "harness.h"
-#include "model/layout.h"
+#include "hf_fixture.h"
 
 namespace tessera::fuzz {
 namespace {
@@ -35,26 +34,9 @@ const Fixture& fixture() {
   static const Fixture f = [] {
     Fixture out;
     out.dir = scratch_dir() + "/model";
-    model::ModelConfig c;
-    c.vocab_size = 16;
-    c.dim = 8;
-    c.n_layers = 2;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.ffn_hidden = 12;
-    c.seq_len = 16;
-    std::vector<checkpoint::NamedTensor> tensors;
-    const model::ModelLayout layout(c);
-    for (const model::UnitLayout& u : layout.units()) {
-      for (const model::TensorSpec& s : u.tensors) {
-        checkpoint::NamedTensor t{s.name, s.shape, std::vector<float>(s.numel())};
-        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = 0.01f * static_cast<float>(tensors.size() * 100 + i);
-        tensors.push_back(std::move(t));
-      }
-    }
     checkpoint::HfExportOptions o;
     o.max_shard_bytes = 2048;  // 4.9 kB of weights: three files
-    checkpoint::export_hf(c, tensors, "fixture", out.dir, o);
+    export_hf_fixture(out.dir, o);
     out.index = ordered_json::parse(read_file(out.dir + "/model.safetensors.index.json"));
     for (const auto& [tensor, file] : out.index["weight_map"].items()) {
       if (std::find(out.files.begin(), out.files.end(), file) == out.files.end()) out.files.push_back(file);
@@ -72,12 +54,7 @@ void check(const std::string& index_text) {
               index_text.size());
   checkpoint::HfModel m;
   if (!parses([&] { m = checkpoint::import_hf(f.dir); })) return;
-  FUZZ_CHECK(m.tensors.size() == f.tensors.size());
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const checkpoint::NamedTensor &t = m.tensors[i], &want = f.tensors[i];
-    FUZZ_CHECK(t.name == want.name && t.shape == want.shape && t.data.size() == want.data.size());
-    FUZZ_CHECK(std::memcmp(t.data.data(), want.data.data(), t.data.size() * sizeof(float)) == 0);
-  }
+  check_same_tensors(m.tensors, f.tensors);
 }
 
 std::string recipe_index(FuzzedDataProvider& p) {
