@@ -136,6 +136,9 @@ def test_single_and_mfu(tessera, tmp):
               "parameters", "flops_per_token", "tokens_per_step", "max_steps", "peak_flops_per_s", "peak_source"]:
         check(k in info, f"run.json: no {k}")
     check(info.get("peak_source", "").startswith("measured"), f"run.json peak_source {info.get('peak_source')}")
+    # Enum-like keys are written by name, as the config spells them (the dashboard filters on them).
+    check(info.get("param_dtype") == "fp32" and info.get("strategy") == "single",
+          f"run.json param_dtype {info.get('param_dtype')!r}, strategy {info.get('strategy')!r}")
     # MFU arithmetic: a configured peak of 1 GFLOP/s per rank, two ranks.
     run = tmp / "configured"
     train(tessera, run, "train.max_steps=6", "metrics.peak_flops=1e9", nproc=2)

@@ -158,7 +158,7 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                    {"host", host},
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
-                   {"param_dtype", config.parallel.param_dtype},
+                   {"param_dtype", config::name(config.parallel.param_dtype)},
                    {"threads", num_threads()},
                    {"preset", m.preset},
                    {"parameters", model::parameter_count(m)},
