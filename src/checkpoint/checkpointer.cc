@@ -294,7 +294,8 @@ std::string Checkpointer::write_own_shard(const Pending& job, const std::string&
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
     if (!job.refused.empty()) throw IoError(job.refused);
-    if (rank < dist_.mesh->size(parallel::Dim::kDpShard)) {  // the first replica writes; the others hold the same
+    // The first replica writes; the others hold the same shards.
+    if (rank < dist_.mesh->size(parallel::Dim::kDpShard)) {
       const std::string path = dir + "/" + shard_file_name(rank);
       const size_t half = views_.size() / 2;
       *digest = write_shard_file(path, views_, [&](size_t i) {
