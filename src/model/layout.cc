@@ -3,16 +3,32 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace tessera::model {
 namespace {
 
+constexpr int kReplicated = -1;
+
+int64_t product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i) n *= shape[i];
+  return n;
+}
+
 class UnitBuilder {
  public:
-  explicit UnitBuilder(std::string name) { unit_.name = std::move(name); }
-  int64_t add(std::string name, std::vector<int64_t> shape, bool decay) {
-    TensorSpec t{std::move(name), std::move(shape), unit_.numel, decay};
+  UnitBuilder(std::string name, int tp_size) : tp_size_(tp_size) { unit_.name = std::move(name); }
+  // A tensor of `full_shape`, of which this rank holds 1 / tp_size along `split_dim`.
+  int64_t add(std::string name, std::vector<int64_t> full_shape, bool decay, int split_dim = kReplicated) {
+    std::vector<int64_t> shape = full_shape;
+    if (split_dim != kReplicated) {
+      CHECK(shape[split_dim] % tp_size_ == 0);
+      shape[split_dim] /= tp_size_;
+    }
+    TensorSpec t{std::move(name), std::move(shape), unit_.numel, decay, split_dim, std::move(full_shape)};
     unit_.numel += t.numel();
     unit_.tensors.push_back(std::move(t));
     return unit_.tensors.back().offset;
@@ -23,15 +39,34 @@ class UnitBuilder {
   }
 
  private:
+  int tp_size_;
   UnitLayout unit_;
 };
 
+// Calls copy(whole_offset, block_offset, floats) for each contiguous run of rank's block.
+template <typename Copy>
+void for_each_block_run(const TensorSpec& spec, int rank, Copy copy) {
+  if (spec.split_dim == kReplicated) {
+    copy(0, 0, spec.numel());
+    return;
+  }
+  const auto d = static_cast<size_t>(spec.split_dim);
+  const int64_t outer = product(spec.full_shape, 0, d), inner = product(spec.full_shape, d + 1, spec.full_shape.size());
+  const int64_t full_len = spec.full_shape[d], len = spec.shape[d], run = len * inner;
+  for (int64_t o = 0; o < outer; ++o) copy((o * full_len + rank * len) * inner, o * run, run);
+}
+
 }  // namespace
 
-int64_t TensorSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+int64_t TensorSpec::numel() const { return product(shape, 0, shape.size()); }
+int64_t TensorSpec::full_numel() const { return product(full_shape, 0, full_shape.size()); }
+
+void copy_block_out(const TensorSpec& spec, int rank, const float* whole, float* block) {
+  for_each_block_run(spec, rank, [&](int64_t w, int64_t b, int64_t n) { std::copy_n(whole + w, n, block + b); });
+}
+
+void copy_block_in(const TensorSpec& spec, int rank, const float* block, float* whole) {
+  for_each_block_run(spec, rank, [&](int64_t w, int64_t b, int64_t n) { std::copy_n(block + b, n, whole + w); });
 }
 
 const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {
@@ -41,34 +76,38 @@ const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {
   CHECK_MSG(false, tensor_name.c_str());
 }
 
-ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple) : config_(c) {
-  CHECK(pad_multiple > 0);
+ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParallel tp) : config_(c), tp_(tp) {
+  CHECK(pad_multiple > 0 && tp.size > 0 && tp.rank >= 0 && tp.rank < tp.size);
+  const int64_t T = tp.size;
+  CHECK(c.n_heads % T == 0 && c.n_kv_heads % T == 0 && c.ffn_hidden % T == 0 && c.vocab_size % T == 0);
+  local_ = {c.n_heads / T, c.n_kv_heads / T, c.ffn_hidden / T, c.vocab_size / T, tp.rank * (c.vocab_size / T)};
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden;
-  UnitBuilder emb("embedding");
-  emb.add("tok_embeddings.weight", {c.vocab_size, C}, true);
+  constexpr int kOut = 0, kIn = 1;  // column-parallel: outputs cut; row-parallel: inputs cut
+  UnitBuilder emb("embedding", tp.size);
+  emb.add("tok_embeddings.weight", {c.vocab_size, C}, true, kOut);
   units_.push_back(emb.finish(pad_multiple));
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     // Matrices first, in the order the fused GEMMs read them: wq|wk|wv is one (qkv_dim, C)
     // matrix and w1|w3 one (2F, C) matrix.
-    UnitBuilder b(fmt::format("block.{}", l));
+    UnitBuilder b(fmt::format("block.{}", l), tp.size);
     const std::string p = fmt::format("layers.{}.", l);
     BlockOffsets o{};
-    o.wqkv = b.add(p + "attention.wq.weight", {c.n_heads * D, C}, true);
-    b.add(p + "attention.wk.weight", {c.n_kv_heads * D, C}, true);
-    b.add(p + "attention.wv.weight", {c.n_kv_heads * D, C}, true);
-    o.wo = b.add(p + "attention.wo.weight", {C, c.n_heads * D}, true);
-    o.w13 = b.add(p + "feed_forward.w1.weight", {F, C}, true);
-    b.add(p + "feed_forward.w3.weight", {F, C}, true);
-    o.w2 = b.add(p + "feed_forward.w2.weight", {C, F}, true);
+    o.wqkv = b.add(p + "attention.wq.weight", {c.n_heads * D, C}, true, kOut);
+    b.add(p + "attention.wk.weight", {c.n_kv_heads * D, C}, true, kOut);
+    b.add(p + "attention.wv.weight", {c.n_kv_heads * D, C}, true, kOut);
+    o.wo = b.add(p + "attention.wo.weight", {C, c.n_heads * D}, true, kIn);
+    o.w13 = b.add(p + "feed_forward.w1.weight", {F, C}, true, kOut);
+    b.add(p + "feed_forward.w3.weight", {F, C}, true, kOut);
+    o.w2 = b.add(p + "feed_forward.w2.weight", {C, F}, true, kIn);
     o.attention_norm = b.add(p + "attention_norm.weight", {C}, false);
     o.ffn_norm = b.add(p + "ffn_norm.weight", {C}, false);
     block_ = o;
     units_.push_back(b.finish(pad_multiple));
   }
 
-  UnitBuilder head("head");
-  if (!c.tied_embeddings) head_weight_ = head.add("output.weight", {c.vocab_size, C}, true);
+  UnitBuilder head("head", tp.size);
+  if (!c.tied_embeddings) head_weight_ = head.add("output.weight", {c.vocab_size, C}, true, kOut);
   head_norm_ = head.add("norm.weight", {C}, false);
   units_.push_back(head.finish(pad_multiple));
 }

@@ -11,13 +11,31 @@
 
 namespace tessera::model {
 
-struct TensorSpec {
-  std::string name;             // e.g. "layers.3.attention.wq.weight"
-  std::vector<int64_t> shape;   // row-major; linear weights are (out, in)
-  int64_t offset = 0;           // in floats from the start of the unit's buffer
-  bool decay = false;           // weight decay applies (matrices, not norm gains)
-  int64_t numel() const;
+// Tensor parallelism, Megatron-LM's split: rank `rank` of a tensor-parallel group of `size`
+// holds block `rank` of every split tensor, cut evenly along one dimension. Column-parallel
+// matrices (wq, wk, wv by heads; w1, w3 by hidden units) are cut along their outputs (dim 0), so
+// a rank computes its heads or hidden units whole; row-parallel ones (wo, w2) along their inputs
+// (dim 1), so each rank's product is a partial sum that the tp group all-reduces. The embedding
+// and the LM head are cut along the vocabulary (dim 0); norm gains are replicated.
+struct TensorParallel {
+  int size = 1, rank = 0;
 };
+
+struct TensorSpec {
+  std::string name;                 // e.g. "layers.3.attention.wq.weight"
+  std::vector<int64_t> shape;       // this rank's block; row-major; linear weights are (out, in)
+  int64_t offset = 0;               // in floats from the start of the unit's buffer
+  bool decay = false;               // weight decay applies (matrices, not norm gains)
+  int split_dim = -1;               // the dimension cut among tensor-parallel ranks; -1: replicated
+  std::vector<int64_t> full_shape;  // the whole tensor (shape when not split or tp = 1)
+  int64_t numel() const;
+  int64_t full_numel() const;
+};
+
+// Rank `rank`'s block of a whole tensor (spec.full_shape) into `block` (spec.numel() floats), and
+// back; a replicated tensor's block is the whole tensor.
+void copy_block_out(const TensorSpec& spec, int rank, const float* whole, float* block);
+void copy_block_in(const TensorSpec& spec, int rank, const float* block, float* whole);
 
 struct UnitLayout {
   std::string name;  // "embedding", "block.3", "head"
@@ -32,12 +50,22 @@ struct BlockOffsets {
   int64_t wqkv, wo, w13, w2, attention_norm, ffn_norm;
 };
 
+// The sizes tensor parallelism divides, as one rank holds them.
+struct LocalSizes {
+  int64_t heads, kv_heads, ffn_hidden, vocab;
+  int64_t vocab_begin;  // the first token id of this rank's vocabulary block
+};
+
 class ModelLayout {
  public:
   // pad_multiple: every unit's buffer length is a multiple of it (16 x shard group size).
-  ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16);
+  // tp: this rank's place in its tensor-parallel group; its size must divide the query and
+  // key/value heads, the hidden units and the vocabulary (config validation names the keys).
+  ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16, TensorParallel tp = {});
 
   const ModelConfig& config() const { return config_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  const LocalSizes& local() const { return local_; }
   const std::vector<UnitLayout>& units() const { return units_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   int embedding_unit() const { return 0; }
@@ -50,6 +78,8 @@ class ModelLayout {
 
  private:
   ModelConfig config_;
+  TensorParallel tp_;
+  LocalSizes local_{};
   std::vector<UnitLayout> units_;
   BlockOffsets block_{};
   int64_t head_norm_ = 0, head_weight_ = -1;
