@@ -41,4 +41,63 @@ void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, c
   });
 }
 
+void vocab_parallel_max(float* row_max, const float* logits, const int32_t* targets, int64_t n, int64_t Vb) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* z = logits + i * Vb;
+      float mx = targets[i] < 0 ? 0.0f : -INFINITY;
+      if (targets[i] >= 0) {
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < Vb; ++j) mx = z[j] > mx ? z[j] : mx;
+      }
+      row_max[i] = mx;
+    }
+  });
+}
+
+void vocab_parallel_sums(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                         const int32_t* targets, int64_t n, int64_t Vb, int64_t v0) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* z = logits + i * Vb;
+      const float mx = row_max[i];
+      const int64_t local = static_cast<int64_t>(targets[i]) - v0;
+      float sum = 0.0f;
+      if (targets[i] >= 0) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < Vb; ++j) sum += exp_fast(z[j] - mx);
+      }
+      sum_exp[i] = sum;
+      target_logit[i] = targets[i] >= 0 && local >= 0 && local < Vb ? z[local] : 0.0f;
+    }
+  });
+}
+
+void vocab_parallel_loss(float* dlogits, float* losses, const float* logits, const float* row_max,
+                         const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t n,
+                         int64_t Vb, int64_t v0, float dscale) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* z = logits + i * Vb;
+      float* dz = dlogits != nullptr ? dlogits + i * Vb : nullptr;
+      const int64_t local = static_cast<int64_t>(targets[i]) - v0;
+      if (targets[i] < 0) {
+        losses[i] = 0.0f;
+        if (dz != nullptr) {
+          for (int64_t j = 0; j < Vb; ++j) dz[j] = 0.0f;
+        }
+        continue;
+      }
+      const float mx = row_max[i];
+      losses[i] = std::log(sum_exp[i]) + mx - target_logit[i];
+      if (dz != nullptr) {
+        const float k = dscale / sum_exp[i];
+#pragma omp simd
+        for (int64_t j = 0; j < Vb; ++j) dz[j] = exp_fast(z[j] - mx) * k;
+        if (local >= 0 && local < Vb) dz[local] -= dscale;
+      }
+    }
+  });
+}
+
 }  // namespace tessera::kernels::cpu
