@@ -1,16 +1,21 @@
-// Vocabulary-parallel cross-entropy (ref and cpu kernels): T ranks, each holding a block of the
-// vocabulary's logits, combine their statistics as the tensor-parallel group's all-reduces do
-// (the maximum of the row maxima, the sums of sum_exp and target_logit), and each must then hold
-// the losses and its block of the gradient that the whole-vocabulary softmax_cross_entropy gives.
+// The vocabulary-parallel kernels of tensor parallelism (ref and cpu), at 1-4 ranks each holding a
+// block of the vocabulary. Cross-entropy: the ranks combine their statistics as the
+// tensor-parallel group's all-reduces do (the maximum of the row maxima, the sums of sum_exp and
+// target_logit), and each must then hold the losses and its block of the gradient that the
+// whole-vocabulary softmax_cross_entropy gives. Embedding: the blocks' lookups sum to the whole
+// lookup, and their backward gives the whole table gradient's rows, to the bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/rng.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/ref/cross_entropy.h"
+#include "kernels/ref/embedding.h"
 
 namespace tessera::kernels {
 namespace {
@@ -97,6 +102,68 @@ TEST(VocabParallelCrossEntropy, RefMatchesTheWholeVocabulary) { expect_matches_w
 
 // Float statistics and exp_fast, as the CPU softmax_cross_entropy (cpu_vs_ref_test's bound).
 TEST(VocabParallelCrossEntropy, CpuMatchesTheWholeVocabulary) { expect_matches_whole(true, 2e-5); }
+
+template <typename Forward, typename Backward>
+void expect_blocks_make_the_whole_embedding(Forward forward, Backward backward) {
+  constexpr int64_t V = 12, C = 5, n = 10;
+  const std::vector<int32_t> tokens = {3, 11, 0, 3, 7, 6, 5, 11, 3, 9};
+  std::vector<float> table(V * C), dout(n * C);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(rng::normal(5, 0, i));
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<float>(rng::normal(5, 1, i));
+  std::vector<float> want(n * C), want_grad(V * C, 0.0f);
+  forward(want.data(), tokens.data(), table.data(), n, C, 0, V);
+  backward(want_grad.data(), dout.data(), tokens.data(), n, C, 0, V);
+  for (const int T : {1, 2, 3, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(T));
+    const int64_t Vb = V / T;
+    std::vector<float> sum(n * C, 0.0f), grad(V * C, NAN);
+    for (int t = 0; t < T; ++t) {
+      std::vector<float> out(n * C, NAN), dblock(Vb * C, 0.0f);
+      forward(out.data(), tokens.data(), table.data() + t * Vb * C, n, C, t * Vb, Vb);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+      backward(dblock.data(), dout.data(), tokens.data(), n, C, t * Vb, Vb);
+      std::copy(dblock.begin(), dblock.end(), grad.begin() + t * Vb * C);
+    }
+    EXPECT_EQ(sum, want);
+    EXPECT_EQ(grad, want_grad);
+  }
+}
+
+TEST(VocabParallelEmbedding, RefBlocksMakeTheWholeLookup) {
+  expect_blocks_make_the_whole_embedding(
+      [](float* o, const int32_t* t, const float* w, int64_t n, int64_t C, int64_t v0, int64_t Vb) {
+        ref::embedding_forward(o, t, w, n, C, v0, Vb);
+      },
+      [](float* d, const float* g, const int32_t* t, int64_t n, int64_t C, int64_t v0, int64_t Vb) {
+        ref::embedding_backward(d, g, t, n, C, v0, Vb);
+      });
+}
+
+// The bf16 lookup of a block: the float lookup of the same block of the widened table.
+TEST(VocabParallelEmbedding, CpuBf16BlocksMatchTheFloatLookup) {
+  constexpr int64_t V = 12, C = 5, n = 6, Vb = 4;
+  const std::vector<int32_t> tokens = {3, 11, 0, 4, 7, 5};
+  std::vector<uint16_t> table16(V * C);
+  std::vector<float> table(V * C);
+  for (size_t i = 0; i < table.size(); ++i) table16[i] = f32_to_bf16(static_cast<float>(rng::normal(6, 0, i)));
+  bf16_to_f32(table16.data(), table.data(), V * C);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> got(n * C, NAN), want(n * C, NAN);
+    cpu::embedding_forward_bf16(got.data(), tokens.data(), table16.data() + t * Vb * C, n, C, t * Vb, Vb);
+    ref::embedding_forward(want.data(), tokens.data(), table.data() + t * Vb * C, n, C, t * Vb, Vb);
+    EXPECT_EQ(got, want) << "block " << t;
+  }
+}
+
+TEST(VocabParallelEmbedding, CpuBlocksMakeTheWholeLookup) {
+  expect_blocks_make_the_whole_embedding(
+      [](float* o, const int32_t* t, const float* w, int64_t n, int64_t C, int64_t v0, int64_t Vb) {
+        cpu::embedding_forward(o, t, w, n, C, v0, Vb);
+      },
+      [](float* d, const float* g, const int32_t* t, int64_t n, int64_t C, int64_t v0, int64_t Vb) {
+        cpu::embedding_backward(d, g, t, n, C, v0, Vb);
+      });
+}
 
 }  // namespace
 }  // namespace tessera::kernels

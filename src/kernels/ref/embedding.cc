@@ -9,15 +9,18 @@
 
 namespace tessera::kernels::ref {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C) {
+void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C, int64_t v0,
+                       int64_t Vb) {
   for (int64_t i = 0; i < n; ++i) {
     CHECK(tokens[i] >= 0);
-    const float* row = table + static_cast<int64_t>(tokens[i]) * C;
-    for (int64_t c = 0; c < C; ++c) out[i * C + c] = row[c];
+    const int64_t local = tokens[i] - v0;
+    const bool held = local >= 0 && local < Vb;
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] = held ? table[local * C + c] : 0.0f;
   }
 }
 
-void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t C) {
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t n, int64_t C, int64_t v0,
+                        int64_t Vb) {
   // A repeated token sums its gradients. Adding row by row would round after every repeat, so
   // positions are grouped by token and each group's sum is formed in double before one rounding.
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -27,7 +30,12 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
   for (int64_t begin = 0, end = 0; begin < n; begin = end) {
     const int32_t token = tokens[order[begin]];
     CHECK(token >= 0);
-    float* row = dtable + static_cast<int64_t>(token) * C;
+    if (token - v0 < 0 || token - v0 >= Vb) {  // another block's row
+      for (end = begin; end < n && tokens[order[end]] == token; ++end) {
+      }
+      continue;
+    }
+    float* row = dtable + (token - v0) * C;
     for (int64_t c = 0; c < C; ++c) sum[c] = row[c];
     for (end = begin; end < n && tokens[order[end]] == token; ++end) {
       const float* g = dout + order[end] * C;
