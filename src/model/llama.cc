@@ -31,16 +31,17 @@ int64_t count_valid_targets(const int32_t* targets, int64_t n) {
   return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });
 }
 
-int64_t Llama::loss_chunk_rows(const ModelConfig& c, int64_t N) {
+int64_t Llama::loss_chunk_rows(int64_t vocab, int64_t N) {
   // Logits for a chunk of rows at a time (~32 MB): never the whole (N, V) tensor.
-  return std::clamp<int64_t>((int64_t{1} << 23) / c.vocab_size, 1, N);
+  return std::clamp<int64_t>((int64_t{1} << 23) / vocab, 1, N);
 }
 
 void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                  bool bf16) {
   const ModelConfig& c = layout.config();
-  const int64_t T = c.seq_len, N = B * T, C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim();
-  const int64_t Q = c.qkv_dim();
+  const LocalSizes& l = layout.local();  // this rank's share under tensor parallelism
+  const int64_t T = c.seq_len, N = B * T, C = c.dim, F = l.ffn_hidden, H = l.heads, D = c.head_dim();
+  const int64_t Q = (l.heads + 2 * l.kv_heads) * D, V = l.vocab;
   auto take = [&](int64_t n) { return arena.take<float>(static_cast<size_t>(n)); };
   auto take_saved = [&](BlockActs& a) {
     a.xn1 = take(N * C);
@@ -58,9 +59,9 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   BlockActs shared{};  // what recomputed blocks fill in turn
   shared.recompute = true;
   bool any_recompute = false;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    BlockActs& a = b.blocks[l];
-    a.recompute = recompute_every > 0 && l % recompute_every == 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    BlockActs& a = b.blocks[i];
+    a.recompute = recompute_every > 0 && i % recompute_every == 0;
     if (a.recompute && !any_recompute) {
       take_saved(shared);
       b.recompute_out = take(N * C);
@@ -78,9 +79,14 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   b.rstd_final = take(N);
   b.rope = take(T * D);
   b.attn_ws = take(k::attention_workspace_floats(T, D, threads));
-  const int64_t chunk = loss_chunk_rows(c, N);
-  b.logits = take(chunk * c.vocab_size);
+  const int64_t chunk = loss_chunk_rows(V, N);
+  b.logits = take(chunk * V);
   b.losses = take(chunk);
+  if (layout.tensor_parallel().size > 1) {
+    b.ce_max = take(chunk);
+    b.ce_sums = take(2 * chunk);
+    b.ce_maxima = take(layout.tensor_parallel().size * chunk);
+  }
   b.dx = take(N * C);
   b.dxn = take(N * C);
   b.dqkv = take(N * Q);
@@ -89,7 +95,7 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   b.dg = take(N * F);
   if (bf16) {
     b.x16 = arena.take<uint16_t>(static_cast<size_t>(N * std::max({C, H * D, F})));
-    b.dy16 = arena.take<uint16_t>(static_cast<size_t>(std::max(N * std::max({C, Q, 2 * F}), chunk * c.vocab_size)));
+    b.dy16 = arena.take<uint16_t>(static_cast<size_t>(std::max(N * std::max({C, Q, 2 * F}), chunk * V)));
     b.norm_w = take(2 * C);
   }
 }
@@ -153,35 +159,49 @@ const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
   return w;
 }
 
-void Llama::block_forward(const UnitParams& w, const BlockActs& a, float* out) {
+void Llama::residual_linear(ParamSource& params, float* out, const float* residual, const float* x,
+                            const UnitParams& w, int64_t offset, int64_t K) {
+  const int64_t C = layout_.config().dim;
+  // The residual add rides on the GEMM (beta = 1) instead of a separate pass. A row-parallel
+  // product is a partial sum: the first rank of the group adds the residual, the group's sum the
+  // rest.
+  const bool adds_residual = !tensor_parallel() || layout_.tensor_parallel().rank == 0;
+  if (adds_residual) copy(out, residual, N_ * C);
+  linear(out, x, w, offset, N_, C, K, adds_residual ? 1.0f : 0.0f);
+  if (tensor_parallel()) params.tp_all_reduce(out, N_ * C);
+}
+
+void Llama::block_forward(ParamSource& params, const UnitParams& w, const BlockActs& a, float* out) {
   const ModelConfig& c = layout_.config();
+  const LocalSizes& l = layout_.local();
   const BlockOffsets& o = layout_.block();
-  const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
+  const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
   const float eps = static_cast<float>(c.norm_eps);
   k::rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), N_, C, eps);
   linear(a.qkv, a.xn1, w, o.wqkv, N_, Q, C, 0.0f);
   k::rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
   k::rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   k::attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
-  // Residual adds ride on the GEMMs (beta = 1) instead of a separate pass.
-  copy(a.xmid, a.x, N_ * C);
-  linear(a.xmid, a.att, w, o.wo, N_, C, H * D, 1.0f);
+  residual_linear(params, a.xmid, a.x, a.att, w, o.wo, H * D);
   k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), N_, C, eps);
   linear(a.h13, a.xn2, w, o.w13, N_, 2 * F, C, 0.0f);
   k::swiglu_forward(a.g, a.h13, N_, F);
-  copy(out, a.xmid, N_ * C);
-  linear(out, a.g, w, o.w2, N_, C, F, 1.0f);
+  residual_linear(params, out, a.xmid, a.g, w, o.w2, F);
 }
 
-void Llama::block_backward(const UnitParams& w, float* dw, const BlockActs& a) {
+void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, const BlockActs& a) {
   const ModelConfig& c = layout_.config();
+  const LocalSizes& l = layout_.local();
   const BlockOffsets& o = layout_.block();
-  const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
+  const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
   float* dx = b_.dx;
   // MLP branch; dx enters as d(out) = d(xmid) through the residual, and the norm adds its part.
+  // Under tensor parallelism dx is the same on every rank of the group, and the input gradient
+  // of a column-parallel product is a partial sum the group completes.
   linear_backward(b_.dg, dw + o.w2, dx, a.g, w, o.w2, N_, C, F);
   k::swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
   linear_backward(b_.dxn, dw + o.w13, b_.dh13, a.xn2, w, o.w13, N_, 2 * F, C);
+  if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
   k::rms_norm_backward(dx, dw + o.ffn_norm, b_.dxn, a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2, N_, C);
   // Attention branch.
   linear_backward(b_.datt, dw + o.wo, dx, a.att, w, o.wo, N_, C, H * D);
@@ -189,6 +209,7 @@ void Llama::block_backward(const UnitParams& w, float* dw, const BlockActs& a) {
   k::rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
   k::rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, a.xn1, w, o.wqkv, N_, Q, C);
+  if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
   k::rms_norm_backward(dx, dw + o.attention_norm, b_.dxn, a.x, norm_weight(w, o.attention_norm, 0), a.rstd1, N_, C);
 }
 
@@ -197,23 +218,27 @@ void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   const ModelConfig& c = layout_.config();
   const int emb = layout_.embedding_unit();
   const UnitParams table = acquire(params, emb);
+  // Vocabulary-parallel under tensor parallelism: each rank looks up the tokens of its block, the
+  // group's sum gives every rank every row.
+  const LocalSizes& v = layout_.local();
   if (table.bf16 != nullptr) {
-    k::embedding_forward_bf16(b_.blocks[0].x, inputs, table.bf16, N_, c.dim);
+    k::embedding_forward_bf16(b_.blocks[0].x, inputs, table.bf16, N_, c.dim, v.vocab_begin, v.vocab);
   } else {
-    k::embedding_forward(b_.blocks[0].x, inputs, table.f32, N_, c.dim);
+    k::embedding_forward(b_.blocks[0].x, inputs, table.f32, N_, c.dim, v.vocab_begin, v.vocab);
   }
   params.release(emb);
+  if (tensor_parallel()) params.tp_all_reduce(b_.blocks[0].x, N_ * c.dim);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const int unit = layout_.block_unit(l);
     float* out = l + 1 < c.n_layers ? b_.blocks[l + 1].x : b_.x_final;
-    block_forward(acquire(params, unit), b_.blocks[l], out);
+    block_forward(params, acquire(params, unit), b_.blocks[l], out);
     params.release(unit);
   }
 }
 
 LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
   const ModelConfig& c = layout_.config();
-  const int64_t C = c.dim, V = c.vocab_size;
+  const int64_t C = c.dim, V = layout_.local().vocab;
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
   const UnitParams w = acquire(params, head);
   const float* norm_w = norm_weight(w, layout_.head_norm_offset(), 0);
@@ -226,13 +251,18 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
 
   k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, N_, C, static_cast<float>(c.norm_eps));
   // Logits, loss and (with grads) the head's backward, one chunk of rows at a time.
-  const int64_t chunk = loss_chunk_rows(c, N_);
+  const int64_t chunk = loss_chunk_rows(V, N_);
   double loss_sum = 0.0;
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
     const float* xn = b_.xn_final + r0 * C;
     linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
-    k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V, grad_scale);
+    if (tensor_parallel()) {
+      vocab_parallel_loss(params, targets + r0, rows, with_grads, grad_scale);
+    } else {
+      k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V,
+                               grad_scale);
+    }
     for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
     if (with_grads) {
       const double t0 = now_seconds();
@@ -242,6 +272,8 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   }
   if (with_grads) {
     const double t0 = now_seconds();
+    // The head's input gradient: a partial sum over the vocabulary blocks under tensor parallelism.
+    if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
     std::memset(b_.dx, 0, sizeof(float) * N_ * C);
     float* dnorm = params.grads(head) + layout_.head_norm_offset();
     k::rms_norm_backward(b_.dx, dnorm, b_.dxn, b_.x_final, norm_w, b_.rstd_final, N_, C);
@@ -251,6 +283,24 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
   return {loss_sum, count_valid_targets(targets, N_)};
+}
+
+void Llama::vocab_parallel_loss(ParamSource& params, const int32_t* targets, int64_t rows, bool with_grads,
+                                float grad_scale) {
+  const LocalSizes& v = layout_.local();
+  const int T = layout_.tensor_parallel().size;
+  // Megatron-LM's vocabulary-parallel cross-entropy: the row maxima over the group (gathered, as
+  // the groups reduce by sum only), then the sums of exp and the target logits, then each rank's
+  // block of the gradient. The whole (rows, V) logits are never in one place.
+  k::vocab_parallel_max(b_.ce_max, b_.logits, targets, rows, v.vocab);
+  params.tp_all_gather(b_.ce_max, b_.ce_maxima, rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int t = 0; t < T; ++t) b_.ce_max[i] = std::max(b_.ce_max[i], b_.ce_maxima[t * rows + i]);
+  }
+  k::vocab_parallel_sums(b_.ce_sums, b_.ce_sums + rows, b_.logits, b_.ce_max, targets, rows, v.vocab, v.vocab_begin);
+  params.tp_all_reduce(b_.ce_sums, 2 * rows);
+  k::vocab_parallel_loss(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, b_.ce_max, b_.ce_sums,
+                         b_.ce_sums + rows, targets, rows, v.vocab, v.vocab_begin, grad_scale);
 }
 
 LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
@@ -271,13 +321,14 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
     const UnitParams w = acquire(params, unit);
     // A block marked for recompute rebuilds its activations from its saved input; the same kernels on
     // the same inputs give the same bits, so gradients do not change.
-    if (b_.blocks[l].recompute) block_forward(w, b_.blocks[l], b_.recompute_out);
-    block_backward(w, params.grads(unit), b_.blocks[l]);
+    if (b_.blocks[l].recompute) block_forward(params, w, b_.blocks[l], b_.recompute_out);
+    block_backward(params, w, params.grads(unit), b_.blocks[l]);
     params.grads_ready(unit);
     params.release(unit);
   }
   const int emb = layout_.embedding_unit();
-  k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim);
+  k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim, layout_.local().vocab_begin,
+                        layout_.local().vocab);
   params.grads_ready(emb);
 }
 
@@ -287,6 +338,7 @@ LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const in
 }
 
 void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* logits) {
+  CHECK_MSG(!tensor_parallel(), "whole logits under tensor parallelism (generation) are not built yet");
   forward_blocks(params, inputs);
   const ModelConfig& c = layout_.config();
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();

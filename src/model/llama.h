@@ -85,8 +85,11 @@ class Llama {
     float* rstd_final;
     float* rope;  // (T, D/2, 2)
     float* attn_ws;
-    float* logits;         // (chunk, V)
+    float* logits;         // (chunk, V), V this rank's block of the vocabulary
     float* losses;         // (chunk)
+    float* ce_max;         // tensor parallelism only (null otherwise): (chunk) row maxima,
+    float* ce_sums;        // (2, chunk) sums of exp and target logits,
+    float* ce_maxima;      // (tp, chunk) every rank's row maxima
     float* dx;             // (N, C) gradient of the residual stream
     float* dxn;            // (N, C) gradient of a norm's output
     float* dqkv;           // (N, qkv_dim)
@@ -109,7 +112,8 @@ class Llama {
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                    bool bf16);
-  static int64_t loss_chunk_rows(const ModelConfig& c, int64_t N);
+  static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
+  bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
 
   UnitParams acquire(ParamSource& params, int unit) const;
   // y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit; bf16 inputs
@@ -124,9 +128,17 @@ class Llama {
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
-  void block_forward(const UnitParams& w, const BlockActs& acts, float* out);
+  void block_forward(ParamSource& params, const UnitParams& w, const BlockActs& acts, float* out);
+  // out (N, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor
+  // parallelism W is a row-parallel block and the group's sum completes the product.
+  void residual_linear(ParamSource& params, float* out, const float* residual, const float* x, const UnitParams& w,
+                       int64_t offset, int64_t K);
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
-  void block_backward(const UnitParams& w, float* dw, const BlockActs& acts);
+  void block_backward(ParamSource& params, const UnitParams& w, float* dw, const BlockActs& acts);
+  // Losses (and, with grads, the gradient in place) of b_.logits' first `rows` rows, this rank's
+  // vocabulary block, with the tensor-parallel group.
+  void vocab_parallel_loss(ParamSource& params, const int32_t* targets, int64_t rows, bool with_grads,
+                           float grad_scale);
   // Final norm, head and loss over all rows; with grads, also their backward into b_.dx.
   LossSum head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/check.h"
+
 namespace tessera::model {
 
 class ParamSource {
@@ -24,6 +26,16 @@ class ParamSource {
   virtual float* grads(int unit) = 0;
   // The model has finished adding `unit`'s gradients for this micro-batch.
   virtual void grads_ready(int unit) = 0;
+
+  // Tensor parallelism (layout.h, TensorParallel): the sum over this rank's tensor-parallel group
+  // in place (row-parallel partial products, the input gradients of column-parallel ones), and
+  // the gather of `count` floats from every rank of it into out (size x count, in rank order).
+  // Every rank must get the same bits. The model calls them only when its layout's group is
+  // larger than one.
+  virtual void tp_all_reduce(float* /*data*/, int64_t /*count*/) { CHECK_MSG(false, "no tensor-parallel group"); }
+  virtual void tp_all_gather(const float* /*in*/, float* /*out*/, int64_t /*count*/) {
+    CHECK_MSG(false, "no tensor-parallel group");
+  }
 };
 
 }  // namespace tessera::model
