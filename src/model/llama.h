@@ -4,7 +4,10 @@
 //
 // Llama 2 forward and backward on the CPU, written op by op (no autograd), over parameters that a
 // ParamSource provides unit by unit. Every activation buffer is planned from the config and
-// allocated once, in the constructor; forward and backward never call the allocator.
+// allocated once, in the constructor; forward and backward never call the allocator. Under tensor
+// parallelism (the layout's TensorParallel) it computes its block's heads, hidden units and
+// vocabulary and completes the partial sums through the source's tp collectives
+// (docs/design.md, "Tensor parallelism").
 #pragma once
 
 #include <cstdint>
