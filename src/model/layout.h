@@ -60,7 +60,8 @@ class ModelLayout {
  public:
   // pad_multiple: every unit's buffer length is a multiple of it (16 x shard group size).
   // tp: this rank's place in its tensor-parallel group; its size must divide the query and
-  // key/value heads, the hidden units and the vocabulary (config validation names the keys).
+  // key/value heads, the hidden units and the vocabulary (CHECKed here: the config keys that set
+  // tp, and their validation naming the model keys, are still to come).
   ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16, TensorParallel tp = {});
 
   const ModelConfig& config() const { return config_; }

@@ -30,15 +30,13 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
   for (int64_t begin = 0, end = 0; begin < n; begin = end) {
     const int32_t token = tokens[order[begin]];
     CHECK(token >= 0);
-    if (token - v0 < 0 || token - v0 >= Vb) {  // another block's row
-      for (end = begin; end < n && tokens[order[end]] == token; ++end) {
-      }
-      continue;
+    for (end = begin; end < n && tokens[order[end]] == token; ++end) {
     }
+    if (token - v0 < 0 || token - v0 >= Vb) continue;  // another block's row
     float* row = dtable + (token - v0) * C;
     for (int64_t c = 0; c < C; ++c) sum[c] = row[c];
-    for (end = begin; end < n && tokens[order[end]] == token; ++end) {
-      const float* g = dout + order[end] * C;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* g = dout + order[i] * C;
       for (int64_t c = 0; c < C; ++c) sum[c] += g[c];
     }
     for (int64_t c = 0; c < C; ++c) row[c] = static_cast<float>(sum[c]);
