@@ -268,8 +268,9 @@ const std::vector<Key>& schema() {
       KEY(data, cache_dir),
       KEY(data, synthetic),
       KEY(parallel, nproc, closed(1, 1024)),
+      KEY(parallel, tensor, closed(1, 1024)),
       KEY(parallel, strategy),
-      KEY(parallel, shard_group_size, ge(0, "0: nproc")),
+      KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
       KEY(parallel, param_dtype),
       KEY(parallel, reduce_dtype),
@@ -451,19 +452,37 @@ void validate_sizes(const Config& c) {
       fmt::format("tokens per step train.batch_size x model.seq_len = {} x {} must fit in an int64", batch, m.seq_len));
 }
 
+// Tensor parallelism divides the heads, key/value heads, hidden units and vocabulary among the
+// group's ranks.
+void validate_tensor_parallel(const Config& c) {
+  const int64_t T = c.parallel.tensor;
+  require(c.parallel.nproc % T == 0, "parallel.tensor", fmt::format("{}", T),
+          fmt::format("must divide parallel.nproc = {}", c.parallel.nproc));
+  const model::ModelConfig& m = c.model;
+  for (const auto& [key, v] : {std::pair{"model.n_heads", m.n_heads},
+                               {"model.n_kv_heads", m.n_kv_heads},
+                               {"model.ffn_hidden", m.ffn_hidden},
+                               {"model.vocab_size", m.vocab_size}}) {
+    require(v % T == 0, key, fmt::format("{}", v),
+            fmt::format("must be divisible by parallel.tensor = {} (each tensor-parallel rank holds 1/{})", T, T));
+  }
+}
+
+// The batch is cut among the data-parallel ranks, D = nproc / tensor.
 void validate_batch_and_ranks(const Config& c) {
   const TrainConfig& t = c.train;
   const ParallelConfig& p = c.parallel;
-  require(p.shard_group_size == 0 || p.nproc % p.shard_group_size == 0, "parallel.shard_group_size",
-          fmt::format("{}", p.shard_group_size), fmt::format("must divide parallel.nproc = {} (0: nproc)", p.nproc));
-  require(t.batch_size % p.nproc == 0, "train.batch_size", fmt::format("{}", t.batch_size),
-          fmt::format("must be divisible by parallel.nproc = {}", p.nproc));
-  // Also keeps nproc x micro_batch_size (below, and in accumulation_steps()) inside int64.
-  require(t.micro_batch_size <= t.batch_size / p.nproc, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
-          fmt::format("must be <= train.batch_size / parallel.nproc = {}", t.batch_size / p.nproc));
-  require(
-      t.batch_size % (p.nproc * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
-      fmt::format("must be divisible by parallel.nproc x train.micro_batch_size = {} x {}", p.nproc, c.micro_batch()));
+  const int64_t D = c.data_parallel();
+  const std::string ranks = p.tensor == 1 ? "parallel.nproc" : "(parallel.nproc / parallel.tensor)";
+  require(p.shard_group_size == 0 || D % p.shard_group_size == 0, "parallel.shard_group_size",
+          fmt::format("{}", p.shard_group_size), fmt::format("must divide {} = {} (0: all of them)", ranks, D));
+  require(t.batch_size % D == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("must be divisible by {} = {}", ranks, D));
+  // Also keeps D x micro_batch_size (below, and in accumulation_steps()) inside int64.
+  require(t.micro_batch_size <= t.batch_size / D, "train.micro_batch_size", fmt::format("{}", t.micro_batch_size),
+          fmt::format("must be <= train.batch_size / {} = {}", ranks, t.batch_size / D));
+  require(t.batch_size % (D * c.micro_batch()) == 0, "train.batch_size", fmt::format("{}", t.batch_size),
+          fmt::format("must be divisible by {} x train.micro_batch_size = {} x {}", ranks, D, c.micro_batch()));
 }
 
 }  // namespace
@@ -484,6 +503,7 @@ void validate(const Config& c) {
   }
   validate_model(c.model);
   validate_sizes(c);
+  validate_tensor_parallel(c);
   validate_batch_and_ranks(c);
   const TrainConfig& t = c.train;
   require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),

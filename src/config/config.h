@@ -36,7 +36,7 @@ const char* name(OnFailure v);
 
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
-  int64_t micro_batch_size = 0;  // sequences per forward on one rank; 0: batch_size / nproc
+  int64_t micro_batch_size = 0;  // sequences per forward on one rank; 0: batch_size / data-parallel ranks
   int64_t max_steps = 1000;
   int64_t max_tokens = 0;  // 0: no token limit
   double lr = 2e-3;
@@ -70,11 +70,15 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
-  int64_t nproc = 1;  // local worker processes
+  int64_t nproc = 1;  // worker processes in the job: tensor x the data-parallel ranks
+  // Tensor-parallel ranks (Megatron-LM's split: heads, hidden units and the vocabulary divided
+  // among them); must divide nproc, model.n_heads, model.n_kv_heads, model.ffn_hidden and
+  // model.vocab_size. The data-parallel ranks are nproc / tensor.
+  int64_t tensor = 1;
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
   Strategy strategy = Strategy::kFullShard;
-  int64_t shard_group_size = 0;  // hybrid_shard only; 0: nproc
+  int64_t shard_group_size = 0;  // hybrid_shard only; 0: every data-parallel rank
   int64_t timeout_ms = 300000;   // every collective
   // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).
   // param_dtype = bf16 is also mixed-precision compute (PyTorch FSDP's MixedPrecision with
@@ -124,10 +128,13 @@ struct Config {
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
 
-  // Derived from the above by validate().
-  int64_t accumulation_steps() const { return train.batch_size / (parallel.nproc * micro_batch()); }
+  // Derived from the above by validate(). Each data-parallel rank (the ranks of a
+  // tensor-parallel group read the same batch) takes batch_size / data_parallel() sequences per
+  // step, in accumulation_steps() micro-batches of micro_batch().
+  int64_t data_parallel() const { return parallel.nproc / parallel.tensor; }
+  int64_t accumulation_steps() const { return train.batch_size / (data_parallel() * micro_batch()); }
   int64_t micro_batch() const {
-    return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / parallel.nproc;
+    return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / data_parallel();
   }
   int64_t tokens_per_step() const { return train.batch_size * model.seq_len; }
 };

@@ -61,6 +61,36 @@ TEST(Config, AccumulationDerivesFromGlobalBatch) {
   EXPECT_EQ(c.tokens_per_step(), 12 * c.model.seq_len);
 }
 
+// Tensor-parallel ranks share their batch: the data-parallel ranks, nproc / tensor, cut it.
+TEST(Config, TensorParallelRanksShareTheirBatch) {
+  const Config c = load("", {{"parallel.nproc", "4"}, {"parallel.tensor", "2"}, {"train.batch_size", "12"},
+                             {"train.micro_batch_size", "2"}});
+  EXPECT_EQ(c.data_parallel(), 2);
+  EXPECT_EQ(c.micro_batch(), 2);
+  EXPECT_EQ(c.accumulation_steps(), 3);
+  EXPECT_EQ(load("", {{"parallel.nproc", "4"}, {"parallel.tensor", "4"}, {"train.batch_size", "6"}}).micro_batch(), 6);
+  // The default model: 8 heads, 4 key/value heads, 688 hidden units, 4096 tokens.
+  EXPECT_NE(load_error("", {{"parallel.nproc", "3"}, {"parallel.tensor", "2"}})
+                .find("parallel.tensor = 2: must divide parallel.nproc = 3"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "8"}, {"parallel.tensor", "8"}})
+                .find("config key model.n_kv_heads = 4: must be divisible by parallel.tensor = 8"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "2"}, {"parallel.tensor", "2"}, {"model.ffn_hidden", "689"}})
+                .find("model.ffn_hidden = 689: must be divisible by parallel.tensor = 2"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "2"}, {"parallel.tensor", "2"}, {"model.vocab_size", "4097"}})
+                .find("model.vocab_size = 4097: must be divisible by parallel.tensor = 2"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "2"}, {"parallel.tensor", "2"}, {"model.n_heads", "2"},
+                            {"model.n_kv_heads", "1"}, {"model.dim", "64"}})
+                .find("model.n_kv_heads = 1: must be divisible by parallel.tensor = 2"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "6"}, {"parallel.tensor", "2"}, {"train.batch_size", "16"}})
+                .find("train.batch_size = 16: must be divisible by (parallel.nproc / parallel.tensor) = 3"),
+            std::string::npos);
+}
+
 TEST(Config, UnknownKeysAreNamedWithASuggestion) {
   EXPECT_NE(load_error("", {{"train.lrr", "1"}}).find("unknown config key train.lrr (--set); did you mean train.lr?"),
             std::string::npos);

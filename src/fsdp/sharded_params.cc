@@ -47,11 +47,15 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       shards_(mesh.size(parallel::Dim::kDpShard)),
       shard_group_(mesh.group(parallel::Dim::kDpShard)),
       replica_group_(mesh.group(parallel::Dim::kDpReplicate)),
+      tp_group_(mesh.group(parallel::Dim::kTp)),
       accumulation_(accumulation),
       param_dtype_(param_dtype),
       reduce_dtype_(reduce_dtype) {
   const int S = shards_;
   CHECK(accumulation >= 1);
+  CHECK_MSG(layout_.tensor_parallel().size == mesh.size(parallel::Dim::kTp) &&
+                layout_.tensor_parallel().rank == mesh.rank(parallel::Dim::kTp),
+            "the layout's tensor-parallel block is not the mesh's");
   options_.timeout = timeout;
   int64_t shard_total = 0, max_padded = 0;
   for (const model::UnitLayout& u : layout_.units()) {
@@ -232,6 +236,16 @@ void ShardedParams::grads_ready(int unit) {
   if (strategy_ == Strategy::kShardGradOp) maybe_free_params(unit);
 }
 
+void ShardedParams::tp_all_reduce(float* data, int64_t count) {
+  CHECK(tp_group_ != nullptr);
+  wait(*tp_group_->all_reduce(data, count, comm::DType::kF32, options_));
+}
+
+void ShardedParams::tp_all_gather(const float* in, float* out, int64_t count) {
+  CHECK(tp_group_ != nullptr);
+  wait(*tp_group_->all_gather(in, out, count, comm::DType::kF32, options_));
+}
+
 void ShardedParams::begin_step() {
   for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->range.size);
   cursor_ = 0;
@@ -246,16 +260,33 @@ double ShardedParams::finish_step(bool poison) {
     for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->range.size, comm::DType::kF32, options_));
     for (auto& w : works) wait(*w);
   }
-  // Replicas hold identical shards, so the norm sums over one shard group only.
-  double local = 0.0;
-  for (auto& u : units_) local += k::sum_squares(u->grad, u->range.size);
-  float sum = static_cast<float>(local);
-  if (shard_group_ != nullptr) {
-    auto w = shard_group_->all_reduce(&sum, 1, comm::DType::kF32, options_);
-    wait(*w);
+  // Replicas hold identical shards, so the norm sums over one shard group only, then over the
+  // tp ranks' blocks.
+  float sum = static_cast<float>(local_sum_squares());
+  for (comm::ProcessGroup* g : {shard_group_, tp_group_}) {
+    if (g != nullptr) wait(*g->all_reduce(&sum, 1, comm::DType::kF32, options_));
   }
   recording_ = false;
   return std::sqrt(static_cast<double>(sum));
+}
+
+double ShardedParams::local_sum_squares() const {
+  double sum = 0.0;
+  const bool counts_replicated = layout_.tensor_parallel().rank == 0;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const Unit& u = *units_[i];
+    if (counts_replicated) {
+      sum += k::sum_squares(u.grad, u.range.size);
+      continue;
+    }
+    // Another tp rank counts only its blocks of split tensors: a replicated tensor's gradient is
+    // the same on every tp rank (computed from complete sums), counted by tp rank 0.
+    for (const model::TensorSpec& t : layout_.units()[i].tensors) {
+      const int64_t lo = std::max(u.range.begin, t.offset), hi = std::min(u.range.end(), t.offset + t.numel());
+      if (t.split_dim >= 0 && lo < hi) sum += k::sum_squares(u.grad + (lo - u.range.begin), hi - lo);
+    }
+  }
+  return sum;
 }
 
 void ShardedParams::apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale) {
@@ -276,19 +307,31 @@ std::vector<model::NamedTensor> ShardedParams::gather_named_tensors() { return g
 std::vector<model::NamedTensor> ShardedParams::gather_named_gradients() { return gather_named(&Unit::grad); }
 
 std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard) {
+  const int T = layout_.tensor_parallel().size;
   std::vector<model::NamedTensor> out;
-  std::vector<float> full;
+  std::vector<float> full, blocks;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const float* p = u.*shard;
     if (shards_ > 1) {
       full.resize(u.padded);
-      auto w = shard_group_->all_gather(u.*shard, full.data(), u.range.size, comm::DType::kF32, options_);
-      w->wait();
+      shard_group_->all_gather(u.*shard, full.data(), u.range.size, comm::DType::kF32, options_)->wait();
       p = full.data();
     }
+    // Every tp rank's unit has the same layout, its own blocks: gathered whole, each tensor is
+    // put together from the blocks.
+    if (T > 1) {
+      blocks.resize(static_cast<size_t>(T * u.padded));
+      tp_group_->all_gather(p, blocks.data(), u.padded, comm::DType::kF32, options_)->wait();
+    }
     for (const model::TensorSpec& t : layout_.units()[i].tensors) {
-      out.push_back({t.name, t.shape, std::vector<float>(p + t.offset, p + t.offset + t.numel())});
+      model::NamedTensor named{t.name, t.full_shape, std::vector<float>(static_cast<size_t>(t.full_numel()))};
+      if (T == 1) {
+        std::copy_n(p + t.offset, t.numel(), named.data.data());
+      } else {
+        for (int r = 0; r < T; ++r) copy_block_in(t, r, blocks.data() + r * u.padded + t.offset, named.data.data());
+      }
+      out.push_back(std::move(named));
     }
   }
   return out;
@@ -297,19 +340,23 @@ std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard)
 void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin) {
   std::map<std::string, const model::NamedTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
+  const int tp_rank = layout_.tensor_parallel().rank;
+  std::vector<float> block;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const int64_t begin = u.range.begin, end = u.range.end();
     for (const model::TensorSpec& spec : layout_.units()[i].tensors) {
       auto it = by_name.find(spec.name);
       if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, spec.name));
-      if (it->second->shape != spec.shape) {
+      if (it->second->shape != spec.full_shape) {
         throw DataError(fmt::format("{}: tensor {} has shape [{}], the model expects [{}]", origin, spec.name,
-                                    fmt::join(it->second->shape, ", "), fmt::join(spec.shape, ", ")));
+                                    fmt::join(it->second->shape, ", "), fmt::join(spec.full_shape, ", ")));
       }
-      // The part of the tensor that falls in this rank's shard.
+      block.resize(static_cast<size_t>(spec.numel()));
+      copy_block_out(spec, tp_rank, it->second->data.data(), block.data());
+      // The part of this rank's block that falls in its shard.
       const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
-      for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = it->second->data[e - spec.offset];
+      for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = block[e - spec.offset];
     }
   }
 }

@@ -16,6 +16,11 @@
 //   hybrid_shard   S = shard_group_size: full_shard inside the group, then an all-reduce of the
 //                  gradient shard across the R replicas (MiCS / HSDP)
 //   no_shard       S = 1: every rank holds full parameters; gradients all-reduced (DDP)
+//
+// Under tensor parallelism each tp rank's units hold its blocks (model::ModelLayout's
+// TensorParallel), sharded as above over the data-parallel ranks with its tp coordinate; the
+// mesh's tp group carries the model's tp_all_reduce and tp_all_gather, and the gradient norm
+// counts a replicated tensor (a norm gain, equal on every tp rank) once.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +68,9 @@ class ShardedParams final : public model::ParamSource {
   void release(int unit) override;
   float* grads(int unit) override;
   void grads_ready(int unit) override;
+  // Blocking collectives over the mesh's tp group, counted as exposed communication.
+  void tp_all_reduce(float* data, int64_t count) override;
+  void tp_all_gather(const float* in, float* out, int64_t count) override;
 
   // Before the first micro-batch of a step: zeroes gradient shards.
   void begin_step();
@@ -78,13 +86,14 @@ class ShardedParams final : public model::ParamSource {
   void apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale);
   std::vector<int64_t> shard_sizes() const;  // shard_range(u).size of every unit
 
-  // Every parameter tensor by name, gathered from all shards (a collective: all ranks call it).
+  // Every parameter tensor by name, whole: gathered from all shards and every tp rank's block (a
+  // collective: all ranks call it).
   std::vector<model::NamedTensor> gather_named_tensors();
   // The same for the gradient shards as the last step left them: reduced, and scaled by
   // apply_update's grad_scale once it ran (a collective).
   std::vector<model::NamedTensor> gather_named_gradients();
-  // Sets this rank's shards from full tensors by name. Throws DataError naming `origin` and the
-  // tensor when one is missing or has another shape.
+  // Sets this rank's shards from whole tensors by name (its tp block's part of each). Throws
+  // DataError naming `origin` and the tensor when one is missing or has another shape.
   void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
   parallel::ShardRange shard_range(int unit) const;
@@ -102,12 +111,14 @@ class ShardedParams final : public model::ParamSource {
   void complete_oldest_reduction();
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
+  double local_sum_squares() const;  // of the gradient shards, each element of the model once
 
   model::ModelLayout layout_;
   Strategy strategy_;
   int shard_rank_, shards_;            // this rank's coordinate in dp_shard, S
   comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
   comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
+  comm::ProcessGroup* tp_group_;       // tp (null without tensor parallelism)
   int64_t accumulation_;
   comm::CollectiveOptions options_;
   comm::DType param_dtype_, reduce_dtype_;

@@ -28,8 +28,9 @@ class UnitBuilder {
       CHECK(shape[split_dim] % tp_size_ == 0);
       shape[split_dim] /= tp_size_;
     }
-    TensorSpec t{std::move(name), std::move(shape), unit_.numel, decay, split_dim, std::move(full_shape)};
+    TensorSpec t{std::move(name), std::move(shape), unit_.numel, decay, split_dim, std::move(full_shape), full_numel_};
     unit_.numel += t.numel();
+    full_numel_ += t.full_numel();
     unit_.tensors.push_back(std::move(t));
     return unit_.tensors.back().offset;
   }
@@ -41,6 +42,7 @@ class UnitBuilder {
  private:
   int tp_size_;
   UnitLayout unit_;
+  int64_t full_numel_ = 0;  // the unit's floats at tp = 1 so far
 };
 
 // Calls copy(whole_offset, block_offset, floats) for each contiguous run of rank's block.
@@ -67,6 +69,12 @@ void copy_block_out(const TensorSpec& spec, int rank, const float* whole, float*
 
 void copy_block_in(const TensorSpec& spec, int rank, const float* block, float* whole) {
   for_each_block_run(spec, rank, [&](int64_t w, int64_t b, int64_t n) { std::copy_n(block + b, n, whole + w); });
+}
+
+std::vector<BlockRun> block_runs(const TensorSpec& spec, int rank) {
+  std::vector<BlockRun> runs;
+  for_each_block_run(spec, rank, [&](int64_t w, int64_t b, int64_t n) { runs.push_back({w, b, n}); });
+  return runs;
 }
 
 const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {

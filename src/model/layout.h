@@ -28,6 +28,7 @@ struct TensorSpec {
   bool decay = false;               // weight decay applies (matrices, not norm gains)
   int split_dim = -1;               // the dimension cut among tensor-parallel ranks; -1: replicated
   std::vector<int64_t> full_shape;  // the whole tensor (shape when not split or tp = 1)
+  int64_t full_offset = 0;          // the whole tensor's offset in the unit at tp = 1
   int64_t numel() const;
   int64_t full_numel() const;
 };
@@ -36,6 +37,13 @@ struct TensorSpec {
 // back; a replicated tensor's block is the whole tensor.
 void copy_block_out(const TensorSpec& spec, int rank, const float* whole, float* block);
 void copy_block_in(const TensorSpec& spec, int rank, const float* block, float* whole);
+// Rank `rank`'s block as contiguous runs: floats [block, block + count) of the block are
+// [whole, whole + count) of the whole tensor (one run for a replicated tensor or a cut along
+// dim 0, one per row for a cut along dim 1).
+struct BlockRun {
+  int64_t whole, block, count;
+};
+std::vector<BlockRun> block_runs(const TensorSpec& spec, int rank);
 
 struct UnitLayout {
   std::string name;  // "embedding", "block.3", "head"
@@ -60,8 +68,8 @@ class ModelLayout {
  public:
   // pad_multiple: every unit's buffer length is a multiple of it (16 x shard group size).
   // tp: this rank's place in its tensor-parallel group; its size must divide the query and
-  // key/value heads, the hidden units and the vocabulary (CHECKed here: the config keys that set
-  // tp, and their validation naming the model keys, are still to come).
+  // key/value heads, the hidden units and the vocabulary (CHECKed here; config validation names
+  // the keys).
   ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16, TensorParallel tp = {});
 
   const ModelConfig& config() const { return config_; }

@@ -88,9 +88,10 @@ TEST(ParallelDims, HybridShardInsideDataParallelWithTensorParallel) {
   EXPECT_EQ(describe_layout(d)[1], "dp (2 groups of 4): [0 2 4 6] [1 3 5 7]");
 }
 
-config::Config with(const std::string& strategy, int nproc, int group = 0) {
+config::Config with(const std::string& strategy, int nproc, int group = 0, int tensor = 1) {
   return config::load("", {{"parallel.strategy", strategy},
                            {"parallel.nproc", std::to_string(nproc)},
+                           {"parallel.tensor", std::to_string(tensor)},
                            {"parallel.shard_group_size", std::to_string(group)},
                            {"train.batch_size", "48"}});
 }
@@ -102,6 +103,11 @@ TEST(ParallelDims, StrategiesFillTheDataParallelDimensions) {
   EXPECT_EQ(dims_for(with("hybrid_shard", 4, 0), 4), (ParallelDims{1, 1, 4, 1}));
   EXPECT_EQ(dims_for(with("no_shard", 3), 3), (ParallelDims{1, 3, 1, 1}));
   EXPECT_EQ(dims_for(with("full_shard", 1), 1), (ParallelDims{}));
+  // parallel.tensor takes the innermost ranks; the strategy fills the rest.
+  EXPECT_EQ(dims_for(with("full_shard", 8, 0, 2), 8), (ParallelDims{1, 1, 4, 2}));
+  EXPECT_EQ(dims_for(with("hybrid_shard", 8, 2, 2), 8), (ParallelDims{1, 2, 2, 2}));
+  EXPECT_EQ(dims_for(with("no_shard", 8, 0, 4), 8), (ParallelDims{1, 2, 1, 4}));
+  EXPECT_EQ(dims_for(with("shard_grad_op", 4, 0, 4), 4), (ParallelDims{1, 1, 1, 4}));
 }
 
 TEST(ParallelDims, RefusesABadProductOrSizeNamingTheNumbers) {
@@ -129,6 +135,13 @@ TEST(ParallelDims, RefusesABadProductOrSizeNamingTheNumbers) {
     EXPECT_NE(std::string(e.what()).find("parallel.shard_group_size = 2 must divide the 3 data-parallel ranks"),
               std::string::npos)
         << e.what();
+  }
+  // A tensor-parallel group that does not divide an elastic launch's world.
+  try {
+    dims_for(with("full_shard", 4, 0, 2), 3);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tensor = 2 must divide the 3 ranks"), std::string::npos) << e.what();
   }
 }
 

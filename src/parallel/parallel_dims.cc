@@ -81,24 +81,30 @@ std::string ParallelDims::to_string() const {
 
 ParallelDims dims_for(const config::Config& config, int world) {
   ParallelDims d;
+  const int64_t tensor = config.parallel.tensor;
+  if (tensor < 1 || world % tensor != 0) {
+    throw ConfigError(fmt::format("parallel.tensor = {} must divide the {} ranks (parallel.nproc)", tensor, world));
+  }
+  d.tp = static_cast<int>(tensor);
+  const int dp = world / d.tp;
   const int64_t group = config.parallel.shard_group_size;
   switch (config.parallel.strategy) {
     case config::Strategy::kFullShard:
     case config::Strategy::kShardGradOp:
-      d.dp_shard = world;
+      d.dp_shard = dp;
       break;
     case config::Strategy::kHybridShard:
-      if (group < 0 || (group > 0 && world % group != 0)) {
+      if (group < 0 || (group > 0 && dp % group != 0)) {
         throw ConfigError(
             fmt::format("parallel.shard_group_size = {} must divide the {} data-parallel ranks "
-                        "(parallel.nproc; 0: all of them)",
-                        group, world));
+                        "(parallel.nproc / parallel.tensor; 0: all of them)",
+                        group, dp));
       }
-      d.dp_shard = group == 0 ? world : static_cast<int>(group);
-      d.dp_replicate = world / d.dp_shard;
+      d.dp_shard = group == 0 ? dp : static_cast<int>(group);
+      d.dp_replicate = dp / d.dp_shard;
       break;
     case config::Strategy::kNoShard:
-      d.dp_replicate = world;
+      d.dp_replicate = dp;
       break;
   }
   d.validate(world);
