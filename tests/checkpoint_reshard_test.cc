@@ -1,5 +1,6 @@
-// Resharding (RELIABILITY.md row 15): a checkpoint saved by 4 ranks loads at other world sizes
-// and strategies with parameters and AdamW moments exactly equal after gathering, at the same data
+// Resharding (RELIABILITY.md row 15): a checkpoint saved by 4 ranks (full_shard, or 2
+// tensor-parallel x 2 data-parallel) loads at other world sizes, strategies and tensor-parallel
+// sizes with parameters and AdamW moments exactly equal after gathering, at the same data
 // position; saving it again there, or resharding it offline, gives the same shard files.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -21,13 +22,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-config::Config make_config(int nproc, const std::string& strategy, int group) {
+config::Config make_config(int nproc, const std::string& strategy, int group, int tensor = 1) {
   return config::load("", {{"model.preset", "tiny"},
                            {"data.synthetic", "true"},
                            {"train.batch_size", "12"},
                            {"train.threads", "1"},
                            {"train.warmup_steps", "1"},
                            {"parallel.nproc", std::to_string(nproc)},
+                           {"parallel.tensor", std::to_string(tensor)},
                            {"parallel.strategy", strategy},
                            {"parallel.shard_group_size", std::to_string(group)},
                            {"parallel.timeout_ms", "30000"},
@@ -43,9 +45,15 @@ struct Target {
   int world;
   const char* strategy;
   int group;
+  int tensor = 1;
+  int source_tensor = 1;  // the 4 ranks that save: full_shard over 4, or tp 2 x full_shard over 2
 };
 
-void PrintTo(const Target& t, std::ostream* os) { *os << t.strategy << "_w" << t.world; }
+std::string name_of(const Target& t) {
+  return fmt::format("{}_w{}{}{}", t.strategy, t.world, t.tensor > 1 ? fmt::format("_tp{}", t.tensor) : "",
+                     t.source_tensor > 1 ? fmt::format("_from_tp{}", t.source_tensor) : "");
+}
+void PrintTo(const Target& t, std::ostream* os) { *os << name_of(t); }
 
 class Reshard : public ::testing::TestWithParam<Target> {};
 
@@ -57,24 +65,25 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   fs::create_directories(dir / "store");
   const std::string saved = (dir / "w4").string(), loaded = (dir / "target").string();
 
-  // 4 ranks, full_shard: 3 steps, then a checkpoint.
-  const config::Config c4 = make_config(4, "full_shard", 0);
+  // 4 ranks: 3 steps, then a checkpoint.
+  const config::Config c4 = make_config(4, "full_shard", 0, t.source_tensor);
   ASSERT_EQ(launch::run_local_workers(4,
-                                     [&](int rank) {
-                                       const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4}, parallel::ParallelDims{1, 1, 4, 1}, comm::Millis(30000));
-                                       train::Trainer trainer(c4, "", job.view());
-                                       for (int i = 0; i < 3; ++i) trainer.step();
-                                       checkpoint::Checkpointer checkpointer(c4, saved, job.view());
-                                       checkpointer.save(trainer.shards(), trainer.state());
-                                       return checkpointer.wait() ? 0 : 1;
-                                     }),
+                                      [&](int rank) {
+                                        const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4},
+                                                                parallel::dims_for(c4, 4), comm::Millis(30000));
+                                        train::Trainer trainer(c4, "", job.view());
+                                        for (int i = 0; i < 3; ++i) trainer.step();
+                                        checkpoint::Checkpointer checkpointer(c4, saved, job.view());
+                                        checkpointer.save(trainer.shards(), trainer.state());
+                                        return checkpointer.wait() ? 0 : 1;
+                                      }),
             0);
   const std::string step_dir = saved + "/" + checkpoint::step_dir_name(3);
 
   // Load at the target, check the data position, save again.
-  const config::Config ct = make_config(t.world, t.strategy, t.group);
+  const config::Config ct = make_config(t.world, t.strategy, t.group, t.tensor);
   const parallel::ParallelDims dims = parallel::dims_for(ct, t.world);
-  const int S = dims.dp_shard;
+  const int S = dims.dp_shard, T = dims.tp;
   ASSERT_EQ(launch::run_local_workers(t.world,
                                      [&](int rank) {
                                        const parallel::Job job({(dir / "store").string(), "job", "0", rank, t.world}, dims, comm::Millis(30000));
@@ -93,22 +102,24 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   checkpoint::CheckpointReader a(step_dir), b(loaded + "/" + checkpoint::step_dir_name(3));
   EXPECT_EQ(b.manifest().world, t.world);
   EXPECT_EQ(b.manifest().shard_size, S);
-  EXPECT_EQ(b.manifest().files.size(), static_cast<size_t>(S));
-  ASSERT_EQ(a.manifest().units.size(), b.manifest().units.size());
-  for (size_t u = 0; u < a.manifest().units.size(); ++u) {
-    const int64_t n = a.manifest().units[u].numel;
-    for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
-      std::vector<float> x(n), y(n);
-      a.read_slice(static_cast<int>(u), kind, 0, n, x.data());
-      b.read_slice(static_cast<int>(u), kind, 0, n, y.data());
-      EXPECT_EQ(x, y) << a.manifest().units[u].name << "." << kind;  // bitwise
+  EXPECT_EQ(b.manifest().tensor_parallel, T);
+  EXPECT_EQ(b.manifest().files.size(), static_cast<size_t>(S * T));
+  for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+    const auto x = a.tensors(kind), y = b.tensors(kind);
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i].name, y[i].name);
+      EXPECT_EQ(x[i].shape, y[i].shape) << x[i].name;
+      EXPECT_EQ(x[i].data, y[i].data) << x[i].name << "." << kind;  // bitwise
     }
   }
   // Offline: the same files as loading and saving in a live job.
   const std::string offline = checkpoint::reshard(step_dir, (dir / "offline").string(), ct);
-  for (int k = 0; k < S; ++k) {
-    const std::string name = checkpoint::shard_file_name(k);
-    EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;
+  for (int tp = 0; tp < T; ++tp) {
+    for (int k = 0; k < S; ++k) {
+      const std::string name = checkpoint::shard_file_name(k, tp, T);
+      EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;
+    }
   }
   EXPECT_TRUE(checkpoint::verify(offline).empty());
   fs::remove_all(dir);
@@ -117,8 +128,12 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
 INSTANTIATE_TEST_SUITE_P(Targets, Reshard,
                          ::testing::Values(Target{1, "full_shard", 0}, Target{2, "full_shard", 0},
                                            Target{3, "shard_grad_op", 0}, Target{4, "hybrid_shard", 2},
-                                           Target{2, "no_shard", 0}),
-                         [](const auto& p) { return fmt::format("{}_w{}", p.param.strategy, p.param.world); });
+                                           Target{2, "no_shard", 0},
+                                           // Into and out of tensor parallelism.
+                                           Target{2, "full_shard", 0, 2}, Target{4, "hybrid_shard", 1, 2},
+                                           Target{1, "full_shard", 0, 1, 2}, Target{3, "shard_grad_op", 0, 1, 2},
+                                           Target{2, "no_shard", 0, 2, 2}, Target{4, "full_shard", 0, 2, 2}),
+                         [](const auto& p) { return name_of(p.param); });
 
 }  // namespace
 }  // namespace tessera

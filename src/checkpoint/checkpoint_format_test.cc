@@ -207,8 +207,8 @@ Manifest sample_manifest() {
   m.strategy = "hybrid_shard";
   m.config_toml = "[model]\npreset = \"tiny\"\n";
   m.created = "2026-01-01T00:00:00Z";
-  m.units = {{"embedding", 10, 32, {{"tok", {2, 5}, 0}}}, {"head", 3, 32, {{"norm", {3}, 0}}}};
-  m.files = {{"shard_00000.bin", 0, 100, 0xabc}, {"shard_00001.bin", 1, 200, 0xdef}};
+  m.units = {{"embedding", 10, 32, {{"tok", {2, 5}, 0, -1, {2, 5}}}}, {"head", 3, 32, {{"norm", {3}, 0, -1, {3}}}}};
+  m.files = {{"shard_00000.bin", 0, 0, 100, 0xabc}, {"shard_00001.bin", 0, 1, 200, 0xdef}};
   return m;
 }
 
@@ -238,7 +238,8 @@ TEST(Manifest, BadFieldsNameTheKey) {
   };
   EXPECT_NE(error_with([](auto& j) { j.erase("step"); }).find("M: step is missing"), std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["step"] = "12"; }).find("step has type string"), std::string::npos);
-  EXPECT_NE(error_with([](auto& j) { j["version"] = 2; }).find("version"), std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["version"] = 3; }).find("version = 3; this build reads versions 1 to 2"),
+            std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["optimizer_steps"] = 13; }).find("optimizer_steps"),
             std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["files"][0]["name"] = "../etc/passwd"; }).find("files[0].name"),
@@ -263,7 +264,8 @@ void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vect
   m.files.clear();
   for (size_t u = 0; u < numels.size(); ++u) {
     const int64_t padded = (numels[u] + 16 * S - 1) / (16 * S) * (16 * S);
-    m.units.push_back({"u" + std::to_string(u), numels[u], padded, {{"w" + std::to_string(u), {numels[u]}, 0}}});
+    m.units.push_back(
+        {"u" + std::to_string(u), numels[u], padded, {{"w" + std::to_string(u), {numels[u]}, 0, -1, {numels[u]}}}});
   }
   const fs::path dir = root / step_dir_name(step);
   fs::create_directories(dir);
@@ -291,7 +293,7 @@ void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vect
       }
     }
     const FileDigest dg = write_shard_file((dir / shard_file_name(k)).string(), views);
-    m.files.push_back({shard_file_name(k), k, dg.bytes, dg.xxh64});
+    m.files.push_back({shard_file_name(k), 0, k, dg.bytes, dg.xxh64});
   }
   spit(dir / "manifest.json", to_json(m));
   write_latest(root.string(), step);
@@ -305,13 +307,13 @@ TEST(CheckpointReader, ReadsAnySliceAtAnyPadding) {
   for (int unit = 0; unit < 2; ++unit) {
     const int64_t numel = unit == 0 ? 37 : 100;
     std::vector<float> all(128, -1.f);
-    r.read_slice(unit, "param", 0, 64, all.data());
-    r.read_slice(unit, "param", 64, 64, all.data() + 64);
+    r.read_slice(0, unit, "param", 0, 64, all.data());
+    r.read_slice(0, unit, "param", 64, 64, all.data() + 64);
     for (int64_t i = 0; i < 128; ++i) {
       EXPECT_EQ(all[i], i < numel ? static_cast<float>(1000 * unit + i) : 0.f) << unit << " " << i;
     }
     std::vector<float> m(7);
-    r.read_slice(unit, "exp_avg", 30, 7, m.data());
+    r.read_slice(0, unit, "exp_avg", 30, 7, m.data());
     EXPECT_EQ(m[0], static_cast<float>(1000 * unit + 30) + 0.5f);
   }
   const auto params = r.parameters();

@@ -150,12 +150,15 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   m.total_steps = config_.train.max_steps;
   m.world = dist_.world_size();
   m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
+  m.tensor_parallel = dist_.mesh->size(parallel::Dim::kTp);
   m.strategy = config::name(config_.parallel.strategy);
   m.config_toml = config::to_toml(config_);
   m.created = utc_now();
   for (const model::UnitLayout& u : layout.units()) {
     ManifestUnit unit{u.name, u.numel, u.padded, {}};
-    for (const model::TensorSpec& t : u.tensors) unit.tensors.push_back({t.name, t.shape, t.offset});
+    for (const model::TensorSpec& t : u.tensors) {
+      unit.tensors.push_back({t.name, t.shape, t.offset, t.split_dim, t.full_shape});
+    }
     m.units.push_back(std::move(unit));
   }
   {
@@ -262,11 +265,25 @@ void Checkpointer::publish(int64_t step, const std::string& what, const std::str
   }
 }
 
+int Checkpointer::files() const {
+  return dist_.mesh->size(parallel::Dim::kTp) * dist_.mesh->size(parallel::Dim::kDpShard);
+}
+
+int Checkpointer::file_of_rank(int rank) const {
+  const parallel::ParallelDims& d = dist_.mesh->dims();
+  if (parallel::coordinate(d, rank, parallel::Dim::kDpReplicate) != 0) return -1;  // the others hold the same
+  return parallel::coordinate(d, rank, parallel::Dim::kTp) * d.dp_shard +
+         parallel::coordinate(d, rank, parallel::Dim::kDpShard);
+}
+
+std::string Checkpointer::file_name(int file) const {
+  const int S = dist_.mesh->size(parallel::Dim::kDpShard);
+  return shard_file_name(file % S, file / S, dist_.mesh->size(parallel::Dim::kTp));
+}
+
 bool Checkpointer::write_and_commit(const Pending& job) {
-  // Shard file k is dp_shard coordinate k's, written by the first replica: global ranks 0..S-1
-  // while the mesh has no tensor or pipeline dimension (files named by those coordinates too
-  // come with them).
-  CHECK(dist_.mesh->size(parallel::Dim::kTp) == 1 && dist_.mesh->size(parallel::Dim::kPp) == 1);
+  // Pipeline stages will name their files by their coordinate too.
+  CHECK(dist_.mesh->size(parallel::Dim::kPp) == 1);
   const int rank = dist_.rank();
   const std::string dir = root_ + "/" + step_dir_name(job.step);
   FileDigest digest;
@@ -274,7 +291,7 @@ bool Checkpointer::write_and_commit(const Pending& job) {
   publish(job.step, fmt::format("rank{}", rank),
           error.empty() ? fmt::format("ok {} {}", digest.bytes, hex64(digest.xxh64)) : "error " + error);
   if (rank != 0) return await_outcome(job.step);  // rank 0 decides; everyone learns its answer
-  std::vector<FileDigest> digests(dist_.mesh->size(parallel::Dim::kDpShard));
+  std::vector<FileDigest> digests(static_cast<size_t>(files()));
   digests[0] = digest;
   std::string failure = error.empty() ? "" : fmt::format("rank 0: {}", error);
   const std::string reports = collect_reports(job.step, &digests);  // awaited even after a failure
@@ -295,8 +312,8 @@ std::string Checkpointer::write_own_shard(const Pending& job, const std::string&
     if (ec) throw IoError(fmt::format("cannot create {}: {}", dir, ec.message()));
     if (!job.refused.empty()) throw IoError(job.refused);
     // The first replica writes; the others hold the same shards.
-    if (rank < dist_.mesh->size(parallel::Dim::kDpShard)) {
-      const std::string path = dir + "/" + shard_file_name(rank);
+    if (const int file = file_of_rank(rank); file >= 0) {
+      const std::string path = dir + "/" + file_name(file);
       const size_t half = views_.size() / 2;
       *digest = write_shard_file(path, views_, [&](size_t i) {
         if (i == half && fault::point("checkpoint.shard", rank, job.step) == fault::Kind::kIo) throw injected(path);
@@ -323,7 +340,6 @@ bool Checkpointer::await_outcome(int64_t step) {
 std::string Checkpointer::collect_reports(int64_t step, std::vector<FileDigest>* digests) {
   // Every report is awaited, even after a failure, so that no rank still writes into the
   // directory when it is removed.
-  const int S = static_cast<int>(digests->size());
   std::string failure;
   for (int r = 1; r < dist_.world_size(); ++r) {
     std::string report;
@@ -340,7 +356,8 @@ std::string Checkpointer::collect_reports(int64_t step, std::vector<FileDigest>*
     if (!failure.empty()) continue;
     if (word != "ok") {
       failure = fmt::format("rank {}: {}", r, report.substr(std::min<size_t>(report.size(), 6)));
-    } else if (r < S && !(in >> (*digests)[r].bytes >> hex && parse_hex64(hex, &(*digests)[r].xxh64))) {
+    } else if (const int file = file_of_rank(r);
+               file >= 0 && !(in >> (*digests)[file].bytes >> hex && parse_hex64(hex, &(*digests)[file].xxh64))) {
       failure = fmt::format("rank {} sent a malformed report \"{}\"", r, report);
     }
   }
@@ -350,12 +367,12 @@ std::string Checkpointer::collect_reports(int64_t step, std::vector<FileDigest>*
 std::string Checkpointer::verify_files(const std::string& dir, const std::vector<FileDigest>& digests) const {
   // The files must be what their ranks reported, read back from disk, before anything commits.
   for (size_t k = 0; k < digests.size(); ++k) {
-    const std::string path = dir + "/" + shard_file_name(static_cast<int>(k));
+    const std::string path = dir + "/" + file_name(static_cast<int>(k));
     try {
       const FileDigest d = digest_file(path);
       if (d.bytes != digests[k].bytes || d.xxh64 != digests[k].xxh64) {
-        return fmt::format("{} holds {} bytes with checksum {}, but rank {} reported {} bytes with {}", path, d.bytes,
-                           hex64(d.xxh64), k, digests[k].bytes, hex64(digests[k].xxh64));
+        return fmt::format("{} holds {} bytes with checksum {}, but its rank reported {} bytes with {}", path, d.bytes,
+                           hex64(d.xxh64), digests[k].bytes, hex64(digests[k].xxh64));
       }
     } catch (const Error& e) {
       return e.what();
@@ -367,9 +384,9 @@ std::string Checkpointer::verify_files(const std::string& dir, const std::vector
 std::string Checkpointer::commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests) {
   try {
     Manifest m = job.manifest;
-    for (size_t k = 0; k < digests.size(); ++k) {
-      m.files.push_back(
-          {shard_file_name(static_cast<int>(k)), static_cast<int>(k), digests[k].bytes, digests[k].xxh64});
+    const int S = m.shard_size;
+    for (int k = 0; k < static_cast<int>(digests.size()); ++k) {
+      m.files.push_back({file_name(k), k / S, k % S, digests[k].bytes, digests[k].xxh64});
     }
     const std::string manifest = dir + "/manifest.json";
     write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name

@@ -87,8 +87,13 @@ class Checkpointer {
   std::string write_own_shard(const Pending& job, const std::string& dir, FileDigest* digest);
   bool await_outcome(int64_t step);  // ranks other than 0
   // Awaits every other rank's report (so none still writes when a failed save is removed) and
-  // fills the digests of shard files 1..S-1.
+  // fills the digests of the shard files the others wrote.
   std::string collect_reports(int64_t step, std::vector<FileDigest>* digests);
+  // The shard files: one per (tp, dp_shard) coordinate, file tp x S + dp_shard, written by the
+  // first replica; the file global rank `rank` writes, -1 for none.
+  int files() const;
+  int file_of_rank(int rank) const;
+  std::string file_name(int file) const;
   std::string verify_files(const std::string& dir, const std::vector<FileDigest>& digests) const;
   std::string commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests);
   void abandon(int64_t step, const std::string& dir, const std::string& failure) const;  // logs, removes dir

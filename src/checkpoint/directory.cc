@@ -2,6 +2,7 @@
 #include "checkpoint/directory.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
@@ -55,7 +57,10 @@ uint64_t tree_bytes(const fs::path& p) {
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-std::string shard_file_name(int shard_rank) { return fmt::format("shard_{:05d}.bin", shard_rank); }
+std::string shard_file_name(int shard_rank, int tp_rank, int tensor_parallel) {
+  if (tensor_parallel == 1) return fmt::format("shard_{:05d}.bin", shard_rank);
+  return fmt::format("tp{:02d}_shard_{:05d}.bin", tp_rank, shard_rank);
+}
 
 std::vector<int64_t> committed_steps(const std::string& root) {
   std::vector<int64_t> steps;
@@ -197,62 +202,132 @@ std::vector<std::string> verify(const std::string& step_dir) {
   return problems;
 }
 
-CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir), manifest_(read_manifest(step_dir)) {}
+CheckpointReader::CheckpointReader(const std::string& step_dir)
+    : dir_(step_dir), manifest_(read_manifest(step_dir)), cache_(static_cast<size_t>(manifest_.tensor_parallel)) {}
 CheckpointReader::~CheckpointReader() = default;
 
-ShardFile& CheckpointReader::shard(int shard_rank) {
-  auto& slot = shards_[shard_rank];
+ShardFile& CheckpointReader::shard(int tp_rank, int shard_rank) {
+  auto& slot = shards_[tp_rank * manifest_.shard_size + shard_rank];
   if (!slot) {
-    const ManifestFile* f = manifest_.file_of(shard_rank);
+    const ManifestFile* f = manifest_.file_of(tp_rank, shard_rank);
     slot = std::make_unique<ShardFile>(dir_ + "/" + f->name);  // parse_manifest checked it exists
   }
   return *slot;
 }
 
-const ShardEntry& CheckpointReader::slice_entry(int shard_rank, const ManifestUnit& u, const char* kind) {
-  ShardFile& file = shard(shard_rank);
+const ShardEntry& CheckpointReader::slice_entry(int tp_rank, int shard_rank, const ManifestUnit& u, const char* kind) {
+  ShardFile& file = shard(tp_rank, shard_rank);
   const std::string name = Manifest::tensor_name(u.name, kind);
   const ShardEntry* e = file.find(name);
-  if (e == nullptr || e->bytes != sizeof(float) * static_cast<uint64_t>(parallel::shard_range(u.padded, manifest_.shard_size, shard_rank).size)) {
+  if (e == nullptr ||
+      e->bytes != sizeof(float) *
+                      static_cast<uint64_t>(parallel::shard_range(u.padded, manifest_.shard_size, shard_rank).size)) {
     throw DataError(fmt::format("{}: tensor {} is {}", file.path(), name, e ? "of the wrong size" : "missing"));
   }
   return *e;
 }
 
-void CheckpointReader::read_slice(int unit, const char* kind, int64_t begin, int64_t count, float* out) {
+const std::vector<float>& CheckpointReader::cached_entry(int tp_rank, int shard_rank, int unit, const char* kind) {
+  Cached& c = cache_.at(static_cast<size_t>(tp_rank));
+  if (c.shard_rank != shard_rank || c.unit != unit || c.kind != kind) {
+    const ShardEntry& e = slice_entry(tp_rank, shard_rank, manifest_.units.at(unit), kind);
+    c.data.resize(e.bytes / sizeof(float));
+    c.shard_rank = -1;  // invalid until the read succeeds
+    shard(tp_rank, shard_rank).read(e, c.data.data());
+    c = {shard_rank, unit, kind, std::move(c.data)};
+  }
+  return c.data;
+}
+
+void CheckpointReader::read_slice(int tp_rank, int unit, const char* kind, int64_t begin, int64_t count, float* out) {
   const ManifestUnit& u = manifest_.units.at(unit);
   std::fill(out, out + count, 0.0f);
   const int64_t end = std::min(begin + count, u.numel);
   for (int64_t pos = begin; pos < end;) {
     const int k = parallel::shard_owner(u.padded, manifest_.shard_size, pos);
     const parallel::ShardRange file_range = parallel::shard_range(u.padded, manifest_.shard_size, k);
-    const ShardEntry& e = slice_entry(k, u, kind);
-    scratch_.resize(file_range.size);
-    shard(k).read(e, scratch_.data());
+    const std::vector<float>& slice = cached_entry(tp_rank, k, unit, kind);
     const int64_t stop = std::min(end, file_range.end());
-    std::copy(scratch_.begin() + (pos - file_range.begin), scratch_.begin() + (stop - file_range.begin),
-              out + (pos - begin));
+    std::copy(slice.begin() + (pos - file_range.begin), slice.begin() + (stop - file_range.begin), out + (pos - begin));
     pos = stop;
   }
 }
 
-std::vector<NamedTensor> CheckpointReader::parameters() {
+void CheckpointReader::read_for(const model::UnitLayout& to, int to_tp_rank, int unit, const char* kind, int64_t begin,
+                                int64_t count, float* out) {
+  const ManifestUnit& saved = manifest_.units.at(unit);
+  CHECK(saved.tensors.size() == to.tensors.size());
+  std::fill(out, out + count, 0.0f);
+  const int64_t end = begin + count;
+  for (size_t i = 0; i < to.tensors.size(); ++i) {
+    const model::TensorSpec& t = to.tensors[i];
+    if (std::max(begin, t.offset) >= std::min(end, t.offset + t.numel())) continue;
+    for (const model::Reblock& p : model::reblock(t, to_tp_rank, manifest_.tensor_parallel)) {
+      const int64_t lo = std::max(begin, t.offset + p.to), hi = std::min(end, t.offset + p.to + p.count);
+      if (lo >= hi) continue;
+      read_slice(p.from_rank, unit, kind, saved.tensors[i].offset + p.from + (lo - t.offset - p.to), hi - lo,
+                 out + (lo - begin));
+    }
+  }
+}
+
+std::vector<NamedTensor> CheckpointReader::tensors(const char* kind) {
   std::vector<NamedTensor> out;
-  std::vector<float> full;
+  std::vector<float> block;
   for (size_t i = 0; i < manifest_.units.size(); ++i) {
     const ManifestUnit& u = manifest_.units[i];
     // Every shard must hold its slice before the manifest's numel sizes anything: a crafted
     // numel then costs at most what the files hold.
-    for (int k = 0; k < manifest_.shard_size; ++k) slice_entry(k, u, "param");
-    full.resize(u.numel);
-    read_slice(static_cast<int>(i), "param", 0, u.numel, full.data());
-    for (const ManifestTensor& t : u.tensors) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      out.push_back({t.name, t.shape, std::vector<float>(full.begin() + t.offset, full.begin() + t.offset + n)});
+    for (int t = 0; t < manifest_.tensor_parallel; ++t) {
+      for (int k = 0; k < manifest_.shard_size; ++k) slice_entry(t, k, u, kind);
+    }
+    for (const ManifestTensor& mt : u.tensors) {
+      const model::TensorSpec spec = tensor_spec(mt);
+      NamedTensor whole{mt.name, mt.full_shape, std::vector<float>(static_cast<size_t>(spec.full_numel()))};
+      block.resize(static_cast<size_t>(spec.numel()));
+      for (int t = 0; t < manifest_.tensor_parallel; ++t) {
+        read_slice(t, static_cast<int>(i), kind, mt.offset, spec.numel(), block.data());
+        model::copy_block_in(spec, t, block.data(), whole.data.data());
+      }
+      out.push_back(std::move(whole));
     }
   }
   return out;
+}
+
+void check_same_model(const Manifest& m, const model::ModelLayout& layout, const std::string& step_dir) {
+  auto mismatch = [&](const std::string& what) {
+    return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
+  };
+  if (m.units.size() != layout.units().size()) {
+    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), layout.units().size()));
+  }
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    const ManifestUnit& saved = m.units[i];
+    const model::UnitLayout& mine = layout.units()[i];
+    if (saved.name != mine.name || saved.tensors.size() != mine.tensors.size()) {
+      throw mismatch(fmt::format("unit {} ({} tensors) where this model has {} ({} tensors)", saved.name,
+                                 saved.tensors.size(), mine.name, mine.tensors.size()));
+    }
+    for (size_t t = 0; t < saved.tensors.size(); ++t) {
+      const ManifestTensor& a = saved.tensors[t];
+      const model::TensorSpec& b = mine.tensors[t];
+      if (a.name != b.name || a.full_shape != b.full_shape || (m.tensor_parallel > 1 && a.split_dim != b.split_dim)) {
+        throw mismatch(fmt::format("tensor {} [{}] where this model has {} [{}]", a.name, fmt::join(a.full_shape, ", "),
+                                   b.name, fmt::join(b.full_shape, ", ")));
+      }
+    }
+  }
+}
+
+model::TensorSpec tensor_spec(const ManifestTensor& t) {
+  model::TensorSpec spec;
+  spec.name = t.name;
+  spec.shape = t.shape;
+  spec.offset = t.offset;
+  spec.split_dim = t.split_dim;
+  spec.full_shape = t.full_shape;
+  return spec;
 }
 
 std::string mirror_root(const std::string& mirror_dir, const std::string& root) {

@@ -13,11 +13,13 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_file.h"
+#include "model/layout.h"
 
 namespace tessera::checkpoint {
 
 std::string step_dir_name(int64_t step);     // "step_00001200"
-std::string shard_file_name(int shard_rank);  // "shard_00003.bin"
+// "shard_00003.bin"; under tensor parallelism (tensor_parallel > 1) "tp01_shard_00003.bin".
+std::string shard_file_name(int shard_rank, int tp_rank = 0, int tensor_parallel = 1);
 
 // Steps with a committed directory (a manifest is present) under root, ascending.
 std::vector<int64_t> committed_steps(const std::string& root);
@@ -63,22 +65,46 @@ class CheckpointReader {
   ~CheckpointReader();
   const std::string& dir() const { return dir_; }
   const Manifest& manifest() const { return manifest_; }
-  // Elements [begin, begin + count) of unit `unit`'s flat buffer `kind` ("param", "exp_avg",
-  // "exp_avg_sq") as one contiguous buffer of any padding: elements at or past the unit's numel
-  // are zero. This is how a checkpoint written at one shard size loads at another.
-  void read_slice(int unit, const char* kind, int64_t begin, int64_t count, float* out);
-  // Every parameter tensor by name (consolidated from all shards).
-  std::vector<NamedTensor> parameters();
+  // Elements [begin, begin + count) of tp rank `tp_rank`'s flat buffer `kind` ("param",
+  // "exp_avg", "exp_avg_sq") of unit `unit`, as one contiguous buffer of any padding: elements at
+  // or past the unit's numel are zero. This is how a checkpoint written at one shard size loads
+  // at another.
+  void read_slice(int tp_rank, int unit, const char* kind, int64_t begin, int64_t count, float* out);
+  // The same for the unit as `to` lays it out (its tensors, whole or a tensor-parallel block of
+  // any size): each tensor's part is put together from the blocks the checkpoint holds, padding
+  // is zero. `to`'s tensors must be the manifest's, by name and whole shape.
+  void read_for(const model::UnitLayout& to, int to_tp_rank, int unit, const char* kind, int64_t begin, int64_t count,
+                float* out);
+  // Every tensor of buffer `kind` by name, whole (consolidated from all shards and tp blocks).
+  std::vector<NamedTensor> tensors(const char* kind);
+  std::vector<NamedTensor> parameters() { return tensors("param"); }
 
  private:
-  ShardFile& shard(int shard_rank);
-  // Shard `shard_rank`'s entry for unit u's `kind`, checked to hold padded / shard_size floats.
-  const ShardEntry& slice_entry(int shard_rank, const ManifestUnit& u, const char* kind);
+  ShardFile& shard(int tp_rank, int shard_rank);
+  // The entry of shard file (tp_rank, shard_rank) for unit u's `kind`, checked to hold padded /
+  // shard_size floats.
+  const ShardEntry& slice_entry(int tp_rank, int shard_rank, const ManifestUnit& u, const char* kind);
+  // The entry read whole (checksum checked), kept until another entry of the same tp rank is read.
+  const std::vector<float>& cached_entry(int tp_rank, int shard_rank, int unit, const char* kind);
 
+  struct Cached {
+    int shard_rank = -1, unit = -1;
+    std::string kind;
+    std::vector<float> data;
+  };
   std::string dir_;
   Manifest manifest_;
-  std::map<int, std::unique_ptr<ShardFile>> shards_;
-  std::vector<float> scratch_;
+  std::map<int, std::unique_ptr<ShardFile>> shards_;  // by tp_rank x shard_size + shard_rank
+  std::vector<Cached> cache_;                         // one per tp rank
 };
+
+// Throws DataError naming step_dir unless the checkpoint holds `layout`'s model: the same units
+// and tensors, by name and whole shape (tensors are matched whole: a checkpoint saved at another
+// tensor-parallel size holds other blocks of them, which CheckpointReader::read_for re-cuts).
+void check_same_model(const Manifest& m, const model::ModelLayout& layout, const std::string& step_dir);
+
+// A manifest tensor as a layout describes it (its block at tp rank 0; blocks of other ranks have
+// the same shape and offset).
+model::TensorSpec tensor_spec(const ManifestTensor& t);
 
 }  // namespace tessera::checkpoint

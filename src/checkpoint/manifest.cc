@@ -60,11 +60,33 @@ class Checked {
   std::string origin_, where_;
 };
 
+// A tensor's split among the tensor-parallel ranks: its whole shape is its block's with the split
+// dimension T times as long (version 1: replicated, the block is the whole).
+void parse_split(const Checked& c, bool v1, int T, ManifestTensor* t) {
+  t->full_shape = t->shape;
+  if (v1) return;
+  t->split_dim = static_cast<int>(c.integer("split_dim", -1, static_cast<int64_t>(t->shape.size()) - 1));
+  if (t->split_dim >= 0) {
+    int64_t& d = t->full_shape[static_cast<size_t>(t->split_dim)];
+    if (d > INT64_MAX / 8 / T) throw c.error("shape", "is too large to be cut among the tp ranks");
+    d *= T;
+  }
+  std::vector<int64_t> full;
+  for (const json& d : c.array("full_shape")) {
+    if (!d.is_number_integer()) throw c.error("full_shape", "has a dimension that is not an integer");
+    full.push_back(d.get<int64_t>());
+  }
+  if (full != t->full_shape) {
+    throw c.error("full_shape",
+                  fmt::format("is not the block's shape with dimension {} cut among {} tp ranks", t->split_dim, T));
+  }
+}
+
 }  // namespace
 
-const ManifestFile* Manifest::file_of(int shard_rank) const {
+const ManifestFile* Manifest::file_of(int tp_rank, int shard_rank) const {
   for (const auto& f : files) {
-    if (f.shard_rank == shard_rank) return &f;
+    if (f.tp_rank == tp_rank && f.shard_rank == shard_rank) return &f;
   }
   return nullptr;
 }
@@ -73,11 +95,21 @@ std::string to_json(const Manifest& m) {
   nlohmann::ordered_json units = nlohmann::ordered_json::array(), files = nlohmann::ordered_json::array();
   for (const auto& u : m.units) {
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
-    for (const auto& t : u.tensors) tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+    for (const auto& t : u.tensors) {
+      tensors.push_back({{"name", t.name},
+                         {"shape", t.shape},
+                         {"offset", t.offset},
+                         {"split_dim", t.split_dim},
+                         {"full_shape", t.full_shape}});
+    }
     units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded", u.padded}, {"tensors", tensors}});
   }
   for (const auto& f : m.files) {
-    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
+    files.push_back({{"name", f.name},
+                     {"tp_rank", f.tp_rank},
+                     {"shard_rank", f.shard_rank},
+                     {"bytes", f.bytes},
+                     {"xxh64", hex64(f.xxh64)}});
   }
   const nlohmann::ordered_json j = {
       {"format", "tessera-checkpoint"},
@@ -87,9 +119,11 @@ std::string to_json(const Manifest& m) {
       {"tokens", m.tokens},
       {"sampler_position", m.sampler_position},
       {"seed", m.seed},
-      {"schedule", {{"lr", m.lr}, {"min_lr", m.min_lr}, {"warmup_steps", m.warmup_steps}, {"total_steps", m.total_steps}}},
+      {"schedule",
+       {{"lr", m.lr}, {"min_lr", m.min_lr}, {"warmup_steps", m.warmup_steps}, {"total_steps", m.total_steps}}},
       {"world", m.world},
       {"shard_size", m.shard_size},
+      {"tensor_parallel", m.tensor_parallel},
       {"strategy", m.strategy},
       {"created", m.created},
       {"files", files},
@@ -105,9 +139,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   const Checked top(j, origin, "");
   if (top.string("format") != "tessera-checkpoint") throw top.error("format", "is not tessera-checkpoint");
   const int64_t version = top.integer("version", 1, 1 << 20);
-  if (version != Manifest::kVersion) {
-    throw top.error("version", fmt::format("= {}; this build reads version {}", version, Manifest::kVersion));
+  if (version > Manifest::kVersion) {
+    throw top.error("version", fmt::format("= {}; this build reads versions 1 to {}", version, Manifest::kVersion));
   }
+  const bool v1 = version == 1;  // no tensor parallelism
   Manifest m;
   m.step = top.integer("step", 0, INT64_MAX);
   // Absent from manifests written before skipped steps stopped counting (their updates used
@@ -124,10 +159,15 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   m.world = static_cast<int>(top.integer("world", 1, 1 << 20));
   m.shard_size = static_cast<int>(top.integer("shard_size", 1, m.world));
   if (m.world % m.shard_size != 0) throw top.error("shard_size", fmt::format("does not divide world {}", m.world));
+  m.tensor_parallel = v1 ? 1 : static_cast<int>(top.integer("tensor_parallel", 1, m.world / m.shard_size));
+  if (m.world % (m.shard_size * m.tensor_parallel) != 0) {
+    throw top.error("tensor_parallel", fmt::format("x shard_size does not divide world {}", m.world));
+  }
   m.strategy = top.string("strategy");
   m.created = top.string("created");
   m.config_toml = top.string("config");
-  std::vector<bool> seen(m.shard_size, false);
+  const int T = m.tensor_parallel;
+  std::vector<bool> seen(static_cast<size_t>(T * m.shard_size), false);
   const json& files = top.array("files");
   for (size_t i = 0; i < files.size(); ++i) {
     const Checked f(files[i], origin, fmt::format("files[{}].", i));
@@ -136,15 +176,22 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
       throw f.error("name", fmt::format("= \"{}\" is not a file name in the checkpoint directory", file.name));
     }
+    file.tp_rank = v1 ? 0 : static_cast<int>(f.integer("tp_rank", 0, T - 1));
     file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m.shard_size - 1));
-    if (seen[file.shard_rank]) throw f.error("shard_rank", fmt::format("{} appears twice", file.shard_rank));
-    seen[file.shard_rank] = true;
+    const size_t index = static_cast<size_t>(file.tp_rank * m.shard_size + file.shard_rank);
+    if (seen[index]) {
+      throw f.error("shard_rank", fmt::format("{} of tp rank {} appears twice", file.shard_rank, file.tp_rank));
+    }
+    seen[index] = true;
     file.bytes = f.unsigned_integer("bytes");
     file.xxh64 = f.hex("xxh64");
     m.files.push_back(std::move(file));
   }
-  for (int k = 0; k < m.shard_size; ++k) {
-    if (!seen[k]) throw top.error("files", fmt::format("has no file for shard rank {}", k));
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (!seen[i]) {
+      throw top.error("files", fmt::format("has no file for shard rank {}{}", i % m.shard_size,
+                                           T > 1 ? fmt::format(" of tp rank {}", i / m.shard_size) : ""));
+    }
   }
   const json& units = top.array("units");
   for (size_t i = 0; i < units.size(); ++i) {
@@ -170,6 +217,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
       }
       tensor.offset = c.integer("offset", 0, unit.numel);
       if (n > unit.numel - tensor.offset) throw c.error("offset", "puts the tensor beyond the end of its unit");
+      parse_split(c, v1, T, &tensor);
       unit.tensors.push_back(std::move(tensor));
     }
     m.units.push_back(std::move(unit));

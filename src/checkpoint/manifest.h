@@ -9,13 +9,16 @@
 namespace tessera::checkpoint {
 
 struct ManifestTensor {
-  std::string name;            // e.g. "layers.0.attention.wqkv.weight"
-  std::vector<int64_t> shape;
+  std::string name;            // e.g. "layers.0.attention.wq.weight"
+  std::vector<int64_t> shape;  // one tensor-parallel rank's block
   int64_t offset = 0;          // floats from the start of its unit
+  int split_dim = -1;          // the dimension cut among tensor-parallel ranks; -1: replicated
+  std::vector<int64_t> full_shape;  // the whole tensor
 };
 
-// A unit's flat buffer: `numel` floats of tensors, zero-padded to `padded`, cut into shard_size
-// equal slices, slice k in the shard file of shard rank k.
+// A unit's flat buffer, the same size on every tensor-parallel rank (each holds its blocks):
+// `numel` floats of tensors, zero-padded to `padded`, cut into shard_size equal slices, slice k of
+// tp rank t's in the shard file of (t, k).
 struct ManifestUnit {
   std::string name;  // "embedding", "block.3", "head"
   int64_t numel = 0;
@@ -24,14 +27,17 @@ struct ManifestUnit {
 };
 
 struct ManifestFile {
-  std::string name;  // "shard_00000.bin", relative to the step directory
+  std::string name;  // "shard_00000.bin" ("tp01_shard_00000.bin" under tp), relative to the step directory
+  int tp_rank = 0;
   int shard_rank = 0;
   uint64_t bytes = 0;
   uint64_t xxh64 = 0;
 };
 
 struct Manifest {
-  static constexpr int kVersion = 1;
+  // Version 2 added tensor parallelism (tensor_parallel, a file's tp_rank, a tensor's split_dim
+  // and full_shape); version 1 manifests read as tensor_parallel 1.
+  static constexpr int kVersion = 2;
   int64_t step = 0;               // optimizer steps taken, skipped ones included
   int64_t optimizer_steps = 0;    // AdamW updates applied (its bias correction): step less the skipped
   int64_t tokens = 0;             // training tokens seen
@@ -41,6 +47,7 @@ struct Manifest {
   int64_t warmup_steps = 0, total_steps = 0;
   int world = 1;                  // ranks that trained
   int shard_size = 1;             // ranks each unit was sharded over (one file per shard rank)
+  int tensor_parallel = 1;        // tensor-parallel ranks (one set of shard files each)
   std::string strategy;
   std::string config_toml;        // the resolved config of the run
   std::string created;            // UTC time, ISO 8601
@@ -51,7 +58,7 @@ struct Manifest {
   static constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
   // "<unit>.param", "<unit>.exp_avg", "<unit>.exp_avg_sq": the tensors of each shard file.
   static std::string tensor_name(const std::string& unit, const char* kind) { return unit + "." + kind; }
-  const ManifestFile* file_of(int shard_rank) const;
+  const ManifestFile* file_of(int tp_rank, int shard_rank) const;
 };
 
 std::string to_json(const Manifest& manifest);

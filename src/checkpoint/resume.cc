@@ -57,37 +57,18 @@ TrainingState load_checkpoint(const std::string& step_dir, const RankShards& int
   CheckpointReader reader(step_dir);
   const Manifest& m = reader.manifest();
   const model::ModelLayout& layout = *into.layout;
-  auto mismatch = [&](const std::string& what) {
-    return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
-  };
-  if (m.units.size() != layout.units().size()) {
-    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), layout.units().size()));
-  }
-  for (size_t i = 0; i < m.units.size(); ++i) {
-    const ManifestUnit& saved = m.units[i];
-    const model::UnitLayout& mine = layout.units()[i];
-    if (saved.name != mine.name || saved.numel != mine.numel || saved.tensors.size() != mine.tensors.size()) {
-      throw mismatch(fmt::format("unit {} ({} floats) where this model has {} ({} floats)", saved.name, saved.numel,
-                                 mine.name, mine.numel));
-    }
-    for (size_t t = 0; t < saved.tensors.size(); ++t) {
-      const auto& a = saved.tensors[t];
-      const auto& b = mine.tensors[t];
-      if (a.name != b.name || a.shape != b.shape || a.offset != b.offset) {
-        throw mismatch(fmt::format("tensor {} [{}] where this model has {} [{}]", a.name, fmt::join(a.shape, ", "),
-                                   b.name, fmt::join(b.shape, ", ")));
-      }
-    }
-  }
+  check_same_model(m, layout, step_dir);
   if (m.seed != static_cast<uint64_t>(config.train.seed)) {
     log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir, m.seed,
               config.train.seed);
   }
+  const int tp_rank = layout.tensor_parallel().rank;
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitShard& shard = into.units[u];
-    reader.read_slice(u, "param", shard.range.begin, shard.range.size, shard.param);
-    reader.read_slice(u, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
-    reader.read_slice(u, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
+    const model::UnitLayout& to = layout.units()[u];
+    reader.read_for(to, tp_rank, u, "param", shard.range.begin, shard.range.size, shard.param);
+    reader.read_for(to, tp_rank, u, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
+    reader.read_for(to, tp_rank, u, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
   }
   return {m.step, m.tokens, m.sampler_position, m.optimizer_steps};
 }

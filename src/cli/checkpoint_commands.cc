@@ -188,8 +188,9 @@ int reshard_command(const ParsedArgs& a) {
   // The checkpoint's own config with the new parallel settings, validated as a whole.
   const config::Config target = config::load_text(checkpoint::read_manifest(src).config_toml, src, o);
   const std::string out = checkpoint::reshard(src, a.positional[1], target);
-  fmt::print("wrote {} ({} rank(s), {}) from {}\n", out, target.parallel.nproc, config::name(target.parallel.strategy),
-             src);
+  fmt::print("wrote {} ({} rank(s), {}{}) from {}\n", out, target.parallel.nproc,
+             config::name(target.parallel.strategy),
+             target.parallel.tensor > 1 ? fmt::format(", tensor {}", target.parallel.tensor) : "", src);
   return kExitOk;
 }
 

@@ -92,6 +92,7 @@ int cmd_eval(const Args& args) {
   c.data.synthetic = false;
   c.data.dataset = dataset;
   c.parallel.nproc = 1;  // evaluation runs in this process, whatever the run's world size was
+  c.parallel.tensor = 1;
   c.train.micro_batch_size = 0;
   c.train.init_from.clear();  // the weights come from the checkpoint
   train::Trainer trainer(c, train::resolve_dataset(c));

@@ -77,6 +77,27 @@ std::vector<BlockRun> block_runs(const TensorSpec& spec, int rank) {
   return runs;
 }
 
+std::vector<Reblock> reblock(const TensorSpec& spec, int rank, int from_size) {
+  if (spec.split_dim == kReplicated) return {{0, 0, 0, spec.numel()}};
+  const auto d = static_cast<size_t>(spec.split_dim);
+  const int64_t outer = product(spec.full_shape, 0, d), inner = product(spec.full_shape, d + 1, spec.full_shape.size());
+  const int64_t len = spec.shape[d];
+  CHECK(spec.full_shape[d] % from_size == 0);
+  const int64_t from_len = spec.full_shape[d] / from_size;
+  std::vector<Reblock> out;
+  for (int64_t o = 0; o < outer; ++o) {
+    // Indices [rank len, (rank + 1) len) along the split dimension, cut where the from-blocks end.
+    for (int64_t j = rank * len; j < (rank + 1) * len;) {
+      const int r = static_cast<int>(j / from_len);
+      const int64_t stop = std::min((rank + 1) * len, (r + 1) * from_len);
+      out.push_back(
+          {r, (o * from_len + j - r * from_len) * inner, (o * len + j - rank * len) * inner, (stop - j) * inner});
+      j = stop;
+    }
+  }
+  return out;
+}
+
 const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {
   for (const TensorSpec& t : tensors) {
     if (t.name == tensor_name) return t;

@@ -44,6 +44,15 @@ struct BlockRun {
   int64_t whole, block, count;
 };
 std::vector<BlockRun> block_runs(const TensorSpec& spec, int rank);
+// Rank `rank`'s block of `spec` as pieces of the blocks of the same tensor cut among `from_size`
+// ranks instead (a checkpoint saved at another tensor-parallel size): floats [to, to + count) of
+// the block are [from, from + count) of rank from_rank's block. A replicated tensor is one piece
+// of rank 0's. from_size must divide the split dimension.
+struct Reblock {
+  int from_rank;
+  int64_t from, to, count;
+};
+std::vector<Reblock> reblock(const TensorSpec& spec, int rank, int from_size);
 
 struct UnitLayout {
   std::string name;  // "embedding", "block.3", "head"

@@ -102,6 +102,42 @@ TEST(TensorParallelLayout, BlocksTileEveryTensorOnce) {
   }
 }
 
+// A block at one tensor-parallel size, put together from the blocks at another (a checkpoint
+// resumed at another tp): exactly the block cut from the whole tensor, for every pair of sizes.
+TEST(TensorParallelLayout, ReblockRebuildsABlockFromAnotherSplit) {
+  const ModelConfig c = gqa_config();
+  const ModelLayout whole_layout(c);
+  for (const int from : {1, 2, 4}) {
+    for (const int to : {1, 2, 4}) {
+      for (size_t u = 0; u < whole_layout.units().size(); ++u) {
+        for (size_t k = 0; k < whole_layout.units()[u].tensors.size(); ++k) {
+          const std::vector<float> whole = random_tensor(whole_layout.units()[u].tensors[k].numel(), u * 100 + k);
+          std::vector<std::vector<float>> from_blocks(static_cast<size_t>(from));
+          for (int r = 0; r < from; ++r) {
+            const ModelLayout layout(c, 16, {from, r});
+            const TensorSpec& spec = layout.units()[u].tensors[k];
+            from_blocks[r].resize(static_cast<size_t>(spec.numel()));
+            copy_block_out(spec, r, whole.data(), from_blocks[r].data());
+          }
+          for (int t = 0; t < to; ++t) {
+            const ModelLayout layout(c, 16, {to, t});
+            const TensorSpec& spec = layout.units()[u].tensors[k];
+            SCOPED_TRACE(spec.name + " from tp " + std::to_string(from) + " to rank " + std::to_string(t) + " of " +
+                         std::to_string(to));
+            std::vector<float> want(static_cast<size_t>(spec.numel())), got(want.size(), NAN);
+            copy_block_out(spec, t, whole.data(), want.data());
+            for (const Reblock& p : reblock(spec, t, from)) {
+              ASSERT_LE(p.from + p.count, static_cast<int64_t>(from_blocks[p.from_rank].size()));
+              std::copy_n(from_blocks[p.from_rank].data() + p.from, p.count, got.data() + p.to);
+            }
+            ASSERT_EQ(got, want);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorParallelLayout, LocalSizesDivideTheModel) {
   const ModelConfig c = gqa_config();
   for (const int T : {1, 2, 4}) {

@@ -120,12 +120,16 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
   log::info("model {}: {} parameters ({} layers, dim {}, {} heads / {} kv, ffn {}, vocab {}, seq {})", m.preset,
             format_count(static_cast<double>(model::parameter_count(m))), m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
             m.ffn_hidden, m.vocab_size, m.seq_len);
+  const std::string layout =
+      dist.world_size() == 1
+          ? "single process"
+          : fmt::format("{}{}", config::name(config.parallel.strategy),
+                        config.parallel.tensor > 1 ? fmt::format(" x tensor {}", config.parallel.tensor) : "");
   log::info(
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
-      "rank); memory per rank: state {} MB, activations {} MB",
-      config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(),
-      dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single process", config.accumulation_steps(),
-      config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+      "data-parallel rank); memory per rank: state {} MB, activations {} MB",
+      config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(), layout,
+      config.accumulation_steps(), config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
 }
 
 // RUN/run.json: what the run used (dataset, tokenizer, layout, peak). Rank 0 also copies the
@@ -158,6 +162,7 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                    {"host", host},
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
+                   {"tensor_parallel", config.parallel.tensor},
                    {"param_dtype", config::name(config.parallel.param_dtype)},
                    {"threads", num_threads()},
                    {"preset", m.preset},
