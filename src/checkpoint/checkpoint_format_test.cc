@@ -229,6 +229,52 @@ TEST(Manifest, OptimizerStepsDefaultToTheStep) {
   EXPECT_EQ(parse_manifest(j.dump(), "M").optimizer_steps, sample_manifest().step);
 }
 
+// Version 1 (before tensor parallelism) has no tensor_parallel, tp_rank, split_dim or full_shape:
+// it reads as tp 1, every tensor whole.
+TEST(Manifest, VersionOneReadsAsOneTensorParallelRank) {
+  nlohmann::json j = nlohmann::json::parse(to_json(sample_manifest()));
+  j["version"] = 1;
+  j.erase("tensor_parallel");
+  for (auto& f : j["files"]) f.erase("tp_rank");
+  for (auto& u : j["units"]) {
+    for (auto& t : u["tensors"]) t.erase("split_dim"), t.erase("full_shape");
+  }
+  const Manifest m = parse_manifest(j.dump(), "v1");
+  EXPECT_EQ(m.tensor_parallel, 1);
+  EXPECT_EQ(m.file_of(0, 1)->name, "shard_00001.bin");
+  EXPECT_EQ(m.units[0].tensors[0].split_dim, -1);
+  EXPECT_EQ(m.units[0].tensors[0].full_shape, (std::vector<int64_t>{2, 5}));
+  // Written back, it is version 2 with the same content.
+  EXPECT_EQ(to_json(parse_manifest(to_json(m), "v2")), to_json(sample_manifest()));
+}
+
+// Under tensor parallelism a file is named by (tp rank, shard rank) and a tensor's whole shape is
+// its block's with the split dimension tensor_parallel times as long.
+TEST(Manifest, TensorParallelFieldsAreChecked) {
+  Manifest m = sample_manifest();
+  m.tensor_parallel = 2;
+  m.units[0].tensors[0] = {"tok", {2, 5}, 0, 0, {4, 5}};
+  m.files.push_back({"tp01_shard_00000.bin", 1, 0, 1, 1});
+  m.files.push_back({"tp01_shard_00001.bin", 1, 1, 1, 1});
+  const nlohmann::json good = nlohmann::json::parse(to_json(m));
+  EXPECT_EQ(to_json(parse_manifest(good.dump(), "M")), to_json(m));
+  auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { parse_manifest(j.dump(), "M"); });
+  };
+  EXPECT_NE(error_with([](auto& j) { j["units"][0]["tensors"][0]["full_shape"] = {2, 5}; })
+                .find("units[0].tensors[0].full_shape is not the block's shape with dimension 0 cut among 2 tp ranks"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["units"][0]["tensors"][0]["split_dim"] = 2; }).find("split_dim = 2"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["files"].erase(3); }).find("no file for shard rank 1 of tp rank 1"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["files"][3]["tp_rank"] = 0; }).find("of tp rank 0 appears twice"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["tensor_parallel"] = 3; }).find("tensor_parallel"), std::string::npos);
+}
+
 TEST(Manifest, BadFieldsNameTheKey) {
   const nlohmann::json good = nlohmann::json::parse(to_json(sample_manifest()));
   auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
