@@ -357,7 +357,10 @@ INSTANTIATE_TEST_SUITE_P(Strategies, MaskedTargets,
 // every unit once; hybrid adds an all-reduce of the gradient shard across replicas; no_shard
 // all-reduces every unit's gradient. The gradient norm adds a one-float all-reduce;
 // the loss one of Trainer::step_reduce_floats(W) floats (it carries the step's signals and every
-// rank's busy time, RSS and peak RSS).
+// rank's busy time, RSS and peak RSS). Under tensor parallelism (docs/design.md) each tp group
+// all-reduces N x C floats (N tokens of a micro-batch) once after the embedding, twice per block
+// forward and twice backward, and once for the head's input gradient, plus the loss's 2 N sums,
+// and all-gathers the loss's N row maxima, every micro-batch; and one float of the norm per step.
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -366,7 +369,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const config::Config cfg = make_config(c, c.micro_batch, c.world);
-  const int S = parallel::dims_for(cfg, c.world).dp_shard, W = c.world;
+  const int S = parallel::dims_for(cfg, c.world).dp_shard, W = c.world, T = c.tensor;
   const int rc = launch::run_local_workers(W, [&](int rank) {
     const parallel::Job job({dir.string(), "bytes", "0", rank, W}, parallel::dims_for(cfg, W), comm::Millis(30000));
     const parallel::Distributed d = job.view();
@@ -375,8 +378,8 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     auto sent = [&](comm::ProcessGroup* g, comm::OpKind op) { return g != nullptr ? g->bytes_sent(op) : 0; };
     auto snapshot = [&] {
       std::vector<uint64_t> v;
-      for (comm::ProcessGroup* g :
-           {d.mesh->group(parallel::Dim::kDpShard), d.mesh->group(parallel::Dim::kDpReplicate), d.world()}) {
+      for (comm::ProcessGroup* g : {d.mesh->group(parallel::Dim::kDpShard), d.mesh->group(parallel::Dim::kDpReplicate),
+                                    d.world(), d.mesh->group(parallel::Dim::kTp)}) {
         for (auto op : {comm::OpKind::kAllGather, comm::OpKind::kReduceScatter, comm::OpKind::kAllReduce}) {
           v.push_back(sent(g, op));
         }
@@ -394,7 +397,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   });
   ASSERT_EQ(rc, 0);
 
-  const model::ModelLayout layout(cfg.model, 16 * S);
+  const model::ModelLayout layout(cfg.model, 16 * S, {T, 0});  // every tp rank's units are this size
   uint64_t gather_elems = 0, unit_elems = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const uint64_t L = layout.units()[u].padded;
@@ -403,12 +406,16 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     gather_elems += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
   }
   const uint64_t f = c.bf16 ? 2 : sizeof(float);  // bytes per element of the sharded collectives
-  uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0;
+  uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0, sum_tp_allreduce = 0, sum_tp_allgather = 0;
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
-    uint64_t v[12];
+    uint64_t v[15];
     for (uint64_t& x : v) ASSERT_TRUE(in >> x);
-    // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}; then params, grads, optimizer.
+    // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}; then
+    // params, grads, optimizer.
+    sum_tp_allgather += v[9];
+    sum_tp_allreduce += v[11];
+    const uint64_t* state = v + 12;
     const bool sharded = S > 1, separate_shard_group = S > 1 && S < W;
     const uint64_t shard_ag = v[0], shard_rs = v[1];
     if (sharded) {
@@ -417,18 +424,29 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     }
     sum_replica_allreduce += separate_shard_group ? v[5] : 0;
     sum_world_allreduce += v[8];
-    EXPECT_EQ(v[9], unit_elems / S * sizeof(float));  // fp32 masters, gradients and moments
-    EXPECT_EQ(v[10], unit_elems / S * sizeof(float));
-    EXPECT_EQ(v[11], 2 * unit_elems / S * sizeof(float));
+    EXPECT_EQ(state[0], unit_elems / S * sizeof(float));  // fp32 masters, gradients and moments
+    EXPECT_EQ(state[1], unit_elems / S * sizeof(float));
+    EXPECT_EQ(state[2], 2 * unit_elems / S * sizeof(float));
+  }
+  if (T > 1) {
+    const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;
+    const uint64_t A = cfg.accumulation_steps(), L = cfg.model.n_layers, groups = W / T;
+    // Floats per tp rank and step; a tp group that is the whole world also carries the step's figures.
+    const uint64_t reduced =
+        A * ((4 * L + 2) * N * C + 2 * N) + 1 + (T == W ? train::Trainer::step_reduce_floats(W) : 0);
+    EXPECT_EQ(sum_tp_allreduce, groups * 2 * (T - 1) * reduced * sizeof(float));
+    EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * N * sizeof(float));
+  } else {
+    EXPECT_EQ(sum_tp_allreduce + sum_tp_allgather, 0u);
   }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
-  if (S == 1) {
+  if (S == 1 && T == 1) {
     // no_shard: every gradient, and the loss with the step's signal bits (replicas hold the whole
     // gradient: no norm reduction).
     EXPECT_EQ(sum_world_allreduce,
               2 * (W - 1) * unit_elems * f + 2 * (W - 1) * train::Trainer::step_reduce_floats(W) * sizeof(float));
-  } else if (S < W) {
-    const int R = W / S;
+  } else if (S < W / T) {
+    const int R = W / T / S;
     // Each of the S replica groups all-reduces its shard; the norm goes over the shard group.
     EXPECT_EQ(sum_replica_allreduce, static_cast<uint64_t>(S) * 2 * (R - 1) * (unit_elems / S) * f);
   }
@@ -439,9 +457,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
                          ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
                                            Case{"shard_grad_op", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
                                            Case{"hybrid_shard", 4, 2, 3, false},
-                                           Case{"full_shard", 2, 0, 6, false, true}),
+                                           Case{"full_shard", 2, 0, 6, false, true},
+                                           // One micro-batch per step (the gather formula above), and three.
+                                           Case{"full_shard", 4, 0, 6, false, false, false, 2},
+                                           Case{"full_shard", 2, 0, 4, true, false, false, 2}),
                          [](const auto& p) {
-                           return fmt::format("{}_w{}{}", p.param.strategy, p.param.world, p.param.bf16 ? "_bf16" : "");
+                           return fmt::format("{}_w{}{}{}", p.param.strategy, p.param.world, p.param.bf16 ? "_bf16" : "",
+                                              p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "");
                          });
 
 }  // namespace
