@@ -22,6 +22,7 @@
 //   broadcast       k c elem, k = this rank's children in Gloo's binomial tree rooted at root
 //                   (root: ceil(log2 W) when W is a power of two; leaves 0)
 //   barrier         0 (Gloo's dissemination barrier sends ceil(log2 W) empty messages)
+//   send            c elem (recv: 0)
 //
 // Ranks whose collectives are out of step (one skipped a call) must fail, not crash or mix up
 // data. Gloo matches messages by tag, and two calls of different sizes under one tag end in an
@@ -38,6 +39,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -64,6 +67,10 @@ const char* op_name(OpKind op) {
     case OpKind::kAllReduce: return "all_reduce";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
     case OpKind::kCount: break;
   }
   return "?";
@@ -211,6 +218,44 @@ class GlooWork final : public Work {
   std::shared_ptr<WorkState> state_;
 };
 
+// A posted send or recv: waiting completes it on the caller's thread, within the timeout.
+class GlooPointToPointWork final : public Work {
+ public:
+  GlooPointToPointWork(std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool send, Millis timeout,
+                       std::string what, std::function<void(const std::string&)> on_failure)
+      : buffer_(std::move(buffer)),
+        send_(send),
+        timeout_(timeout),
+        what_(std::move(what)),
+        on_failure_(std::move(on_failure)) {}
+  // An unwaited operation is still pending in Gloo, which reads or writes the caller's memory:
+  // its owner must wait before it lets the memory go.
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    std::string error;
+    try {
+      const bool completed = send_ ? buffer_->waitSend(timeout_) : buffer_->waitRecv(timeout_);
+      if (!completed) error = "aborted";
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (error.empty()) return;
+    on_failure_(what_ + " failed: " + error);
+    throw CollectiveError(what_ + " failed: " + error +
+                          " (the peer is slow, hung or gone, or posted another count or tag: compare what each "
+                          "rank names)");
+  }
+
+ private:
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  bool send_;
+  Millis timeout_;
+  std::string what_;
+  std::function<void(const std::string&)> on_failure_;
+  bool done_ = false;
+};
+
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(int rank, int size, std::shared_ptr<gloo::rendezvous::Context> context)
@@ -339,6 +384,15 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
+  std::unique_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer, uint32_t tag,
+                             const CollectiveOptions& options) override {
+    return point_to_point(OpKind::kSend, const_cast<void*>(data), count, dtype, peer, tag, options);
+  }
+  std::unique_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag,
+                             const CollectiveOptions& options) override {
+    return point_to_point(OpKind::kRecv, data, count, dtype, peer, tag, options);
+  }
+
   // Queued operations fail now. An operation already running on the worker cannot be woken
   // (Gloo's close does not signal local waiters): it fails when its peers, seeing the closed
   // connections, stop, or at its timeout.
@@ -394,6 +448,50 @@ class GlooGroup final : public ProcessGroup {
     }
     cv_.notify_all();
     return std::make_unique<GlooWork>(state);
+  }
+
+  // Gloo's slot for a point-to-point call: a prefix no collective uses, the caller's tag, and a
+  // hash of the count and dtype, so that a send and a recv of different shapes never meet (Gloo
+  // would assert on the length).
+  static constexpr uint8_t kPointToPointSlotPrefix = 0x40;
+
+  std::unique_ptr<Work> point_to_point(OpKind kind, void* data, int64_t count, DType dtype, int peer, uint32_t tag,
+                                       const CollectiveOptions& options) {
+    CHECK(count >= 0);
+    CHECK_MSG(peer >= 0 && peer < size_ && peer != rank_, "point to point needs another rank of the group");
+    const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over (count, dtype)
+    for (uint64_t v : {uint64_t(count), uint64_t(dtype)}) {
+      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+    }
+    const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, tag) ^ ((h & 0xffffff) << 32);
+    const bool is_send = kind == OpKind::kSend;
+    const std::string what = std::string(op_name(kind)) + " tag " + std::to_string(tag) + (is_send ? " to" : " from") +
+                             " rank " + std::to_string(peer) + " on rank " + std::to_string(rank_) + " of " +
+                             std::to_string(size_) + " (" + std::to_string(count) + " x " +
+                             (dtype == DType::kF32 ? "f32" : "bf16") + ")";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.empty())
+        throw CollectiveError(what + " failed: group unusable after an earlier failure: " + broken_);
+    }
+    // A zero-byte buffer still travels (Gloo sends an empty message), so both sides stay matched.
+    static char empty;
+    auto buffer = context_->createUnboundBuffer(nbytes > 0 ? data : &empty, nbytes);
+    if (is_send) {
+      buffer->send(peer, slot);
+      bytes_[static_cast<int>(kind)].fetch_add(nbytes, std::memory_order_relaxed);
+    } else {
+      buffer->recv(peer, slot);
+    }
+    return std::make_unique<GlooPointToPointWork>(std::move(buffer), is_send, options.timeout, what,
+                                                  [this](const std::string& error) {
+                                                    {
+                                                      std::lock_guard<std::mutex> lock(mu_);
+                                                      if (broken_.empty()) broken_ = error;
+                                                    }
+                                                    if (context_) context_->closeConnections();
+                                                  });
   }
 
   std::string failure(const Op& op, const std::string& what) const {

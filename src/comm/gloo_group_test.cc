@@ -288,6 +288,90 @@ TEST(GlooGroup, BytesSentFollowsDocumentedFormulas) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Point to point (pipeline stages)
+
+// Every rank sends to its right neighbour before it receives from its left one (a pipeline's
+// activations and gradients cross like this), several messages in flight per pair told apart by
+// tag, bf16 and empty ones too, with a collective in between: each arrives whole, in its slot.
+TEST(GlooGroup, PointToPointSendsBeforeReceivesAndMatchesByTag) {
+  for (int world : {2, 3}) {
+    TempDir dir;
+    SCOPED_TRACE("world " + std::to_string(world));
+    expect_all_ok(run_ranks(world, [&](int rank) {
+      auto pg = join(dir.path, rank, world);
+      CollectiveOptions opt;
+      const int right = (rank + 1) % world, left = (rank + world - 1) % world;
+      constexpr int kMessages = 3;
+      constexpr int64_t kCount = 100003;
+      std::vector<std::vector<float>> out(kMessages), in(kMessages, std::vector<float>(kCount, -1.f));
+      std::vector<std::unique_ptr<Work>> sends;
+      for (int m = 0; m < kMessages; ++m) {
+        out[m].resize(kCount);
+        for (int64_t i = 0; i < kCount; ++i) out[m][i] = static_cast<float>(rank * 1000000 + m * 1000 + i % 997);
+        sends.push_back(pg->send(out[m].data(), kCount, DType::kF32, right, static_cast<uint32_t>(m), opt));
+      }
+      std::vector<float> sum = {1.f};
+      pg->all_reduce(sum.data(), 1, DType::kF32, opt)->wait();
+      REQUIRE(sum[0] == static_cast<float>(world));
+      // Received in the reverse order of sending: the tag, not the order, matches them.
+      for (int m = kMessages - 1; m >= 0; --m) {
+        pg->recv(in[m].data(), kCount, DType::kF32, left, static_cast<uint32_t>(m), opt)->wait();
+        for (int64_t i = 0; i < kCount; ++i)
+          REQUIRE(in[m][i] == static_cast<float>(left * 1000000 + m * 1000 + i % 997));
+      }
+      for (auto& w : sends) w->wait();
+      std::vector<uint16_t> h = {static_cast<uint16_t>(rank), 7}, g(2);
+      auto s16 = pg->send(h.data(), 2, DType::kBF16, right, 9, opt);
+      auto s0 = pg->send(nullptr, 0, DType::kF32, right, 10, opt);
+      pg->recv(g.data(), 2, DType::kBF16, left, 9, opt)->wait();
+      pg->recv(nullptr, 0, DType::kF32, left, 10, opt)->wait();
+      s16->wait();
+      s0->wait();
+      REQUIRE(g[0] == left && g[1] == 7);
+      REQUIRE(pg->bytes_sent(OpKind::kSend) == uint64_t(kMessages * kCount * 4 + 2 * 2));
+      REQUIRE(pg->bytes_sent(OpKind::kRecv) == 0);
+      return 0;
+    }));
+  }
+}
+
+// A recv whose sender never comes, or sends another count: it fails at its timeout naming the
+// tag, the peer and the shape (exit 12), and the group is unusable after it.
+TEST(GlooGroup, PointToPointTimesOutNamingTagAndPeer) {
+  TempDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = join(dir.path, rank, 2);
+    CollectiveOptions opt;
+    opt.timeout = std::chrono::milliseconds(1000);
+    std::vector<float> x(64, 1.f);
+    pg->barrier(opt)->wait();
+    if (rank == 1) {
+      auto never = pg->send(x.data(), 32, DType::kF32, 0, 5, opt);  // the wrong count: never meets rank 0's recv
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      return 0;
+    }
+    const auto t0 = Clock::now();
+    try {
+      pg->recv(x.data(), 64, DType::kF32, 1, 5, opt)->wait();
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      const std::string what = e.what();
+      std::fprintf(stderr, "[rank 0] after %.3f s: %s\n", seconds_since(t0), what.c_str());
+      REQUIRE(what.find("recv tag 5 from rank 1 on rank 0 of 2 (64 x f32) failed") != std::string::npos);
+      REQUIRE(seconds_since(t0) >= 0.9 && seconds_since(t0) < 2.0);
+      REQUIRE(e.exit_code() == kExitPeer);
+    }
+    try {
+      pg->send(x.data(), 64, DType::kF32, 1, 6, opt);
+      REQUIRE(false);
+    } catch (const CollectiveError& e) {
+      REQUIRE(std::string(e.what()).find("earlier failure") != std::string::npos);
+    }
+    return 0;
+  }));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Failures: timeouts, missing peers, dead peers, abort
 
 TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {

@@ -306,6 +306,26 @@ class NcclGroup final : public ProcessGroup {
                  });
   }
 
+  std::unique_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer, uint32_t /*tag*/,
+                             const CollectiveOptions& options) override {
+    CHECK(count >= 0);
+    CHECK_MSG(peer >= 0 && peer < s_->size && peer != s_->rank, "point to point needs another rank of the group");
+    const size_t c = static_cast<size_t>(count);
+    return issue(OpKind::kSend, count == 0, c * dtype_bytes(dtype), options, [=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclSend(data, c, nccl_type(dtype), peer, comm, stream);
+    });
+  }
+
+  std::unique_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer, uint32_t /*tag*/,
+                             const CollectiveOptions& options) override {
+    CHECK(count >= 0);
+    CHECK_MSG(peer >= 0 && peer < s_->size && peer != s_->rank, "point to point needs another rank of the group");
+    const size_t c = static_cast<size_t>(count);
+    return issue(OpKind::kRecv, count == 0, 0, options, [=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclRecv(data, c, nccl_type(dtype), peer, comm, stream);
+    });
+  }
+
   // Aborts the communicator now: its kernels end, peers waiting on this rank fail at their own
   // checks, and operations not yet complete fail in wait().
   void abort() override {

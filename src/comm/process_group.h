@@ -19,7 +19,7 @@ namespace tessera::comm {
 enum class DType { kF32, kBF16 };
 size_t dtype_bytes(DType t);
 
-enum class OpKind { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kCount };
+enum class OpKind { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kSend, kRecv, kCount };
 const char* op_name(OpKind op);
 
 struct CollectiveOptions {
@@ -64,6 +64,16 @@ class ProcessGroup {
   virtual std::unique_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root,
                                           const CollectiveOptions& options) = 0;
   virtual std::unique_ptr<Work> barrier(const CollectiveOptions& options) = 0;
+  // Point to point (pipeline stages): `count` elements to, or from, group rank `peer` (not this
+  // rank). Gloo matches a send with the peer's recv of the same tag, count and dtype, and posts
+  // both at once on the calling thread, beside the queued collectives, so two ranks may each send
+  // before they receive; a send and a recv that differ in count or dtype never meet and fail at
+  // the timeout. NCCL matches the sends and recvs between two ranks in the order they are issued,
+  // on the group's one stream: issue every recv before the send it waits on.
+  virtual std::unique_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer, uint32_t tag,
+                                     const CollectiveOptions& options) = 0;
+  virtual std::unique_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag,
+                                     const CollectiveOptions& options) = 0;
 
   // Closes every connection so that peers blocked on this rank fail fast; the group is unusable
   // afterwards (build a new one, with a new store round, to continue).
