@@ -304,6 +304,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"mfu", peak.known() ? tokens_per_s * model::flops_per_token(c.model) / peak.flops_per_s : 0.0},
       {"nproc", W},
       {"strategy", W > 1 ? config::name(c.parallel.strategy) : "single process"},
+      {"tensor_parallel", c.parallel.tensor},
       {"param_dtype", config::name(c.parallel.param_dtype)},
       {"threads", num_threads()},
       {"exposed_comm_s", median_of_tail(exposed)},
