@@ -14,6 +14,7 @@ void init_unit_slice(const ModelLayout& layout, int unit, uint64_t seed, int64_t
   const UnitLayout& u = layout.units()[unit];
   const ModelConfig& c = layout.config();
   const int tp_rank = layout.tensor_parallel().rank;
+  const int global = layout.global_unit(unit);  // draws do not depend on the pipeline stage either
   std::fill(out, out + (end - begin), 0.0f);
   for (const TensorSpec& t : u.tensors) {
     if (std::max(begin, t.offset) >= std::min(end, t.offset + t.numel())) continue;
@@ -32,7 +33,7 @@ void init_unit_slice(const ModelLayout& layout, int unit, uint64_t seed, int64_t
       const int64_t shift = t.full_offset + run.whole - (t.offset + run.block);  // unit index -> whole unit index
       parallel_for(hi - lo, [&](int64_t i0, int64_t i1) {
         for (int64_t i = lo + i0; i < lo + i1; ++i) {
-          out[i - begin] = static_cast<float>(std * rng::normal(seed, unit, i + shift));
+          out[i - begin] = static_cast<float>(std * rng::normal(seed, global, i + shift));
         }
       });
     }

@@ -105,18 +105,55 @@ const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {
   CHECK_MSG(false, tensor_name.c_str());
 }
 
-ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParallel tp) : config_(c), tp_(tp) {
+std::vector<int64_t> balanced_stage_layers(const ModelConfig& c, int stages) {
+  CHECK(stages >= 1 && stages <= c.n_layers);
+  const double C = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_hidden);
+  const double Q = static_cast<double>(c.qkv_dim()), T = static_cast<double>(c.seq_len);
+  // Forward FLOPs per token (the backward is twice as much everywhere, so it cancels): the block's
+  // GEMMs and its attention; the head's GEMM.
+  const double block = 2 * (C * Q + C * C + 3 * C * F) + 2 * T * C;
+  const double head = 2 * static_cast<double>(c.vocab_size) * C;
+  const int64_t L = c.n_layers;
+  // best[s][l]: the smallest largest-stage cost of the first l blocks in s stages (the head on
+  // the last stage overall, added when s == stages).
+  const double kInf = 1e300;
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(L + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int64_t l = s; l <= L; ++l) {
+      for (int64_t k = s - 1; k < l; ++k) {  // stage s holds blocks [k, l)
+        const double cost = static_cast<double>(l - k) * block + (s == stages ? head : 0.0);
+        const double worst = std::max(best[s - 1][k], cost);
+        if (worst < best[s][l]) best[s][l] = worst, cut[s][l] = k;
+      }
+    }
+  }
+  std::vector<int64_t> layers(stages);
+  for (int64_t s = stages, l = L; s >= 1; l = cut[s][l], --s) layers[s - 1] = l - cut[s][l];
+  return layers;
+}
+
+ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParallel tp, PipelineStage stage)
+    : config_(c), tp_(tp), stage_(stage) {
   CHECK(pad_multiple > 0 && tp.size > 0 && tp.rank >= 0 && tp.rank < tp.size);
+  if (stage_.layers < 0) stage_ = {1, 0, 0, c.n_layers};
+  CHECK(stage_.size >= 1 && stage_.rank >= 0 && stage_.rank < stage_.size && stage_.first_layer >= 0 &&
+        stage_.layers >= 1 && stage_.first_layer + stage_.layers <= c.n_layers);
+  CHECK((stage_.rank == 0) == (stage_.first_layer == 0));
+  CHECK((stage_.rank == stage_.size - 1) == (stage_.first_layer + stage_.layers == c.n_layers));
   const int64_t T = tp.size;
   CHECK(c.n_heads % T == 0 && c.n_kv_heads % T == 0 && c.ffn_hidden % T == 0 && c.vocab_size % T == 0);
   local_ = {c.n_heads / T, c.n_kv_heads / T, c.ffn_hidden / T, c.vocab_size / T, tp.rank * (c.vocab_size / T)};
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden;
   constexpr int kOut = 0, kIn = 1;  // column-parallel: outputs cut; row-parallel: inputs cut
-  UnitBuilder emb("embedding", tp.size);
-  emb.add("tok_embeddings.weight", {c.vocab_size, C}, true, kOut);
-  units_.push_back(emb.finish(pad_multiple));
+  if (has_embedding()) {
+    UnitBuilder emb("embedding", tp.size);
+    emb.add("tok_embeddings.weight", {c.vocab_size, C}, true, kOut);
+    units_.push_back(emb.finish(pad_multiple));
+  }
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.layers; ++l) {
     // Matrices first, in the order the fused GEMMs read them: wq|wk|wv is one (qkv_dim, C)
     // matrix and w1|w3 one (2F, C) matrix.
     UnitBuilder b(fmt::format("block.{}", l), tp.size);
@@ -135,10 +172,15 @@ ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParal
     units_.push_back(b.finish(pad_multiple));
   }
 
-  UnitBuilder head("head", tp.size);
-  if (!c.tied_embeddings) head_weight_ = head.add("output.weight", {c.vocab_size, C}, true, kOut);
-  head_norm_ = head.add("norm.weight", {C}, false);
-  units_.push_back(head.finish(pad_multiple));
+  if (has_head()) {
+    // Tied embeddings need the embedding's table on the last stage: one stage only (config
+    // validation says so).
+    CHECK(!c.tied_embeddings || stage_.size == 1);
+    UnitBuilder head("head", tp.size);
+    if (!c.tied_embeddings) head_weight_ = head.add("output.weight", {c.vocab_size, C}, true, kOut);
+    head_norm_ = head.add("norm.weight", {C}, false);
+    units_.push_back(head.finish(pad_multiple));
+  }
 }
 
 int64_t ModelLayout::total_padded() const {

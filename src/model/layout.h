@@ -21,6 +21,20 @@ struct TensorParallel {
   int size = 1, rank = 0;
 };
 
+// Pipeline parallelism: stage `rank` of `size` holds `layers` consecutive blocks from
+// first_layer, the first stage also the embedding and the last the final norm and LM head
+// (layers = -1: every block, one stage).
+struct PipelineStage {
+  int size = 1, rank = 0;
+  int64_t first_layer = 0, layers = -1;
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+// Blocks per stage, balanced by cost: a block's FLOPs per token, the LM head's on the last stage
+// (its matrix is V x C; the embedding's lookup is free), contiguous, each stage at least one
+// block, the largest stage cost as small as can be.
+std::vector<int64_t> balanced_stage_layers(const ModelConfig& config, int stages);
+
 struct TensorSpec {
   std::string name;                 // e.g. "layers.3.attention.wq.weight"
   std::vector<int64_t> shape;       // this rank's block; row-major; linear weights are (out, in)
@@ -79,16 +93,28 @@ class ModelLayout {
   // tp: this rank's place in its tensor-parallel group; its size must divide the query and
   // key/value heads, the hidden units and the vocabulary (CHECKed here; config validation names
   // the keys).
-  ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16, TensorParallel tp = {});
+  // stage: the pipeline stage whose units this layout holds (all of them by default); unit
+  // indices are local to it, unit names global ("block.7").
+  ModelLayout(const ModelConfig& config, int64_t pad_multiple = 16, TensorParallel tp = {}, PipelineStage stage = {});
 
   const ModelConfig& config() const { return config_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const PipelineStage& stage() const { return stage_; }
   const LocalSizes& local() const { return local_; }
   const std::vector<UnitLayout>& units() const { return units_; }
   int num_units() const { return static_cast<int>(units_.size()); }
-  int embedding_unit() const { return 0; }
-  int block_unit(int64_t layer) const { return static_cast<int>(1 + layer); }
-  int head_unit() const { return num_units() - 1; }
+  // This stage's blocks: first_layer() + i for i < num_layers().
+  int64_t first_layer() const { return stage_.first_layer; }
+  int64_t num_layers() const { return stage_.layers; }
+  bool has_embedding() const { return stage_.first(); }
+  bool has_head() const { return stage_.last(); }
+  int embedding_unit() const { return 0; }  // has_embedding() only
+  // The unit of this stage's i-th block (block first_layer() + i).
+  int block_unit(int64_t i) const { return static_cast<int>((has_embedding() ? 1 : 0) + i); }
+  int head_unit() const { return num_units() - 1; }  // has_head() only
+  // A unit's index in the whole model's layout (embedding 0, block l at 1 + l, head last): what
+  // initialization draws by.
+  int global_unit(int unit) const { return static_cast<int>(unit + (has_embedding() ? 0 : 1 + first_layer())); }
   const BlockOffsets& block() const { return block_; }
   int64_t head_norm_offset() const { return head_norm_; }
   int64_t head_weight_offset() const { return head_weight_; }  // -1 when tied to the embedding
@@ -97,6 +123,7 @@ class ModelLayout {
  private:
   ModelConfig config_;
   TensorParallel tp_;
+  PipelineStage stage_;
   LocalSizes local_{};
   std::vector<UnitLayout> units_;
   BlockOffsets block_{};

@@ -55,13 +55,15 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     a.h13 = take(N * 2 * F);
     a.g = take(N * F);
   };
-  b.blocks.resize(c.n_layers);
+  b.blocks.resize(layout.num_layers());
   BlockActs shared{};  // what recomputed blocks fill in turn
   shared.recompute = true;
   bool any_recompute = false;
-  for (int64_t i = 0; i < c.n_layers; ++i) {
+  for (int64_t i = 0; i < layout.num_layers(); ++i) {
     BlockActs& a = b.blocks[i];
-    a.recompute = recompute_every > 0 && i % recompute_every == 0;
+    // By the block's index in the whole model, so a pipeline stage recomputes the blocks one
+    // process would.
+    a.recompute = recompute_every > 0 && (layout.first_layer() + i) % recompute_every == 0;
     if (a.recompute && !any_recompute) {
       take_saved(shared);
       b.recompute_out = take(N * C);
@@ -215,6 +217,17 @@ void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, 
 
 void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   CHECK(num_threads() <= threads_);
+  if (layout_.has_embedding()) embed(params, inputs);  // otherwise the stage's input is in place
+  const int64_t L = layout_.num_layers();
+  for (int64_t l = 0; l < L; ++l) {
+    const int unit = layout_.block_unit(l);
+    float* out = l + 1 < L ? b_.blocks[l + 1].x : b_.x_final;
+    block_forward(params, acquire(params, unit), b_.blocks[l], out);
+    params.release(unit);
+  }
+}
+
+void Llama::embed(ParamSource& params, const int32_t* inputs) {
   const ModelConfig& c = layout_.config();
   const int emb = layout_.embedding_unit();
   const UnitParams table = acquire(params, emb);
@@ -228,12 +241,6 @@ void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   }
   params.release(emb);
   if (tensor_parallel()) params.tp_all_reduce(b_.blocks[0].x, N_ * c.dim);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const int unit = layout_.block_unit(l);
-    float* out = l + 1 < c.n_layers ? b_.blocks[l + 1].x : b_.x_final;
-    block_forward(params, acquire(params, unit), b_.blocks[l], out);
-    params.release(unit);
-  }
 }
 
 LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
@@ -311,12 +318,13 @@ LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, cons
 
 LossSum Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
   forward_blocks(params, inputs);
-  return head_loss(params, targets, true, grad_scale);
+  head_backward_seconds_ = 0.0;
+  return layout_.has_head() ? head_loss(params, targets, true, grad_scale) : LossSum{};
 }
 
 void Llama::backward(ParamSource& params, const int32_t* inputs) {
   const ModelConfig& c = layout_.config();
-  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+  for (int64_t l = layout_.num_layers() - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
     const UnitParams w = acquire(params, unit);
     // A block marked for recompute rebuilds its activations from its saved input; the same kernels on
@@ -326,6 +334,7 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
     params.grads_ready(unit);
     params.release(unit);
   }
+  if (!layout_.has_embedding()) return;  // b_.dx holds the gradient of the stage's input
   const int emb = layout_.embedding_unit();
   k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim, layout_.local().vocab_begin,
                         layout_.local().vocab);
@@ -334,11 +343,12 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
 
 LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
   forward_blocks(params, inputs);
-  return head_loss(params, targets, false, 0.0f);
+  return layout_.has_head() ? head_loss(params, targets, false, 0.0f) : LossSum{};
 }
 
 void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* logits) {
   CHECK_MSG(!tensor_parallel(), "whole logits under tensor parallelism (generation) are not built yet");
+  CHECK_MSG(layout_.stage().size == 1, "whole logits under pipeline parallelism (generation) are not built yet");
   forward_blocks(params, inputs);
   const ModelConfig& c = layout_.config();
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();

@@ -66,6 +66,17 @@ class Llama {
   // logits (B, T, V) for every position.
   void forward_logits(ParamSource& params, const int32_t* inputs, float* logits);
 
+  // Pipeline parallelism (the layout's PipelineStage): a stage runs its blocks only. Without the
+  // embedding, forward reads its input from stage_input() (the previous stage's output, written
+  // there first); without the head, forward returns no loss and leaves its output in
+  // stage_output(), and backward reads the gradient of that output from stage_output_grad() and
+  // leaves the gradient of its input there (what the previous stage needs). inputs are still
+  // passed (the first stage looks them up) and targets (the last stage's loss). (N, C) each.
+  float* stage_input() { return b_.blocks.front().x; }
+  const float* stage_output() const { return b_.x_final; }
+  float* stage_output_grad() { return b_.dx; }
+  const float* stage_input_grad() const { return b_.dx; }
+
  private:
   struct BlockActs {
     bool recompute;  // the fields below x point into the shared recompute set
@@ -130,6 +141,7 @@ class Llama {
   const float* norm_weight(const UnitParams& p, int64_t offset, int slot);
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
+  void embed(ParamSource& params, const int32_t* inputs);  // into blocks[0].x
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
   void block_forward(ParamSource& params, const UnitParams& w, const BlockActs& acts, float* out);
   // out (N, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor

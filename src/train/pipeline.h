@@ -1,0 +1,91 @@
+// Pipeline parallelism (issue 15): the schedules, and one stage's step over its micro-batches.
+//
+// A stage holds consecutive blocks (model::PipelineStage): the first also the embedding, the last
+// the final norm and the LM head. Micro-batch b's activations go forward from stage s to s + 1,
+// and their gradients back, point to point over the pipeline group (comm::ProcessGroup send and
+// recv, tags 2b and 2b + 1). Each micro-batch in flight on a stage has its own copy of the stage's
+// activations (a model::Llama per slot).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "data/loader.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "model/param_source.h"
+
+namespace tessera::train {
+
+enum class PipelineSchedule { kOneFOneB, kGPipe };
+
+// One unit of a stage's work in a step.
+struct PipelineOp {
+  bool forward;
+  int micro_batch;
+};
+
+// Stage `stage`'s work for a step of m micro-batches over P stages, in order. GPipe: every
+// forward, then every backward. 1F1B (PipeDream-flush, Megatron-LM's default): min(P - s - 1, m)
+// forwards, then one forward and one backward in turn, then the backwards left; a stage then
+// holds the activations of at most P - s micro-batches, GPipe's of all m. Both have the same
+// bubble, (P - 1) / (m + P - 1) of the step.
+std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int stages, int stage, int micro_batches);
+// The most micro-batches whose activations stage `stage` holds at once.
+int pipeline_in_flight(PipelineSchedule schedule, int stages, int stage, int micro_batches);
+
+class PipelineStageRunner {
+ public:
+  // layout: this stage's (its PipelineStage names its place); group: the pipeline group (rank =
+  // stage), null for one stage. The models are built as Trainer builds its one (micro_batch,
+  // threads, recompute_every, bf16).
+  PipelineStageRunner(const model::ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every,
+                      bool bf16, PipelineSchedule schedule, int micro_batches, comm::ProcessGroup* group,
+                      comm::Millis timeout);
+
+  // Micro-batch b's inputs and targets (B, T); read once per micro-batch, in order.
+  using BatchSource = std::function<data::Loader::Batch(int micro_batch)>;
+  // Called before each forward and backward with its micro-batch (ShardedParams::begin_micro_batch).
+  using MicroBatchHook = std::function<void(int micro_batch)>;
+
+  // One step's forwards and backwards in schedule order, adding the gradient of grad_scale x the
+  // loss sum to params' gradients. Returns this stage's loss sum over the micro-batches: the
+  // loss on the last stage, zero elsewhere. A neighbour lost or late past the timeout is a
+  // CollectiveError naming the stage, the micro-batch and the direction (exit 12).
+  model::LossSum step(model::ParamSource& params, const BatchSource& batch, const MicroBatchHook& before,
+                      float grad_scale);
+  // Forward only (evaluation), micro-batch after micro-batch.
+  model::LossSum forward_only(model::ParamSource& params, const BatchSource& batch);
+
+  int slots() const { return static_cast<int>(models_.size()); }
+  model::Llama& model(int slot = 0) { return *models_[slot]; }
+  size_t activation_bytes() const;
+
+ private:
+  struct Slot {
+    std::vector<int32_t> inputs;  // the micro-batch's inputs, for the embedding's backward
+    int micro_batch = -1;
+    std::unique_ptr<comm::Work> send;  // the slot's output (forward) or input gradient, in flight
+    bool sending_gradient = false;
+  };
+  void forward(model::ParamSource& params, int slot, int micro_batch, const data::Loader::Batch& b, bool with_grads,
+               float grad_scale, model::LossSum* loss);
+  void backward(model::ParamSource& params, int slot, int micro_batch);
+  // Waits for the slot's send, naming it when it fails.
+  void finish_send(Slot& s);
+  void receive(float* data, int peer, int micro_batch, bool gradient);
+
+  const model::ModelLayout& layout_;
+  PipelineSchedule schedule_;
+  int micro_batches_;
+  comm::ProcessGroup* group_;
+  comm::CollectiveOptions options_;
+  int64_t activation_floats_;  // N x C
+  std::vector<std::unique_ptr<model::Llama>> models_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace tessera::train
