@@ -36,12 +36,18 @@ struct Case {
   bool bf16 = false;          // parameters gathered (so computed) and gradients reduced in bf16; 1 process fp32
   bool bf16_compute = false;  // param_dtype bf16 in both runs, gradients reduced in fp32
   int tensor = 1;             // tensor-parallel ranks (of `world`); the rest are data-parallel
+  int pipeline = 1;           // pipeline stages (of `world`)
+  const char* schedule = "1f1b";
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.strategy << "_w" << c.world << "_mb" << c.micro_batch << (c.tied ? "_tied" : "") << (c.bf16 ? "_bf16" : "")
-      << (c.bf16_compute ? "_bf16compute" : "") << (c.tensor > 1 ? "_tp" + std::to_string(c.tensor) : "");
+std::string name_of(const Case& c) {
+  return fmt::format("{}_w{}_mb{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
+                     c.bf16 ? "_bf16" : "", c.bf16_compute ? "_bf16compute" : "",
+                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "",
+                     c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "");
 }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 
 config::Config make_config(const Case& c, int micro_batch, int nproc) {
   // One thread per process: the workers are forked, and OpenMP must not have started before.
@@ -56,6 +62,10 @@ config::Config make_config(const Case& c, int micro_batch, int nproc) {
                            {"train.max_steps", "5"},
                            {"parallel.nproc", std::to_string(nproc)},
                            {"parallel.tensor", std::to_string(nproc > 1 ? c.tensor : 1)},
+                           {"parallel.pipeline", std::to_string(nproc > 1 ? c.pipeline : 1)},
+                           {"parallel.pipeline_schedule", c.schedule},
+                           {"checkpoint.interval_minutes", "0"},
+                           {"checkpoint.save_final", "false"},
                            {"parallel.strategy", c.strategy},
                            {"parallel.shard_group_size", std::to_string(nproc > 1 ? c.shard_group_size : 0)},
                            {"parallel.timeout_ms", "30000"},
@@ -74,7 +84,8 @@ void jitter_norm_gains(train::Trainer& trainer) {
     for (const model::TensorSpec& t : layout.units()[u].tensors) {
       if (t.decay) continue;
       for (int64_t e = std::max(begin, t.offset); e < std::min(end, t.offset + t.numel()); ++e) {
-        p.master_shard(u)[e - begin] = 1.0f + 0.5f * (rng::uniform(9, u, t.full_offset + e - t.offset) - 0.5f);
+        p.master_shard(u)[e - begin] =
+            1.0f + 0.5f * (rng::uniform(9, layout.global_unit(u), t.full_offset + e - t.offset) - 0.5f);
       }
     }
   }
@@ -95,21 +106,25 @@ struct Record {
   Tensors grads1, params0, params;
 };
 
-// `steps` steps of `trainer` (rank `rank`), written under dir (rank 0 the tensors: gathering is a
-// collective, every rank takes part). next: the batch source, or null for the loader.
+// `steps` steps of `trainer` (rank `rank`), written under dir (the tensors by the first rank of
+// each pipeline stage, NAME.STAGE.safetensors: gathering is a collective, every rank takes part).
+// next: the batch source, or null for the loader.
 void run_and_write(train::Trainer& trainer, int rank, int steps, const fs::path& dir,
                    const train::Trainer::BatchSource* next = nullptr) {
+  const parallel::Mesh& mesh = *trainer.distributed().mesh;
+  const bool writes = mesh.rank(parallel::Dim::kDp) == 0 && mesh.rank(parallel::Dim::kTp) == 0;
+  const int stage = mesh.rank(parallel::Dim::kPp);
   auto save = [&](std::vector<checkpoint::NamedTensor> tensors, const char* name) {
-    if (rank == 0) checkpoint::write_safetensors((dir / name).string(), tensors);
+    if (writes) checkpoint::write_safetensors((dir / fmt::format("{}.{}.safetensors", name, stage)).string(), tensors);
   };
-  save(trainer.params().gather_named_tensors(), "params0.safetensors");
+  save(trainer.params().gather_named_tensors(), "params0");
   std::ofstream out(dir / fmt::format("steps.{}", rank));
   for (int i = 0; i < steps; ++i) {
     const train::StepStats s = next != nullptr ? trainer.step(*next) : trainer.step();
     out << fmt::format("{:.9g} {:.9g}\n", s.loss, s.grad_norm);
-    if (i == 0) save(trainer.params().gather_named_gradients(), "grads1.safetensors");
+    if (i == 0) save(trainer.params().gather_named_gradients(), "grads1");
   }
-  save(trainer.params().gather_named_tensors(), "params.safetensors");
+  save(trainer.params().gather_named_tensors(), "params");
 }
 
 Record read_record(const fs::path& dir, int world, int steps) {
@@ -125,10 +140,17 @@ Record read_record(const fs::path& dir, int world, int steps) {
       r.norms[rank].push_back(norm);
     }
   }
-  auto read = [&](const char* name) { return by_name(checkpoint::read_safetensors((dir / name).string())); };
-  r.grads1 = read("grads1.safetensors");
-  r.params0 = read("params0.safetensors");
-  r.params = read("params.safetensors");
+  // Every stage's tensors.
+  auto read = [&](const char* name) {
+    Tensors all;
+    for (int stage = 0; fs::exists(dir / fmt::format("{}.{}.safetensors", name, stage)); ++stage) {
+      all.merge(by_name(checkpoint::read_safetensors((dir / fmt::format("{}.{}.safetensors", name, stage)).string())));
+    }
+    return all;
+  };
+  r.grads1 = read("grads1");
+  r.params0 = read("params0");
+  r.params = read("params");
   return r;
 }
 
@@ -249,27 +271,27 @@ TEST_P(Fsdp, MatchesOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, Fsdp,
-    ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
-                      Case{"full_shard", 4, 0, 3, false}, Case{"full_shard", 2, 0, 3, false},
-                      Case{"full_shard", 2, 0, 6, true}, Case{"shard_grad_op", 2, 0, 6, false},
-                      Case{"shard_grad_op", 3, 0, 4, false}, Case{"shard_grad_op", 4, 0, 3, false},
-                      Case{"hybrid_shard", 4, 2, 3, false}, Case{"no_shard", 2, 0, 6, false},
-                      Case{"no_shard", 3, 0, 4, false}, Case{"no_shard", 4, 0, 3, false},
-                      Case{"full_shard", 2, 0, 6, false, true}, Case{"hybrid_shard", 4, 2, 3, false, true},
-                      Case{"full_shard", 2, 0, 6, false, false, true}, Case{"full_shard", 2, 0, 6, true, false, true},
-                      Case{"shard_grad_op", 2, 0, 3, false, false, true}, Case{"no_shard", 2, 0, 6, false, false, true},
-                      Case{"hybrid_shard", 4, 2, 3, false, false, true},
-                      // Tensor parallelism inside each data-parallel coordinate.
-                      Case{"full_shard", 2, 0, 6, false, false, false, 2}, Case{"full_shard", 4, 0, 3, true, false, false, 2},
-                      Case{"shard_grad_op", 4, 0, 2, false, false, false, 2},
-                      Case{"hybrid_shard", 4, 1, 6, false, false, false, 2}, Case{"no_shard", 4, 0, 6, true, false, false, 2},
-                      Case{"full_shard", 4, 0, 3, false, false, true, 2}),
-    [](const auto& p) {
-      return fmt::format("{}_w{}_mb{}{}{}{}{}", p.param.strategy, p.param.world, p.param.micro_batch,
-                         p.param.tied ? "_tied" : "", p.param.bf16 ? "_bf16" : "",
-                         p.param.bf16_compute ? "_bf16compute" : "",
-                         p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "");
-    });
+    ::testing::Values(
+        Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false}, Case{"full_shard", 4, 0, 3, false},
+        Case{"full_shard", 2, 0, 3, false}, Case{"full_shard", 2, 0, 6, true}, Case{"shard_grad_op", 2, 0, 6, false},
+        Case{"shard_grad_op", 3, 0, 4, false}, Case{"shard_grad_op", 4, 0, 3, false},
+        Case{"hybrid_shard", 4, 2, 3, false}, Case{"no_shard", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
+        Case{"no_shard", 4, 0, 3, false}, Case{"full_shard", 2, 0, 6, false, true},
+        Case{"hybrid_shard", 4, 2, 3, false, true}, Case{"full_shard", 2, 0, 6, false, false, true},
+        Case{"full_shard", 2, 0, 6, true, false, true}, Case{"shard_grad_op", 2, 0, 3, false, false, true},
+        Case{"no_shard", 2, 0, 6, false, false, true}, Case{"hybrid_shard", 4, 2, 3, false, false, true},
+        // Tensor parallelism inside each data-parallel coordinate.
+        Case{"full_shard", 2, 0, 6, false, false, false, 2}, Case{"full_shard", 4, 0, 3, true, false, false, 2},
+        Case{"shard_grad_op", 4, 0, 2, false, false, false, 2}, Case{"hybrid_shard", 4, 1, 6, false, false, false, 2},
+        Case{"no_shard", 4, 0, 6, true, false, false, 2}, Case{"full_shard", 4, 0, 3, false, false, true, 2},
+        // Pipeline stages, alone and with the data and tensor dimensions.
+        Case{"full_shard", 2, 0, 3, false, false, false, 1, 2},
+        Case{"full_shard", 2, 0, 2, false, false, false, 1, 2, "gpipe"},
+        Case{"full_shard", 4, 0, 3, false, false, false, 1, 2},
+        Case{"no_shard", 4, 0, 2, false, false, false, 1, 2, "gpipe"},
+        Case{"shard_grad_op", 4, 0, 3, false, false, false, 2, 2},
+        Case{"full_shard", 4, 0, 3, false, false, true, 1, 2}),
+    [](const auto& p) { return name_of(p.param); });
 
 // Ignored targets spread unevenly over samples, so ranks and micro-batches count different numbers
 // of valid targets (some none): the loss and its gradient must be the mean over the global

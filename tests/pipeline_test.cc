@@ -218,24 +218,23 @@ int run_whole(const Case& c, const fs::path& dir) {
 // Stage `rank` of the pipeline; the stages' blocks as balanced_stage_layers cuts them.
 int run_stage(const Case& c, int rank, const fs::path& dir) {
   set_num_threads(1);
-  const std::vector<int64_t> layers = model::balanced_stage_layers(config(), c.stages);
-  int64_t first = 0;
-  for (int s = 0; s < rank; ++s) first += layers[s];
-  const model::ModelLayout layout(config(), 16, {}, {c.stages, rank, first, layers[rank]});
+  const model::ModelLayout layout(config(), 16, {}, model::balanced_stage(config(), c.stages, rank));
   auto store = comm::make_file_store((dir / "store").string(), "pp-test", "r0");
   auto group = comm::make_gloo_group(*store, rank, c.stages, "127.0.0.1", comm::Millis(20000));
   Source source(layout);
   train::PipelineStageRunner runner(layout, kBatch, 1, c.recompute_every, false, c.schedule, c.micro_batches,
                                     group.get(), comm::Millis(20000));
   const Batches batches(c.micro_batches);
-  std::vector<int> seen;
+  int before = 0, after = 0;
+  train::PipelineStageRunner::Hooks hooks{[&](const PipelineOp&) { ++before; },
+                                          [&](const PipelineOp&, double) { ++after; }};
   const model::LossSum loss = runner.step(
       source,
       [&](int b) {
         return data::Loader::Batch{batches.inputs[b].data(), batches.targets[b].data()};
       },
-      [&](int b) { seen.push_back(b); }, 1.0f / 29);
-  if (seen.size() != 2u * c.micro_batches) return 3;
+      hooks, 1.0f / 29);
+  if (before != 2 * c.micro_batches || after != 2 * c.micro_batches) return 3;
   write_result(dir, fmt::format("stage{}", rank), layout, source, loss);
   return 0;
 }

@@ -63,6 +63,11 @@ struct EnumNames<OnNonFinite> {
                                                                    {"skip", OnNonFinite::kSkip}};
 };
 template <>
+struct EnumNames<PipelineSchedule> {
+  static constexpr std::pair<const char*, PipelineSchedule> kTable[] = {{"1f1b", PipelineSchedule::kOneFOneB},
+                                                                        {"gpipe", PipelineSchedule::kGPipe}};
+};
+template <>
 struct EnumNames<OnFailure> {
   static constexpr std::pair<const char*, OnFailure> kTable[] = {{"continue", OnFailure::kContinue},
                                                                  {"stop", OnFailure::kStop}};
@@ -269,6 +274,8 @@ const std::vector<Key>& schema() {
       KEY(data, synthetic),
       KEY(parallel, nproc, closed(1, 1024)),
       KEY(parallel, tensor, closed(1, 1024)),
+      KEY(parallel, pipeline, closed(1, 1024)),
+      KEY(parallel, pipeline_schedule),
       KEY(parallel, strategy),
       KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
@@ -407,6 +414,7 @@ const char* name(Strategy v) { return enum_name(v); }
 const char* name(Precision v) { return enum_name(v); }
 const char* name(OnNonFinite v) { return enum_name(v); }
 const char* name(OnFailure v) { return enum_name(v); }
+const char* name(PipelineSchedule v) { return enum_name(v); }
 
 namespace {
 
@@ -468,12 +476,33 @@ void validate_tensor_parallel(const Config& c) {
   }
 }
 
-// The batch is cut among the data-parallel ranks, D = nproc / tensor.
+// Pipeline stages hold consecutive blocks, at least one each; the LM head on the last stage
+// cannot share the first stage's embedding table. Checkpoints and the final weights are saved per
+// stage, which is still to come.
+void validate_pipeline(const Config& c) {
+  const int64_t P = c.parallel.pipeline;
+  require(c.parallel.nproc % (P * c.parallel.tensor) == 0, "parallel.pipeline", fmt::format("{}", P),
+          fmt::format("x parallel.tensor = {} must divide parallel.nproc = {}", c.parallel.tensor, c.parallel.nproc));
+  if (P == 1) return;
+  require(P <= c.model.n_layers, "parallel.pipeline", fmt::format("{}", P),
+          fmt::format("must be <= model.n_layers = {} (each stage holds a block at least)", c.model.n_layers));
+  require(!c.model.tied_embeddings, "model.tied_embeddings", "true",
+          "pipeline parallelism needs untied embeddings (the LM head is on the last stage, the table on the first)");
+  require(!c.checkpoint.enabled(), "checkpoint.interval_minutes", fmt::format("{}", c.checkpoint.interval_minutes),
+          "checkpoints under pipeline parallelism are not built yet: set checkpoint.interval_minutes = 0 and "
+          "checkpoint.interval_steps = 0");
+  require(!c.checkpoint.save_final, "checkpoint.save_final", "true",
+          "saving the final weights under pipeline parallelism is not built yet: set checkpoint.save_final = false");
+}
+
+// The batch is cut among the data-parallel ranks, D = nproc / (pipeline x tensor).
 void validate_batch_and_ranks(const Config& c) {
   const TrainConfig& t = c.train;
   const ParallelConfig& p = c.parallel;
   const int64_t D = c.data_parallel();
-  const std::string ranks = p.tensor == 1 ? "parallel.nproc" : "(parallel.nproc / parallel.tensor)";
+  const std::string ranks = p.tensor == 1 && p.pipeline == 1 ? "parallel.nproc"
+                            : p.pipeline == 1                ? "(parallel.nproc / parallel.tensor)"
+                                              : "(parallel.nproc / (parallel.pipeline x parallel.tensor))";
   require(p.shard_group_size == 0 || D % p.shard_group_size == 0, "parallel.shard_group_size",
           fmt::format("{}", p.shard_group_size), fmt::format("must divide {} = {} (0: all of them)", ranks, D));
   require(t.batch_size % D == 0, "train.batch_size", fmt::format("{}", t.batch_size),
@@ -504,6 +533,7 @@ void validate(const Config& c) {
   validate_model(c.model);
   validate_sizes(c);
   validate_tensor_parallel(c);
+  validate_pipeline(c);
   validate_batch_and_ranks(c);
   const TrainConfig& t = c.train;
   require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),

@@ -29,10 +29,15 @@ enum class Strategy { kFullShard, kShardGradOp, kHybridShard, kNoShard };
 enum class Precision { kFp32, kBf16 };      // "fp32", "bf16"
 enum class OnNonFinite { kStop, kSkip };    // "stop", "skip"
 enum class OnFailure { kContinue, kStop };  // "continue", "stop"
+// The order of a pipeline stage's forwards and backwards (train/pipeline.h): "1f1b" (one forward,
+// one backward; at most P - s micro-batches' activations on stage s) or "gpipe" (all forwards,
+// then all backwards; all m).
+enum class PipelineSchedule { kOneFOneB, kGPipe };
 const char* name(Strategy v);
 const char* name(Precision v);
 const char* name(OnNonFinite v);
 const char* name(OnFailure v);
+const char* name(PipelineSchedule v);
 
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
@@ -70,11 +75,17 @@ struct DataConfig {
 };
 
 struct ParallelConfig {
-  int64_t nproc = 1;  // worker processes in the job: tensor x the data-parallel ranks
+  int64_t nproc = 1;  // worker processes in the job: pipeline x tensor x the data-parallel ranks
   // Tensor-parallel ranks (Megatron-LM's split: heads, hidden units and the vocabulary divided
   // among them); must divide nproc, model.n_heads, model.n_kv_heads, model.ffn_hidden and
-  // model.vocab_size. The data-parallel ranks are nproc / tensor.
+  // model.vocab_size. The data-parallel ranks are nproc / (pipeline x tensor).
   int64_t tensor = 1;
+  // Pipeline stages: the blocks cut into this many consecutive groups, balanced by cost (the
+  // embedding on the first stage, the final norm and LM head on the last); the micro-batches of a
+  // step (accumulation_steps()) flow through them by pipeline_schedule. At most model.n_layers;
+  // untied embeddings only.
+  int64_t pipeline = 1;
+  PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
   Strategy strategy = Strategy::kFullShard;
@@ -128,10 +139,10 @@ struct Config {
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
 
-  // Derived from the above by validate(). Each data-parallel rank (the ranks of a
-  // tensor-parallel group read the same batch) takes batch_size / data_parallel() sequences per
+  // Derived from the above by validate(). Each data-parallel rank (the ranks of a tensor-parallel
+  // group and the stages of a pipeline read the same batch) takes batch_size / data_parallel() sequences per
   // step, in accumulation_steps() micro-batches of micro_batch().
-  int64_t data_parallel() const { return parallel.nproc / parallel.tensor; }
+  int64_t data_parallel() const { return parallel.nproc / (parallel.tensor * parallel.pipeline); }
   int64_t accumulation_steps() const { return train.batch_size / (data_parallel() * micro_batch()); }
   int64_t micro_batch() const {
     return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / data_parallel();

@@ -48,6 +48,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       shard_group_(mesh.group(parallel::Dim::kDpShard)),
       replica_group_(mesh.group(parallel::Dim::kDpReplicate)),
       tp_group_(mesh.group(parallel::Dim::kTp)),
+      pp_group_(mesh.group(parallel::Dim::kPp)),
       accumulation_(accumulation),
       param_dtype_(param_dtype),
       reduce_dtype_(reduce_dtype) {
@@ -56,6 +57,9 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   CHECK_MSG(layout_.tensor_parallel().size == mesh.size(parallel::Dim::kTp) &&
                 layout_.tensor_parallel().rank == mesh.rank(parallel::Dim::kTp),
             "the layout's tensor-parallel block is not the mesh's");
+  CHECK_MSG(
+      layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
+      "the layout's pipeline stage is not the mesh's");
   options_.timeout = timeout;
   int64_t shard_total = 0, max_padded = 0;
   for (const model::UnitLayout& u : layout_.units()) {
@@ -261,9 +265,9 @@ double ShardedParams::finish_step(bool poison) {
     for (auto& w : works) wait(*w);
   }
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
-  // tp ranks' blocks.
+  // tp ranks' blocks and the pipeline's stages.
   float sum = static_cast<float>(local_sum_squares());
-  for (comm::ProcessGroup* g : {shard_group_, tp_group_}) {
+  for (comm::ProcessGroup* g : {shard_group_, tp_group_, pp_group_}) {
     if (g != nullptr) wait(*g->all_reduce(&sum, 1, comm::DType::kF32, options_));
   }
   recording_ = false;

@@ -20,7 +20,8 @@
 // Under tensor parallelism each tp rank's units hold its blocks (model::ModelLayout's
 // TensorParallel), sharded as above over the data-parallel ranks with its tp coordinate; the
 // mesh's tp group carries the model's tp_all_reduce and tp_all_gather, and the gradient norm
-// counts a replicated tensor (a norm gain, equal on every tp rank) once.
+// counts a replicated tensor (a norm gain, equal on every tp rank) once. Under pipeline
+// parallelism the layout holds this stage's units only, and the norm sums over the stages too.
 #pragma once
 
 #include <cstdint>
@@ -119,6 +120,7 @@ class ShardedParams final : public model::ParamSource {
   comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
   comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
   comm::ProcessGroup* tp_group_;       // tp (null without tensor parallelism)
+  comm::ProcessGroup* pp_group_;       // pp (null without pipeline parallelism)
   int64_t accumulation_;
   comm::CollectiveOptions options_;
   comm::DType param_dtype_, reduce_dtype_;

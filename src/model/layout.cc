@@ -134,6 +134,13 @@ std::vector<int64_t> balanced_stage_layers(const ModelConfig& c, int stages) {
   return layers;
 }
 
+PipelineStage balanced_stage(const ModelConfig& c, int stages, int rank) {
+  const std::vector<int64_t> layers = balanced_stage_layers(c, stages);
+  int64_t first = 0;
+  for (int s = 0; s < rank; ++s) first += layers[s];
+  return {stages, rank, first, layers[rank]};
+}
+
 ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParallel tp, PipelineStage stage)
     : config_(c), tp_(tp), stage_(stage) {
   CHECK(pad_multiple > 0 && tp.size > 0 && tp.rank >= 0 && tp.rank < tp.size);

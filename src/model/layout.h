@@ -34,6 +34,8 @@ struct PipelineStage {
 // (its matrix is V x C; the embedding's lookup is free), contiguous, each stage at least one
 // block, the largest stage cost as small as can be.
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& config, int stages);
+// Stage `rank` of `stages` as balanced_stage_layers cuts them.
+PipelineStage balanced_stage(const ModelConfig& config, int stages, int rank);
 
 struct TensorSpec {
   std::string name;                 // e.g. "layers.3.attention.wq.weight"

@@ -88,10 +88,13 @@ TEST(ParallelDims, HybridShardInsideDataParallelWithTensorParallel) {
   EXPECT_EQ(describe_layout(d)[1], "dp (2 groups of 4): [0 2 4 6] [1 3 5 7]");
 }
 
-config::Config with(const std::string& strategy, int nproc, int group = 0, int tensor = 1) {
+config::Config with(const std::string& strategy, int nproc, int group = 0, int tensor = 1, int pipeline = 1) {
   return config::load("", {{"parallel.strategy", strategy},
                            {"parallel.nproc", std::to_string(nproc)},
                            {"parallel.tensor", std::to_string(tensor)},
+                           {"parallel.pipeline", std::to_string(pipeline)},
+                           {"checkpoint.interval_minutes", "0"},
+                           {"checkpoint.save_final", "false"},
                            {"parallel.shard_group_size", std::to_string(group)},
                            {"train.batch_size", "48"}});
 }
@@ -108,6 +111,9 @@ TEST(ParallelDims, StrategiesFillTheDataParallelDimensions) {
   EXPECT_EQ(dims_for(with("hybrid_shard", 8, 2, 2), 8), (ParallelDims{1, 2, 2, 2}));
   EXPECT_EQ(dims_for(with("no_shard", 8, 0, 4), 8), (ParallelDims{1, 2, 1, 4}));
   EXPECT_EQ(dims_for(with("shard_grad_op", 4, 0, 4), 4), (ParallelDims{1, 1, 1, 4}));
+  // parallel.pipeline takes the outermost.
+  EXPECT_EQ(dims_for(with("full_shard", 8, 0, 2, 2), 8), (ParallelDims{2, 1, 2, 2}));
+  EXPECT_EQ(dims_for(with("hybrid_shard", 8, 1, 1, 2), 8), (ParallelDims{2, 4, 1, 1}));
 }
 
 TEST(ParallelDims, RefusesABadProductOrSizeNamingTheNumbers) {

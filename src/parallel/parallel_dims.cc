@@ -81,12 +81,19 @@ std::string ParallelDims::to_string() const {
 
 ParallelDims dims_for(const config::Config& config, int world) {
   ParallelDims d;
-  const int64_t tensor = config.parallel.tensor;
+  const int64_t tensor = config.parallel.tensor, pipeline = config.parallel.pipeline;
   if (tensor < 1 || world % tensor != 0) {
     throw ConfigError(fmt::format("parallel.tensor = {} must divide the {} ranks (parallel.nproc)", tensor, world));
   }
+  if (pipeline < 1 || world % (tensor * pipeline) != 0) {
+    throw ConfigError(
+        fmt::format("parallel.pipeline = {} x parallel.tensor = {} must divide the {} ranks "
+                    "(parallel.nproc)",
+                    pipeline, tensor, world));
+  }
   d.tp = static_cast<int>(tensor);
-  const int dp = world / d.tp;
+  d.pp = static_cast<int>(pipeline);
+  const int dp = world / (d.tp * d.pp);
   const int64_t group = config.parallel.shard_group_size;
   switch (config.parallel.strategy) {
     case config::Strategy::kFullShard:
@@ -97,7 +104,7 @@ ParallelDims dims_for(const config::Config& config, int world) {
       if (group < 0 || (group > 0 && dp % group != 0)) {
         throw ConfigError(
             fmt::format("parallel.shard_group_size = {} must divide the {} data-parallel ranks "
-                        "(parallel.nproc / parallel.tensor; 0: all of them)",
+                        "(parallel.nproc / (parallel.pipeline x parallel.tensor); 0: all of them)",
                         group, dp));
       }
       d.dp_shard = group == 0 ? dp : static_cast<int>(group);

@@ -46,7 +46,8 @@ struct ParallelDims {
   }
 };
 
-// The dimensions a config asks for at `world` ranks: tp = parallel.tensor, dp = world / tp, and
+// The dimensions a config asks for at `world` ranks: tp = parallel.tensor, pp =
+// parallel.pipeline, dp = world / (pp x tp), and
 // parallel.strategy fills the data-parallel ones (full_shard and shard_grad_op: dp_shard = dp;
 // hybrid_shard: dp_replicate x dp_shard with dp_shard = parallel.shard_group_size, 0 meaning all;
 // no_shard: dp_replicate = dp). Validated.

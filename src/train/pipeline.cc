@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace tessera::train {
 
@@ -66,8 +67,10 @@ size_t PipelineStageRunner::activation_bytes() const {
 
 void PipelineStageRunner::finish_send(Slot& s) {
   if (!s.send) return;
+  const double t0 = now_seconds();
   try {
     s.send->wait();
+    blocked_seconds_ += now_seconds() - t0;
   } catch (const comm::CollectiveError& e) {
     const int rank = layout_.stage().rank;
     throw comm::CollectiveError(fmt::format("pipeline stage {}: sending micro-batch {}'s {} to stage {} failed: {}",
@@ -78,11 +81,13 @@ void PipelineStageRunner::finish_send(Slot& s) {
 }
 
 void PipelineStageRunner::receive(float* data, int peer, int micro_batch, bool gradient) {
+  const double t0 = now_seconds();
   try {
     group_
         ->recv(data, activation_floats_, comm::DType::kF32, peer, static_cast<uint32_t>(2 * micro_batch + gradient),
                options_)
         ->wait();
+    blocked_seconds_ += now_seconds() - t0;
   } catch (const comm::CollectiveError& e) {
     throw comm::CollectiveError(fmt::format("pipeline stage {}: micro-batch {}'s {} from stage {} did not arrive: {}",
                                             layout_.stage().rank, micro_batch,
@@ -125,20 +130,21 @@ void PipelineStageRunner::backward(model::ParamSource& params, int slot, int mic
   }
 }
 
-model::LossSum PipelineStageRunner::step(model::ParamSource& params, const BatchSource& batch,
-                                         const MicroBatchHook& before, float grad_scale) {
+model::LossSum PipelineStageRunner::step(model::ParamSource& params, const BatchSource& batch, const Hooks& hooks,
+                                         float grad_scale) {
   const model::PipelineStage& st = layout_.stage();
   model::LossSum loss;
   // Micro-batch b lives in slot b mod slots from its forward to its backward: the schedule never
   // holds more than slots() at once, in order, so the slot is free again when b + slots() comes.
   for (const PipelineOp& op : pipeline_schedule(schedule_, st.size, st.rank, micro_batches_)) {
     const int slot = op.micro_batch % slots();
-    if (before) before(op.micro_batch);
+    if (hooks.before) hooks.before(op);
     if (op.forward) {
       forward(params, slot, op.micro_batch, batch(op.micro_batch), true, grad_scale, &loss);
     } else {
       backward(params, slot, op.micro_batch);
     }
+    if (hooks.after) hooks.after(op, op.forward ? models_[slot]->head_backward_seconds() : 0.0);
   }
   for (Slot& s : slots_) finish_send(s);
   return loss;

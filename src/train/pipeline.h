@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "config/config.h"
 #include "data/loader.h"
 #include "model/layout.h"
 #include "model/llama.h"
@@ -20,7 +21,7 @@
 
 namespace tessera::train {
 
-enum class PipelineSchedule { kOneFOneB, kGPipe };
+using config::PipelineSchedule;
 
 // One unit of a stage's work in a step.
 struct PipelineOp {
@@ -48,21 +49,27 @@ class PipelineStageRunner {
 
   // Micro-batch b's inputs and targets (B, T); read once per micro-batch, in order.
   using BatchSource = std::function<data::Loader::Batch(int micro_batch)>;
-  // Called before each forward and backward with its micro-batch (ShardedParams::begin_micro_batch).
-  using MicroBatchHook = std::function<void(int micro_batch)>;
+  // Around each forward and backward: before (ShardedParams::begin_micro_batch), after (timing;
+  // a forward's LM-head backward, fused into it, took head_backward_seconds of it).
+  struct Hooks {
+    std::function<void(const PipelineOp&)> before;
+    std::function<void(const PipelineOp&, double head_backward_seconds)> after;
+  };
 
   // One step's forwards and backwards in schedule order, adding the gradient of grad_scale x the
   // loss sum to params' gradients. Returns this stage's loss sum over the micro-batches: the
   // loss on the last stage, zero elsewhere. A neighbour lost or late past the timeout is a
   // CollectiveError naming the stage, the micro-batch and the direction (exit 12).
-  model::LossSum step(model::ParamSource& params, const BatchSource& batch, const MicroBatchHook& before,
-                      float grad_scale);
+  model::LossSum step(model::ParamSource& params, const BatchSource& batch, const Hooks& hooks, float grad_scale);
   // Forward only (evaluation), micro-batch after micro-batch.
   model::LossSum forward_only(model::ParamSource& params, const BatchSource& batch);
 
   int slots() const { return static_cast<int>(models_.size()); }
   model::Llama& model(int slot = 0) { return *models_[slot]; }
   size_t activation_bytes() const;
+  // Seconds blocked on the neighbours so far (receiving, or waiting for a send to finish): the
+  // pipeline's bubble and its communication.
+  double blocked_seconds() const { return blocked_seconds_; }
 
  private:
   struct Slot {
@@ -86,6 +93,7 @@ class PipelineStageRunner {
   int64_t activation_floats_;  // N x C
   std::vector<std::unique_ptr<model::Llama>> models_;
   std::vector<Slot> slots_;
+  double blocked_seconds_ = 0.0;
 };
 
 }  // namespace tessera::train

@@ -123,8 +123,11 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
   const std::string layout =
       dist.world_size() == 1
           ? "single process"
-          : fmt::format("{}{}", config::name(config.parallel.strategy),
-                        config.parallel.tensor > 1 ? fmt::format(" x tensor {}", config.parallel.tensor) : "");
+          : fmt::format("{}{}{}", config::name(config.parallel.strategy),
+                        config.parallel.tensor > 1 ? fmt::format(" x tensor {}", config.parallel.tensor) : "",
+                        config.parallel.pipeline > 1 ? fmt::format(" x pipeline {} ({})", config.parallel.pipeline,
+                                                                   config::name(config.parallel.pipeline_schedule))
+                                                     : "");
   log::info(
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
       "data-parallel rank); memory per rank: state {} MB, activations {} MB",
@@ -163,6 +166,7 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
                    {"tensor_parallel", config.parallel.tensor},
+                   {"pipeline_parallel", config.parallel.pipeline},
                    {"param_dtype", config::name(config.parallel.param_dtype)},
                    {"threads", num_threads()},
                    {"preset", m.preset},

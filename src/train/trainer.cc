@@ -55,14 +55,19 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
     : config_(config),
       dist_(dist),
       layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
-              {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp)}),
+              {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp)},
+              model::balanced_stage(config.model, dist.mesh->size(parallel::Dim::kPp),
+                                    dist.mesh->rank(parallel::Dim::kPp))),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
           dtype_of(config.parallel.reduce_dtype))),
       optimizer_(adamw_config(config), params_->shard_sizes()),
-      model_(layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
-             config.parallel.param_dtype == config::Precision::kBf16),
+      pipeline_(std::make_unique<PipelineStageRunner>(
+          layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
+          config.parallel.param_dtype == config::Precision::kBf16, config.parallel.pipeline_schedule,
+          static_cast<int>(config.accumulation_steps()), dist.mesh->group(parallel::Dim::kPp),
+          comm::Millis(config.parallel.timeout_ms))),
       train_stream_(open_split(dataset_dir, "train")),
       val_stream_(open_split(dataset_dir, "val")),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
@@ -81,6 +86,13 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       reduce_buffer_(step_reduce_floats(dist.world_size())) {
   // The config's derived sizes (micro-batches per step) assume this world size.
   CHECK_MSG(config.parallel.nproc == dist.world_size(), "parallel.nproc must equal the world size");
+  if (const int64_t P = config.parallel.pipeline; P > 1 && config.accumulation_steps() < P) {
+    log::warn(
+        "{} micro-batches per step through {} pipeline stages: the bubble takes {:.0f}% of each step; "
+        "lower train.micro_batch_size to have more micro-batches",
+        config.accumulation_steps(), P,
+        100.0 * static_cast<double>(P - 1) / static_cast<double>(config.accumulation_steps() + P - 1));
+  }
   if (train_stream_) {
     const data::DatasetManifest& m = train_stream_->manifest();
     if (m.vocab_size != config.model.vocab_size) {
@@ -135,11 +147,11 @@ StepStats Trainer::step(uint32_t signals) {
 // parameters waited for meanwhile, which counts as comm.
 class PhaseClock {
  public:
-  PhaseClock(const fsdp::ShardedParams& params, StepTimes& times)
-      : params_(params), times_(times), t_(now_seconds()), comm_(params.exposed_comm_seconds()) {}
+  PhaseClock(const fsdp::ShardedParams& params, const PipelineStageRunner& pipeline, StepTimes& times)
+      : params_(params), pipeline_(pipeline), times_(times), t_(now_seconds()), comm_(waited_total()) {}
   // Compute seconds since the last mark (the construction or any call).
   double compute() {
-    const double now = now_seconds(), waited = params_.exposed_comm_seconds() - comm_;
+    const double now = now_seconds(), waited = waited_total() - comm_;
     const double compute = now - t_ - waited;
     times_.comm += waited;
     t_ = now;
@@ -155,7 +167,10 @@ class PhaseClock {
   void restart() { t_ = now_seconds(); }  // what ran since the last mark is bookkeeping
 
  private:
+  // Blocked on gathers and reductions, and on the pipeline's neighbours (its bubble included).
+  double waited_total() const { return params_.exposed_comm_seconds() + pipeline_.blocked_seconds(); }
   const fsdp::ShardedParams& params_;
+  const PipelineStageRunner& pipeline_;
   StepTimes& times_;
   double t_, comm_;
 };
@@ -164,7 +179,7 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   StepTimes times;
-  PhaseClock clock(*params_, times);
+  PhaseClock clock(*params_, *pipeline_, times);
   params_->begin_step();
   // The step's loss is the sum over the global batch's valid targets divided by their count,
   // which no rank knows before its backward. Each target's gradient is scaled by 1 / positions
@@ -212,22 +227,20 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
 
 model::LossSum Trainer::accumulate_gradients(const BatchSource& next, int64_t positions, PhaseClock& clock,
                                              StepTimes& times) {
-  model::LossSum loss_sum;
-  for (int64_t a = 0; a < loader_->micro_batches_per_step(); ++a) {
-    params_->begin_micro_batch(a);
-    const data::Loader::Batch batch = next();
+  const auto batch = [&](int micro_batch) {
+    const data::Loader::Batch b = next();
     times.data_wait += clock.compute();
-    if (a == 0) fault::point("forward", dist_.rank(), step_ + 1);
-    const model::LossSum mb =
-        model_.forward(*params_, batch.inputs, batch.targets, 1.0f / static_cast<float>(positions));
-    loss_sum.sum += mb.sum;
-    loss_sum.count += mb.count;
-    times.forward += clock.compute() - model_.head_backward_seconds();
-    times.backward += model_.head_backward_seconds();
-    model_.backward(*params_, batch.inputs);
-    times.backward += clock.compute();
-  }
-  return loss_sum;
+    if (micro_batch == 0) fault::point("forward", dist_.rank(), step_ + 1);
+    return b;
+  };
+  PipelineStageRunner::Hooks hooks;
+  hooks.before = [&](const PipelineOp& op) { params_->begin_micro_batch(op.micro_batch); };
+  hooks.after = [&](const PipelineOp& op, double head_backward_seconds) {
+    const double seconds = clock.compute();
+    (op.forward ? times.forward : times.backward) += seconds - head_backward_seconds;
+    times.backward += head_backward_seconds;
+  };
+  return pipeline_->step(*params_, batch, hooks, 1.0f / static_cast<float>(positions));
 }
 
 void Trainer::share_step_figures(model::LossSum* loss_sum, uint32_t* signals) {
@@ -313,9 +326,10 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
   const int64_t per_rank = G / W;
   model::LossSum loss;
   for (uint64_t b = 0; b < global_batches; ++b) {
-    for (int64_t m0 = 0; m0 < per_rank; m0 += mb) {
+    // Micro-batch j of this rank's part of global batch b (the stages of a pipeline read the same).
+    const auto batch = [&](int j) {
       for (int64_t r = 0; r < mb; ++r) {
-        const uint64_t s = b * G + rank * per_rank + m0 + r;
+        const uint64_t s = b * G + rank * per_rank + j * mb + r;
         int32_t* in = eval_inputs_.data() + r * T;
         int32_t* tg = eval_targets_.data() + r * T;
         if (s < total) {
@@ -326,10 +340,11 @@ Trainer::Evaluation Trainer::evaluate(int64_t batches) {
           std::fill(tg, tg + T, -1);
         }
       }
-      const model::LossSum part = model_.forward_loss(*params_, eval_inputs_.data(), eval_targets_.data());
-      loss.sum += part.sum;
-      loss.count += part.count;
-    }
+      return data::Loader::Batch{eval_inputs_.data(), eval_targets_.data()};
+    };
+    const model::LossSum part = pipeline_->forward_only(*params_, batch);
+    loss.sum += part.sum;
+    loss.count += part.count;
   }
   if (dist_.world() != nullptr) {
     // Per-rank sums in double precision, reduced as floats: 6e-8 relative.

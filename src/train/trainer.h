@@ -24,6 +24,7 @@
 #include "model/llama.h"
 #include "optim/schedule.h"
 #include "parallel/job.h"
+#include "train/pipeline.h"
 #include "train/synthetic.h"
 
 namespace tessera::train {
@@ -98,7 +99,8 @@ class Trainer {
   const config::Config& config() const { return config_; }
   const parallel::Distributed& distributed() const { return dist_; }
   const model::ModelLayout& layout() const { return layout_; }
-  model::Llama& model() { return model_; }
+  // This stage's model (its first activation slot); the whole model without pipeline parallelism.
+  model::Llama& model() { return pipeline_->model(); }
   fsdp::ShardedParams& params() { return *params_; }
   // AdamW's moments of this rank's shards.
   optim::AdamW& optimizer() { return optimizer_; }
@@ -122,7 +124,7 @@ class Trainer {
   const data::DatasetManifest* dataset() const { return train_stream_ ? &train_stream_->manifest() : nullptr; }
   // Bytes of parameters, gradients and optimizer state, and of activations.
   size_t state_bytes() const;
-  size_t activation_bytes() const { return model_.activation_bytes(); }
+  size_t activation_bytes() const { return pipeline_->activation_bytes(); }
 
  private:
   using Reader = std::function<void(uint64_t, uint64_t, int32_t*)>;
@@ -141,7 +143,9 @@ class Trainer {
   model::ModelLayout layout_;
   std::unique_ptr<fsdp::ShardedParams> params_;
   optim::AdamW optimizer_;
-  model::Llama model_;
+  // The stage's forwards and backwards over its micro-batches (one stage, one slot, without
+  // pipeline parallelism: forward and backward of each micro-batch in turn).
+  std::unique_ptr<PipelineStageRunner> pipeline_;
   std::unique_ptr<data::TokenStream> train_stream_, val_stream_;
   SyntheticTokens synthetic_train_, synthetic_val_;
   Reader val_reader_;

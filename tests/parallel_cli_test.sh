@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Tensor parallelism through `tessera train` (issue 15): 2 tensor-parallel x 2 data-parallel ranks
-# train the same losses and gradient norms as 2 data-parallel ranks alone; a checkpoint saved at
+# Tensor and pipeline parallelism through `tessera train` (issue 15): 2 tensor-parallel x 2
+# data-parallel ranks, and 2 pipeline stages x 2 tensor-parallel ranks (1F1B and GPipe), train the
+# same losses and gradient norms as 2 data-parallel ranks alone; a checkpoint saved at
 # tp 2 resumes at tp 1 and one saved at tp 1 resumes at tp 2, each ending where the uninterrupted
 # run ended; `checkpoint verify` and the Hugging Face export read tp checkpoints; a tp size
 # that does not divide the model is exit 2 naming the key.
-# usage: tensor_parallel_cli_test.sh TESSERA_BINARY
+# usage: parallel_cli_test.sh TESSERA_BINARY
 set -euo pipefail
 tessera=$1
 dir=$(mktemp -d)
@@ -26,6 +27,13 @@ grep -q "full_shard x tensor 2" "$dir/tp2.log" || fail "the start-up line does n
 ls "$dir/tp2/checkpoints/step_00000003" | grep -q '^tp01_shard_00001.bin$' || fail "no file for tp rank 1, shard 1"
 "$tessera" checkpoint verify "$dir/tp2/checkpoints/step_00000006" || fail "verify refused a tp checkpoint"
 
+# Pipeline stages (no checkpoints yet), 4 micro-batches of 2 per step.
+pipeline=(--set checkpoint.interval_steps=0 --set checkpoint.interval_minutes=0 --set checkpoint.save_final=false
+          --set train.micro_batch_size=2)
+train pp2_tp2 4 2 --set parallel.pipeline=2 "${pipeline[@]}"
+train pp2_gpipe 2 1 --set parallel.pipeline=2 --set parallel.pipeline_schedule=gpipe "${pipeline[@]}"
+grep -q "full_shard x tensor 2 x pipeline 2 (1f1b)" "$dir/pp2_tp2.log" || fail "the start-up line does not state the pipeline"
+
 # Resume across tensor-parallel sizes, from step 3 of the other run.
 train tp2_to_tp1 2 1 --resume "$dir/tp2/checkpoints/step_00000003"
 train tp1_to_tp2 4 2 --resume "$dir/dp2/checkpoints/step_00000003"
@@ -38,7 +46,8 @@ def steps(run):
     return {r["step"]: r for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r}
 want = steps("dp2")
 bad = 0
-for run, first in [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4)]:
+runs = [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4), ("pp2_tp2", 1), ("pp2_gpipe", 1)]
+for run, first in runs:
     got = steps(run)
     for s in range(first, 7):
         for key in ["loss", "grad_norm"]:
@@ -46,7 +55,7 @@ for run, first in [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4)]:
             if abs(a - b) > 1e-5 * abs(b):
                 print(f"{run} step {s} {key}: {a} vs {b} (dp2)")
                 bad += 1
-print(f"compared {3 * 6 - 6} steps against dp2: {bad} differ")
+print(f"compared {sum(7 - first for _, first in runs)} steps against dp2: {bad} differ")
 sys.exit(1 if bad else 0)
 PY
 
@@ -66,4 +75,4 @@ rc=$?
 set -e
 [[ $rc -eq 2 ]] || fail "tensor 4 with 2 key/value heads exited $rc, not 2"
 grep -q "model.n_kv_heads = 2: must be divisible by parallel.tensor = 4" "$dir/bad.log" || fail "$(cat "$dir/bad.log")"
-echo "tensor-parallel CLI: ok"
+echo "parallel CLI: ok"
