@@ -24,11 +24,13 @@
 #include "launch/local_workers.h"
 #include "model/layout.h"
 #include "model/llama.h"
+#include "model_split_util.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace test_util;  // NOLINT: the shared helpers of split-model tests
 using train::PipelineOp;
 using train::PipelineSchedule;
 
@@ -138,35 +140,6 @@ model::ModelConfig config() {
 
 constexpr int64_t kBatch = 2;
 
-// Element i of whole tensor `name`: the same on every stage.
-float weight(const model::TensorSpec& t, int64_t i) {
-  const uint64_t stream = std::hash<std::string>{}(t.name);
-  if (!t.decay) return 1.0f + 0.5f * static_cast<float>(rng::uniform(13, stream, i) - 0.5);  // norm gains
-  return 0.08f * static_cast<float>(rng::normal(13, stream, i));
-}
-
-// This stage's units whole (no sharding).
-class Source final : public model::ParamSource {
- public:
-  explicit Source(const model::ModelLayout& layout) {
-    for (const model::UnitLayout& u : layout.units()) {
-      params_.emplace_back(u.padded, 0.0f);
-      grads_.emplace_back(u.padded, 0.0f);
-      for (const model::TensorSpec& t : u.tensors) {
-        for (int64_t i = 0; i < t.numel(); ++i) params_.back()[t.offset + i] = weight(t, i);
-      }
-    }
-  }
-  const float* acquire(int unit) override { return params_[unit].data(); }
-  void release(int) override {}
-  float* grads(int unit) override { return grads_[unit].data(); }
-  void grads_ready(int) override {}
-  const std::vector<float>& unit_grads(int unit) const { return grads_[unit]; }
-
- private:
-  std::vector<std::vector<float>> params_, grads_;
-};
-
 // Micro-batch b: random tokens, some targets ignored.
 struct Batches {
   explicit Batches(int m) : inputs(m), targets(m) {
@@ -182,26 +155,11 @@ struct Batches {
   std::vector<std::vector<int32_t>> inputs, targets;
 };
 
-void write_result(const fs::path& dir, const std::string& name, const model::ModelLayout& layout, const Source& source,
-                  const model::LossSum& loss) {
-  std::vector<checkpoint::NamedTensor> grads;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    for (const model::TensorSpec& t : layout.units()[u].tensors) {
-      const float* g = source.unit_grads(u).data() + t.offset;
-      grads.push_back({t.name, t.shape, std::vector<float>(g, g + t.numel())});
-    }
-  }
-  checkpoint::write_safetensors((dir / (name + ".safetensors")).string(), grads);
-  FILE* f = std::fopen((dir / (name + ".loss")).c_str(), "w");
-  std::fprintf(f, "%.17g %lld\n", loss.sum, static_cast<long long>(loss.count));
-  std::fclose(f);
-}
-
 // The whole model over the m micro-batches, one after another.
 int run_whole(const Case& c, const fs::path& dir) {
   set_num_threads(1);
   const model::ModelLayout layout(config());
-  Source source(layout);
+  WholeUnitsSource source(layout, 13);
   model::Llama llama(layout, kBatch, 1, c.recompute_every);
   const Batches batches(c.micro_batches);
   model::LossSum loss;
@@ -211,7 +169,7 @@ int run_whole(const Case& c, const fs::path& dir) {
     loss.sum += part.sum;
     loss.count += part.count;
   }
-  write_result(dir, "whole", layout, source, loss);
+  write_result(dir / "whole", layout, source, loss);
   return 0;
 }
 
@@ -221,7 +179,7 @@ int run_stage(const Case& c, int rank, const fs::path& dir) {
   const model::ModelLayout layout(config(), 16, {}, model::balanced_stage(config(), c.stages, rank));
   auto store = comm::make_file_store((dir / "store").string(), "pp-test", "r0");
   auto group = comm::make_gloo_group(*store, rank, c.stages, "127.0.0.1", comm::Millis(20000));
-  Source source(layout);
+  WholeUnitsSource source(layout, 13);
   train::PipelineStageRunner runner(layout, kBatch, 1, c.recompute_every, false, c.schedule, c.micro_batches,
                                     group.get(), comm::Millis(20000));
   const Batches batches(c.micro_batches);
@@ -235,24 +193,8 @@ int run_stage(const Case& c, int rank, const fs::path& dir) {
       },
       hooks, 1.0f / 29);
   if (before != 2 * c.micro_batches || after != 2 * c.micro_batches) return 3;
-  write_result(dir, fmt::format("stage{}", rank), layout, source, loss);
+  write_result(dir / fmt::format("stage{}", rank), layout, source, loss);
   return 0;
-}
-
-std::map<std::string, std::vector<float>> read_grads(const fs::path& path) {
-  std::map<std::string, std::vector<float>> out;
-  for (auto& t : checkpoint::read_safetensors(path.string())) out[t.name] = std::move(t.data);
-  return out;
-}
-
-std::pair<double, long long> read_loss(const fs::path& path) {
-  double sum = NAN;
-  long long count = 0;
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return {sum, count};
-  EXPECT_EQ(std::fscanf(f, "%lf %lld", &sum, &count), 2);
-  std::fclose(f);
-  return {sum, count};
 }
 
 class PipelineParallel : public ::testing::TestWithParam<Case> {};
@@ -265,29 +207,21 @@ TEST_P(PipelineParallel, MatchesTheWholeModel) {
   ASSERT_EQ(launch::run_local_workers(1, [&](int) { return run_whole(c, dir); }), 0);
   ASSERT_EQ(launch::run_local_workers(c.stages, [&](int rank) { return run_stage(c, rank, dir); }), 0);
 
-  const auto [whole_loss, whole_count] = read_loss(dir / "whole.loss");
-  const auto whole = read_grads(dir / "whole.safetensors");
+  const auto [whole_loss, whole_count] = read_loss(dir / "whole");
+  const auto whole = read_grads(dir / "whole");
   size_t tensors = 0;
   for (int s = 0; s < c.stages; ++s) {
-    const auto [loss, count] = read_loss(dir / fmt::format("stage{}.loss", s));
+    const auto [loss, count] = read_loss(dir / fmt::format("stage{}", s));
     if (s == c.stages - 1) {
       EXPECT_EQ(count, whole_count);
       EXPECT_NEAR(loss, whole_loss, 1e-5 * std::abs(whole_loss));
     } else {
       EXPECT_EQ(count, 0) << "only the last stage has a loss";
     }
-    for (const auto& [name, got] : read_grads(dir / fmt::format("stage{}.safetensors", s))) {
+    for (const auto& [name, got] : read_grads(dir / fmt::format("stage{}", s))) {
       SCOPED_TRACE(fmt::format("{} on stage {}", name, s));
       ++tensors;
-      const std::vector<float>& want = whole.at(name);
-      ASSERT_EQ(got.size(), want.size());
-      double scale = 0, err = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-        err = std::max(err, static_cast<double>(std::abs(got[i] - want[i])));
-      }
-      EXPECT_GT(scale, 0.0);
-      EXPECT_LE(err, 1e-5 * scale) << "max |difference| " << err << " against max |gradient| " << scale;
+      expect_close_to_whole(got, whole.at(name));
     }
   }
   EXPECT_EQ(tensors, whole.size()) << "every tensor on exactly one stage";

@@ -22,11 +22,13 @@
 #include "launch/local_workers.h"
 #include "model/layout.h"
 #include "model/llama.h"
+#include "model_split_util.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace test_util;  // NOLINT: the shared helpers of split-model tests
 
 struct Case {
   int tp;
@@ -54,44 +56,6 @@ model::ModelConfig config(bool tied) {
 
 constexpr int64_t kBatch = 2;
 
-// Element i of whole tensor `name`: the same on every rank and at every tp.
-float weight(const model::TensorSpec& t, int64_t i) {
-  const uint64_t stream = std::hash<std::string>{}(t.name);
-  if (!t.decay) return 1.0f + 0.5f * static_cast<float>(rng::uniform(11, stream, i) - 0.5);  // norm gains
-  return 0.08f * static_cast<float>(rng::normal(11, stream, i));
-}
-
-// A parameter source holding this rank's units whole (no sharding), with the tp group.
-class Source final : public model::ParamSource {
- public:
-  Source(const model::ModelLayout& layout, comm::ProcessGroup* tp) : tp_(tp) {
-    for (const model::UnitLayout& u : layout.units()) {
-      params_.emplace_back(u.padded, 0.0f);
-      grads_.emplace_back(u.padded, 0.0f);
-      for (const model::TensorSpec& t : u.tensors) {
-        std::vector<float> whole(static_cast<size_t>(t.full_numel()));
-        for (size_t i = 0; i < whole.size(); ++i) whole[i] = weight(t, static_cast<int64_t>(i));
-        copy_block_out(t, layout.tensor_parallel().rank, whole.data(), params_.back().data() + t.offset);
-      }
-    }
-  }
-  const float* acquire(int unit) override { return params_[unit].data(); }
-  void release(int) override {}
-  float* grads(int unit) override { return grads_[unit].data(); }
-  void grads_ready(int) override {}
-  void tp_all_reduce(float* data, int64_t count) override {
-    tp_->all_reduce(data, count, comm::DType::kF32, {comm::Millis(20000)})->wait();
-  }
-  void tp_all_gather(const float* in, float* out, int64_t count) override {
-    tp_->all_gather(in, out, count, comm::DType::kF32, {comm::Millis(20000)})->wait();
-  }
-  const std::vector<float>& unit_grads(int unit) const { return grads_[unit]; }
-
- private:
-  comm::ProcessGroup* tp_;
-  std::vector<std::vector<float>> params_, grads_;
-};
-
 // One micro-batch forward and backward as rank `rank` of a tp group of `tp` (tp 1: the whole
 // model, no group); writes the loss and this rank's gradient blocks under dir.
 int run_rank(const Case& c, int tp, int rank, const fs::path& dir) {
@@ -104,7 +68,7 @@ int run_rank(const Case& c, int tp, int rank, const fs::path& dir) {
     store = comm::make_file_store((dir / "store").string(), "tp-test", "r0");
     group = comm::make_gloo_group(*store, rank, tp, "127.0.0.1", comm::Millis(20000));
   }
-  Source source(layout, group.get());
+  WholeUnitsSource source(layout, 11, group.get());
   model::Llama llama(layout, kBatch, 1, c.recompute_every);
   const int64_t N = kBatch * cfg.seq_len;
   std::vector<int32_t> inputs(N), targets(N);
@@ -113,37 +77,8 @@ int run_rank(const Case& c, int tp, int rank, const fs::path& dir) {
     targets[i] = i % 5 == 3 ? -1 : static_cast<int32_t>(rng::bits(3, 1, i) % cfg.vocab_size);
   }
   const model::LossSum loss = llama.forward_backward(source, inputs.data(), targets.data(), 1.0f / 13);
-  std::vector<checkpoint::NamedTensor> grads;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    for (const model::TensorSpec& t : layout.units()[u].tensors) {
-      const float* g = source.unit_grads(u).data() + t.offset;
-      grads.push_back({t.name, t.shape, std::vector<float>(g, g + t.numel())});
-    }
-  }
-  checkpoint::write_safetensors((dir / fmt::format("grads.{}.{}.safetensors", tp, rank)).string(), grads);
-  FILE* f = std::fopen((dir / fmt::format("loss.{}.{}", tp, rank)).c_str(), "w");
-  std::fprintf(f, "%.17g %lld\n", loss.sum, static_cast<long long>(loss.count));
-  std::fclose(f);
+  write_result(dir / fmt::format("tp{}.rank{}", tp, rank), layout, source, loss);
   return 0;
-}
-
-std::pair<double, int64_t> read_loss(const fs::path& dir, int tp, int rank) {
-  double sum = 0;
-  long long count = 0;
-  FILE* f = std::fopen((dir / fmt::format("loss.{}.{}", tp, rank)).c_str(), "r");
-  EXPECT_NE(f, nullptr);
-  if (f == nullptr) return {NAN, 0};
-  EXPECT_EQ(std::fscanf(f, "%lf %lld", &sum, &count), 2);
-  std::fclose(f);
-  return {sum, count};
-}
-
-std::map<std::string, std::vector<float>> read_grads(const fs::path& dir, int tp, int rank) {
-  std::map<std::string, std::vector<float>> out;
-  for (auto& t : checkpoint::read_safetensors((dir / fmt::format("grads.{}.{}.safetensors", tp, rank)).string())) {
-    out[t.name] = std::move(t.data);
-  }
-  return out;
 }
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
@@ -156,15 +91,15 @@ TEST_P(TensorParallel, MatchesTheWholeModel) {
   ASSERT_EQ(launch::run_local_workers(1, [&](int) { return run_rank(c, 1, 0, dir); }), 0);
   ASSERT_EQ(launch::run_local_workers(c.tp, [&](int rank) { return run_rank(c, c.tp, rank, dir); }), 0);
 
-  const auto [whole_loss, whole_count] = read_loss(dir, 1, 0);
-  const auto whole = read_grads(dir, 1, 0);
+  const auto [whole_loss, whole_count] = read_loss(dir / "tp1.rank0");
+  const auto whole = read_grads(dir / "tp1.rank0");
   const model::ModelConfig cfg = config(c.tied);
   std::vector<std::map<std::string, std::vector<float>>> blocks;
   for (int r = 0; r < c.tp; ++r) {
-    const auto [loss, count] = read_loss(dir, c.tp, r);
+    const auto [loss, count] = read_loss(dir / fmt::format("tp{}.rank{}", c.tp, r));
     EXPECT_EQ(count, whole_count);
     EXPECT_NEAR(loss, whole_loss, 1e-5 * std::abs(whole_loss)) << "rank " << r;
-    blocks.push_back(read_grads(dir, c.tp, r));
+    blocks.push_back(read_grads(dir / fmt::format("tp{}.rank{}", c.tp, r)));
   }
   const model::ModelLayout whole_layout(cfg);
   for (int u = 0; u < whole_layout.num_units(); ++u) {
@@ -180,13 +115,7 @@ TEST_P(TensorParallel, MatchesTheWholeModel) {
         }
         copy_block_in(spec, r, blocks[r].at(t.name).data(), got.data());
       }
-      double scale = 0, err = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        scale = std::max(scale, static_cast<double>(std::abs(want[i])));
-        err = std::max(err, static_cast<double>(std::abs(got[i] - want[i])));
-      }
-      EXPECT_GT(scale, 0.0);
-      EXPECT_LE(err, 1e-5 * scale) << "max |difference| " << err << " against max |gradient| " << scale;
+      expect_close_to_whole(got, want);
     }
   }
 }
