@@ -1,7 +1,8 @@
-// Resharding (RELIABILITY.md row 15): a checkpoint saved by 4 ranks (full_shard, or 2
-// tensor-parallel x 2 data-parallel) loads at other world sizes, strategies and tensor-parallel
-// sizes with parameters and AdamW moments exactly equal after gathering, at the same data
-// position; saving it again there, or resharding it offline, gives the same shard files.
+// Resharding (RELIABILITY.md row 15): a checkpoint saved by 4 ranks (full_shard, or with 2
+// tensor-parallel ranks or 2 pipeline stages) loads at other world sizes, strategies,
+// tensor-parallel sizes and pipeline stages with parameters and AdamW moments exactly equal after
+// gathering, at the same data position; saving it again there, or resharding it offline, gives
+// the same shard files.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-config::Config make_config(int nproc, const std::string& strategy, int group, int tensor = 1) {
+config::Config make_config(int nproc, const std::string& strategy, int group, int tensor = 1, int pipeline = 1) {
   return config::load("", {{"model.preset", "tiny"},
                            {"data.synthetic", "true"},
                            {"train.batch_size", "12"},
@@ -30,6 +31,7 @@ config::Config make_config(int nproc, const std::string& strategy, int group, in
                            {"train.warmup_steps", "1"},
                            {"parallel.nproc", std::to_string(nproc)},
                            {"parallel.tensor", std::to_string(tensor)},
+                           {"parallel.pipeline", std::to_string(pipeline)},
                            {"parallel.strategy", strategy},
                            {"parallel.shard_group_size", std::to_string(group)},
                            {"parallel.timeout_ms", "30000"},
@@ -46,12 +48,16 @@ struct Target {
   const char* strategy;
   int group;
   int tensor = 1;
-  int source_tensor = 1;  // the 4 ranks that save: full_shard over 4, or tp 2 x full_shard over 2
+  int source_tensor = 1;  // the 4 ranks that save: full_shard over 4 / (tensor x pipeline)
+  int pipeline = 1;
+  int source_pipeline = 1;
 };
 
 std::string name_of(const Target& t) {
-  return fmt::format("{}_w{}{}{}", t.strategy, t.world, t.tensor > 1 ? fmt::format("_tp{}", t.tensor) : "",
-                     t.source_tensor > 1 ? fmt::format("_from_tp{}", t.source_tensor) : "");
+  return fmt::format("{}_w{}{}{}{}{}", t.strategy, t.world, t.tensor > 1 ? fmt::format("_tp{}", t.tensor) : "",
+                     t.pipeline > 1 ? fmt::format("_pp{}", t.pipeline) : "",
+                     t.source_tensor > 1 ? fmt::format("_from_tp{}", t.source_tensor) : "",
+                     t.source_pipeline > 1 ? fmt::format("_from_pp{}", t.source_pipeline) : "");
 }
 void PrintTo(const Target& t, std::ostream* os) { *os << name_of(t); }
 
@@ -66,7 +72,7 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   const std::string saved = (dir / "w4").string(), loaded = (dir / "target").string();
 
   // 4 ranks: 3 steps, then a checkpoint.
-  const config::Config c4 = make_config(4, "full_shard", 0, t.source_tensor);
+  const config::Config c4 = make_config(4, "full_shard", 0, t.source_tensor, t.source_pipeline);
   ASSERT_EQ(launch::run_local_workers(4,
                                       [&](int rank) {
                                         const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4},
@@ -81,9 +87,9 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   const std::string step_dir = saved + "/" + checkpoint::step_dir_name(3);
 
   // Load at the target, check the data position, save again.
-  const config::Config ct = make_config(t.world, t.strategy, t.group, t.tensor);
+  const config::Config ct = make_config(t.world, t.strategy, t.group, t.tensor, t.pipeline);
   const parallel::ParallelDims dims = parallel::dims_for(ct, t.world);
-  const int S = dims.dp_shard, T = dims.tp;
+  const int S = dims.dp_shard, T = dims.tp, P = dims.pp;
   ASSERT_EQ(launch::run_local_workers(t.world,
                                      [&](int rank) {
                                        const parallel::Job job({(dir / "store").string(), "job", "0", rank, t.world}, dims, comm::Millis(30000));
@@ -103,7 +109,8 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   EXPECT_EQ(b.manifest().world, t.world);
   EXPECT_EQ(b.manifest().shard_size, S);
   EXPECT_EQ(b.manifest().tensor_parallel, T);
-  EXPECT_EQ(b.manifest().files.size(), static_cast<size_t>(S * T));
+  EXPECT_EQ(b.manifest().pipeline_parallel, P);
+  EXPECT_EQ(b.manifest().files.size(), static_cast<size_t>(S * T * P));
   for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
     const auto x = a.tensors(kind), y = b.tensors(kind);
     ASSERT_EQ(x.size(), y.size());
@@ -115,10 +122,12 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   }
   // Offline: the same files as loading and saving in a live job.
   const std::string offline = checkpoint::reshard(step_dir, (dir / "offline").string(), ct);
-  for (int tp = 0; tp < T; ++tp) {
-    for (int k = 0; k < S; ++k) {
-      const std::string name = checkpoint::shard_file_name(k, tp, T);
-      EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;
+  for (int pp = 0; pp < P; ++pp) {
+    for (int tp = 0; tp < T; ++tp) {
+      for (int k = 0; k < S; ++k) {
+        const std::string name = checkpoint::shard_file_name(k, tp, T, pp, P);
+        EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;
+      }
     }
   }
   EXPECT_TRUE(checkpoint::verify(offline).empty());
@@ -132,7 +141,11 @@ INSTANTIATE_TEST_SUITE_P(Targets, Reshard,
                                            // Into and out of tensor parallelism.
                                            Target{2, "full_shard", 0, 2}, Target{4, "hybrid_shard", 1, 2},
                                            Target{1, "full_shard", 0, 1, 2}, Target{3, "shard_grad_op", 0, 1, 2},
-                                           Target{2, "no_shard", 0, 2, 2}, Target{4, "full_shard", 0, 2, 2}),
+                                           Target{2, "no_shard", 0, 2, 2}, Target{4, "full_shard", 0, 2, 2},
+                                           // Into and out of pipeline stages.
+                                           Target{2, "full_shard", 0, 1, 1, 2}, Target{4, "full_shard", 0, 2, 1, 2},
+                                           Target{1, "full_shard", 0, 1, 1, 1, 2},
+                                           Target{4, "no_shard", 0, 1, 2, 2, 2}),
                          [](const auto& p) { return name_of(p.param); });
 
 }  // namespace

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Tensor and pipeline parallelism through `tessera train` (issue 15): 2 tensor-parallel x 2
-# data-parallel ranks, and 2 pipeline stages x 2 tensor-parallel ranks (1F1B and GPipe), train the
-# same losses and gradient norms as 2 data-parallel ranks alone; a checkpoint saved at
-# tp 2 resumes at tp 1 and one saved at tp 1 resumes at tp 2, each ending where the uninterrupted
-# run ended; `checkpoint verify` and the Hugging Face export read tp checkpoints; a tp size
-# that does not divide the model is exit 2 naming the key.
+# data-parallel ranks, 2 pipeline stages x 2 tensor-parallel ranks and 2 GPipe stages train the
+# same losses and gradient norms as 2 data-parallel ranks alone, and end with the same weights; a
+# checkpoint saved at tp 2 resumes at tp 1, one saved at tp 1 resumes at tp 2, one saved by 2
+# stages x tp 2 resumes in one stage, each ending where the uninterrupted run ended; `checkpoint
+# verify` and the Hugging Face export read them; a tp size that does not divide the model is exit
+# 2 naming the key.
 # usage: parallel_cli_test.sh TESSERA_BINARY
 set -euo pipefail
 tessera=$1
@@ -27,16 +28,17 @@ grep -q "full_shard x tensor 2" "$dir/tp2.log" || fail "the start-up line does n
 ls "$dir/tp2/checkpoints/step_00000003" | grep -q '^tp01_shard_00001.bin$' || fail "no file for tp rank 1, shard 1"
 "$tessera" checkpoint verify "$dir/tp2/checkpoints/step_00000006" || fail "verify refused a tp checkpoint"
 
-# Pipeline stages (no checkpoints yet), 4 micro-batches of 2 per step.
-pipeline=(--set checkpoint.interval_steps=0 --set checkpoint.interval_minutes=0 --set checkpoint.save_final=false
-          --set train.micro_batch_size=2)
-train pp2_tp2 4 2 --set parallel.pipeline=2 "${pipeline[@]}"
-train pp2_gpipe 2 1 --set parallel.pipeline=2 --set parallel.pipeline_schedule=gpipe "${pipeline[@]}"
+# Pipeline stages, 4 micro-batches of 2 per step.
+train pp2_tp2 4 2 --set parallel.pipeline=2 --set train.micro_batch_size=2
+train pp2_gpipe 2 1 --set parallel.pipeline=2 --set parallel.pipeline_schedule=gpipe --set train.micro_batch_size=2
 grep -q "full_shard x tensor 2 x pipeline 2 (1f1b)" "$dir/pp2_tp2.log" || fail "the start-up line does not state the pipeline"
+ls "$dir/pp2_tp2/checkpoints/step_00000003" | grep -q '^pp01_tp01_shard_00000.bin$' || fail "no file for stage 1, tp 1"
+"$tessera" checkpoint verify "$dir/pp2_tp2/checkpoints/step_00000006" || fail "verify refused a pipeline checkpoint"
 
 # Resume across tensor-parallel sizes, from step 3 of the other run.
 train tp2_to_tp1 2 1 --resume "$dir/tp2/checkpoints/step_00000003"
 train tp1_to_tp2 4 2 --resume "$dir/dp2/checkpoints/step_00000003"
+train pp2_to_pp1 2 1 --resume "$dir/pp2_tp2/checkpoints/step_00000003"
 
 # Same losses and gradient norms, step by step (fp32: only the order of sums differs).
 /usr/bin/python3 - "$dir" <<'PY' || fail "the runs differ"
@@ -46,7 +48,7 @@ def steps(run):
     return {r["step"]: r for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r}
 want = steps("dp2")
 bad = 0
-runs = [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4), ("pp2_tp2", 1), ("pp2_gpipe", 1)]
+runs = [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4), ("pp2_tp2", 1), ("pp2_gpipe", 1), ("pp2_to_pp1", 4)]
 for run, first in runs:
     got = steps(run)
     for s in range(first, 7):
@@ -56,17 +58,48 @@ for run, first in runs:
                 print(f"{run} step {s} {key}: {a} vs {b} (dp2)")
                 bad += 1
 print(f"compared {sum(7 - first for _, first in runs)} steps against dp2: {bad} differ")
+
+# The final weights, whole, as dp2's (fp32: the order of sums differs only).
+import numpy as np
+def weights(run):
+    raw = open(f"{d}/{run}/model.safetensors", "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
+    return out
+ref = weights("dp2")
+for run in ["tp2", "pp2_tp2", "pp2_gpipe"]:
+    got = weights(run)
+    if sorted(got) != sorted(ref):
+        print(f"{run}: tensors {sorted(set(got) ^ set(ref))} differ in name")
+        bad += 1
+        continue
+    for name, w in ref.items():
+        err = np.linalg.norm(got[name] - w) / np.linalg.norm(w)
+        if got[name].shape != w.shape or err > 1e-5:
+            print(f"{run}: {name} differs from dp2's by {err:.2e}")
+            bad += 1
 sys.exit(1 if bad else 0)
 PY
 
-# A tensor-parallel checkpoint exports as the whole model.
+# Tensor-parallel and pipeline checkpoints export as the whole model.
 "$tessera" checkpoint export --format hf "$dir/tp2/checkpoints/step_00000006" "$dir/hf" >/dev/null 2>&1 ||
   fail "export of a tp checkpoint failed"
-/usr/bin/python3 - "$dir/hf/config.json" <<'PY' || fail "the export is not the whole model"
+"$tessera" checkpoint export --format hf "$dir/pp2_tp2/checkpoints/step_00000006" "$dir/hf_pp" >/dev/null 2>&1 ||
+  fail "export of a pipeline checkpoint failed"
+for out in hf hf_pp; do
+  /usr/bin/python3 - "$dir/$out/config.json" <<'PY' || fail "the export $out is not the whole model"
 import json, sys
 c = json.load(open(sys.argv[1]))
 assert c["num_attention_heads"] == 4 and c["num_key_value_heads"] == 2 and c["vocab_size"] == 512, c
+assert c["num_hidden_layers"] == 2, c
 PY
+done
 
 # A tensor-parallel size that does not divide the model: exit 2 naming the key.
 set +e

@@ -207,8 +207,9 @@ Manifest sample_manifest() {
   m.strategy = "hybrid_shard";
   m.config_toml = "[model]\npreset = \"tiny\"\n";
   m.created = "2026-01-01T00:00:00Z";
-  m.units = {{"embedding", 10, 32, {{"tok", {2, 5}, 0, -1, {2, 5}}}}, {"head", 3, 32, {{"norm", {3}, 0, -1, {3}}}}};
-  m.files = {{"shard_00000.bin", 0, 0, 100, 0xabc}, {"shard_00001.bin", 0, 1, 200, 0xdef}};
+  m.units = {{"embedding", 0, 10, 32, {{"tok", {2, 5}, 0, -1, {2, 5}}}},
+             {"head", 0, 3, 32, {{"norm", {3}, 0, -1, {3}}}}};
+  m.files = {{"shard_00000.bin", 0, 0, 0, 100, 0xabc}, {"shard_00001.bin", 0, 0, 1, 200, 0xdef}};
   return m;
 }
 
@@ -235,13 +236,15 @@ TEST(Manifest, VersionOneReadsAsOneTensorParallelRank) {
   nlohmann::json j = nlohmann::json::parse(to_json(sample_manifest()));
   j["version"] = 1;
   j.erase("tensor_parallel");
-  for (auto& f : j["files"]) f.erase("tp_rank");
+  j.erase("pipeline_parallel");
+  for (auto& f : j["files"]) f.erase("tp_rank"), f.erase("pp_rank");
   for (auto& u : j["units"]) {
+    u.erase("pp_rank");
     for (auto& t : u["tensors"]) t.erase("split_dim"), t.erase("full_shape");
   }
   const Manifest m = parse_manifest(j.dump(), "v1");
   EXPECT_EQ(m.tensor_parallel, 1);
-  EXPECT_EQ(m.file_of(0, 1)->name, "shard_00001.bin");
+  EXPECT_EQ(m.file_of(0, 0, 1)->name, "shard_00001.bin");
   EXPECT_EQ(m.units[0].tensors[0].split_dim, -1);
   EXPECT_EQ(m.units[0].tensors[0].full_shape, (std::vector<int64_t>{2, 5}));
   // Written back, it is version 2 with the same content.
@@ -254,8 +257,8 @@ TEST(Manifest, TensorParallelFieldsAreChecked) {
   Manifest m = sample_manifest();
   m.tensor_parallel = 2;
   m.units[0].tensors[0] = {"tok", {2, 5}, 0, 0, {4, 5}};
-  m.files.push_back({"tp01_shard_00000.bin", 1, 0, 1, 1});
-  m.files.push_back({"tp01_shard_00001.bin", 1, 1, 1, 1});
+  m.files.push_back({"tp01_shard_00000.bin", 0, 1, 0, 1, 1});
+  m.files.push_back({"tp01_shard_00001.bin", 0, 1, 1, 1, 1});
   const nlohmann::json good = nlohmann::json::parse(to_json(m));
   EXPECT_EQ(to_json(parse_manifest(good.dump(), "M")), to_json(m));
   auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
@@ -270,7 +273,9 @@ TEST(Manifest, TensorParallelFieldsAreChecked) {
             std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["files"].erase(3); }).find("no file for shard rank 1 of tp rank 1"),
             std::string::npos);
-  EXPECT_NE(error_with([](auto& j) { j["files"][3]["tp_rank"] = 0; }).find("of tp rank 0 appears twice"),
+  EXPECT_NE(error_with([](auto& j) { j["files"][3]["tp_rank"] = 0; }).find("of tp rank 0 of stage 0 appears twice"),
+            std::string::npos);
+  EXPECT_NE(error_with([](auto& j) { j["units"][1]["name"] = "embedding"; }).find("\"embedding\" appears twice"),
             std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["tensor_parallel"] = 3; }).find("tensor_parallel"), std::string::npos);
 }
@@ -311,7 +316,7 @@ void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vect
   for (size_t u = 0; u < numels.size(); ++u) {
     const int64_t padded = (numels[u] + 16 * S - 1) / (16 * S) * (16 * S);
     m.units.push_back(
-        {"u" + std::to_string(u), numels[u], padded, {{"w" + std::to_string(u), {numels[u]}, 0, -1, {numels[u]}}}});
+        {"u" + std::to_string(u), 0, numels[u], padded, {{"w" + std::to_string(u), {numels[u]}, 0, -1, {numels[u]}}}});
   }
   const fs::path dir = root / step_dir_name(step);
   fs::create_directories(dir);
@@ -339,7 +344,7 @@ void write_checkpoint(const fs::path& root, int64_t step, int S, const std::vect
       }
     }
     const FileDigest dg = write_shard_file((dir / shard_file_name(k)).string(), views);
-    m.files.push_back({shard_file_name(k), 0, k, dg.bytes, dg.xxh64});
+    m.files.push_back({shard_file_name(k), 0, 0, k, dg.bytes, dg.xxh64});
   }
   spit(dir / "manifest.json", to_json(m));
   write_latest(root.string(), step);

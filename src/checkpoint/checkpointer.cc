@@ -151,15 +151,17 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   m.world = dist_.world_size();
   m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
   m.tensor_parallel = dist_.mesh->size(parallel::Dim::kTp);
+  m.pipeline_parallel = dist_.mesh->size(parallel::Dim::kPp);
   m.strategy = config::name(config_.parallel.strategy);
   m.config_toml = config::to_toml(config_);
   m.created = utc_now();
-  for (const model::UnitLayout& u : layout.units()) {
-    ManifestUnit unit{u.name, u.numel, u.padded, {}};
-    for (const model::TensorSpec& t : u.tensors) {
-      unit.tensors.push_back({t.name, t.shape, t.offset, t.split_dim, t.full_shape});
-    }
-    m.units.push_back(std::move(unit));
+  // Every stage's units (rank 0, which commits, holds only its own stage's), as the trainer lays
+  // them out.
+  const int P = m.pipeline_parallel;
+  for (int p = 0; p < P; ++p) {
+    const model::ModelLayout stage(config_.model, 16 * m.shard_size, {m.tensor_parallel, 0},
+                                   model::balanced_stage(config_.model, P, p));
+    for (const model::UnitLayout& u : stage.units()) m.units.push_back(manifest_unit(u, p));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -266,24 +268,25 @@ void Checkpointer::publish(int64_t step, const std::string& what, const std::str
 }
 
 int Checkpointer::files() const {
-  return dist_.mesh->size(parallel::Dim::kTp) * dist_.mesh->size(parallel::Dim::kDpShard);
+  const parallel::Mesh& mesh = *dist_.mesh;
+  return mesh.size(parallel::Dim::kPp) * mesh.size(parallel::Dim::kTp) * mesh.size(parallel::Dim::kDpShard);
 }
 
 int Checkpointer::file_of_rank(int rank) const {
   const parallel::ParallelDims& d = dist_.mesh->dims();
   if (parallel::coordinate(d, rank, parallel::Dim::kDpReplicate) != 0) return -1;  // the others hold the same
-  return parallel::coordinate(d, rank, parallel::Dim::kTp) * d.dp_shard +
+  return (parallel::coordinate(d, rank, parallel::Dim::kPp) * d.tp +
+          parallel::coordinate(d, rank, parallel::Dim::kTp)) *
+             d.dp_shard +
          parallel::coordinate(d, rank, parallel::Dim::kDpShard);
 }
 
 std::string Checkpointer::file_name(int file) const {
-  const int S = dist_.mesh->size(parallel::Dim::kDpShard);
-  return shard_file_name(file % S, file / S, dist_.mesh->size(parallel::Dim::kTp));
+  const parallel::ParallelDims& d = dist_.mesh->dims();
+  return shard_file_name(file % d.dp_shard, file / d.dp_shard % d.tp, d.tp, file / d.dp_shard / d.tp, d.pp);
 }
 
 bool Checkpointer::write_and_commit(const Pending& job) {
-  // Pipeline stages will name their files by their coordinate too.
-  CHECK(dist_.mesh->size(parallel::Dim::kPp) == 1);
   const int rank = dist_.rank();
   const std::string dir = root_ + "/" + step_dir_name(job.step);
   FileDigest digest;
@@ -384,9 +387,9 @@ std::string Checkpointer::verify_files(const std::string& dir, const std::vector
 std::string Checkpointer::commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests) {
   try {
     Manifest m = job.manifest;
-    const int S = m.shard_size;
+    const int S = m.shard_size, T = m.tensor_parallel;
     for (int k = 0; k < static_cast<int>(digests.size()); ++k) {
-      m.files.push_back({file_name(k), k / S, k % S, digests[k].bytes, digests[k].xxh64});
+      m.files.push_back({file_name(k), k / S / T, k / S % T, k % S, digests[k].bytes, digests[k].xxh64});
     }
     const std::string manifest = dir + "/manifest.json";
     write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name

@@ -57,9 +57,10 @@ uint64_t tree_bytes(const fs::path& p) {
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-std::string shard_file_name(int shard_rank, int tp_rank, int tensor_parallel) {
-  if (tensor_parallel == 1) return fmt::format("shard_{:05d}.bin", shard_rank);
-  return fmt::format("tp{:02d}_shard_{:05d}.bin", tp_rank, shard_rank);
+std::string shard_file_name(int shard_rank, int tp_rank, int tensor_parallel, int pp_rank, int pipeline_parallel) {
+  if (pipeline_parallel > 1) return fmt::format("pp{:02d}_tp{:02d}_shard_{:05d}.bin", pp_rank, tp_rank, shard_rank);
+  if (tensor_parallel > 1) return fmt::format("tp{:02d}_shard_{:05d}.bin", tp_rank, shard_rank);
+  return fmt::format("shard_{:05d}.bin", shard_rank);
 }
 
 std::vector<int64_t> committed_steps(const std::string& root) {
@@ -180,6 +181,7 @@ std::vector<std::string> verify(const std::string& step_dir) {
       ShardFile shard(path);
       std::vector<float> buffer;
       for (const ManifestUnit& u : m.units) {
+        if (u.pp_rank != f.pp_rank) continue;  // another stage's
         for (const char* kind : Manifest::kKinds) {
           const std::string name = Manifest::tensor_name(u.name, kind);
           const ShardEntry* e = shard.find(name);
@@ -206,17 +208,17 @@ CheckpointReader::CheckpointReader(const std::string& step_dir)
     : dir_(step_dir), manifest_(read_manifest(step_dir)), cache_(static_cast<size_t>(manifest_.tensor_parallel)) {}
 CheckpointReader::~CheckpointReader() = default;
 
-ShardFile& CheckpointReader::shard(int tp_rank, int shard_rank) {
-  auto& slot = shards_[tp_rank * manifest_.shard_size + shard_rank];
+ShardFile& CheckpointReader::shard(int pp_rank, int tp_rank, int shard_rank) {
+  auto& slot = shards_[(pp_rank * manifest_.tensor_parallel + tp_rank) * manifest_.shard_size + shard_rank];
   if (!slot) {
-    const ManifestFile* f = manifest_.file_of(tp_rank, shard_rank);
+    const ManifestFile* f = manifest_.file_of(pp_rank, tp_rank, shard_rank);
     slot = std::make_unique<ShardFile>(dir_ + "/" + f->name);  // parse_manifest checked it exists
   }
   return *slot;
 }
 
 const ShardEntry& CheckpointReader::slice_entry(int tp_rank, int shard_rank, const ManifestUnit& u, const char* kind) {
-  ShardFile& file = shard(tp_rank, shard_rank);
+  ShardFile& file = shard(u.pp_rank, tp_rank, shard_rank);
   const std::string name = Manifest::tensor_name(u.name, kind);
   const ShardEntry* e = file.find(name);
   if (e == nullptr ||
@@ -233,7 +235,7 @@ const std::vector<float>& CheckpointReader::cached_entry(int tp_rank, int shard_
     const ShardEntry& e = slice_entry(tp_rank, shard_rank, manifest_.units.at(unit), kind);
     c.data.resize(e.bytes / sizeof(float));
     c.shard_rank = -1;  // invalid until the read succeeds
-    shard(tp_rank, shard_rank).read(e, c.data.data());
+    shard(manifest_.units.at(unit).pp_rank, tp_rank, shard_rank).read(e, c.data.data());
     c = {shard_rank, unit, kind, std::move(c.data)};
   }
   return c.data;
@@ -251,6 +253,13 @@ void CheckpointReader::read_slice(int tp_rank, int unit, const char* kind, int64
     std::copy(slice.begin() + (pos - file_range.begin), slice.begin() + (stop - file_range.begin), out + (pos - begin));
     pos = stop;
   }
+}
+
+int CheckpointReader::unit_index(const std::string& name) const {
+  for (size_t i = 0; i < manifest_.units.size(); ++i) {
+    if (manifest_.units[i].name == name) return static_cast<int>(i);
+  }
+  throw DataError(fmt::format("{}/manifest.json holds no unit {}", dir_, name));
 }
 
 void CheckpointReader::read_for(const model::UnitLayout& to, int to_tp_rank, int unit, const char* kind, int64_t begin,
@@ -299,18 +308,22 @@ void check_same_model(const Manifest& m, const model::ModelLayout& layout, const
   auto mismatch = [&](const std::string& what) {
     return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
   };
-  if (m.units.size() != layout.units().size()) {
-    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), layout.units().size()));
+  const size_t whole_units = static_cast<size_t>(layout.config().n_layers) + 2;  // embedding, blocks, head
+  if (m.units.size() != whole_units) {
+    throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), whole_units));
   }
-  for (size_t i = 0; i < m.units.size(); ++i) {
-    const ManifestUnit& saved = m.units[i];
-    const model::UnitLayout& mine = layout.units()[i];
-    if (saved.name != mine.name || saved.tensors.size() != mine.tensors.size()) {
-      throw mismatch(fmt::format("unit {} ({} tensors) where this model has {} ({} tensors)", saved.name,
-                                 saved.tensors.size(), mine.name, mine.tensors.size()));
+  for (const model::UnitLayout& mine : layout.units()) {
+    const ManifestUnit* saved = nullptr;
+    for (const ManifestUnit& u : m.units) {
+      if (u.name == mine.name) saved = &u;
     }
-    for (size_t t = 0; t < saved.tensors.size(); ++t) {
-      const ManifestTensor& a = saved.tensors[t];
+    if (saved == nullptr) throw mismatch(fmt::format("no unit {}", mine.name));
+    if (saved->tensors.size() != mine.tensors.size()) {
+      throw mismatch(fmt::format("unit {} has {} tensors, this model's {}", saved->name, saved->tensors.size(),
+                                 mine.tensors.size()));
+    }
+    for (size_t t = 0; t < saved->tensors.size(); ++t) {
+      const ManifestTensor& a = saved->tensors[t];
       const model::TensorSpec& b = mine.tensors[t];
       if (a.name != b.name || a.full_shape != b.full_shape || (m.tensor_parallel > 1 && a.split_dim != b.split_dim)) {
         throw mismatch(fmt::format("tensor {} [{}] where this model has {} [{}]", a.name, fmt::join(a.full_shape, ", "),
@@ -318,6 +331,14 @@ void check_same_model(const Manifest& m, const model::ModelLayout& layout, const
       }
     }
   }
+}
+
+ManifestUnit manifest_unit(const model::UnitLayout& u, int pp_rank) {
+  ManifestUnit unit{u.name, pp_rank, u.numel, u.padded, {}};
+  for (const model::TensorSpec& t : u.tensors) {
+    unit.tensors.push_back({t.name, t.shape, t.offset, t.split_dim, t.full_shape});
+  }
+  return unit;
 }
 
 model::TensorSpec tensor_spec(const ManifestTensor& t) {

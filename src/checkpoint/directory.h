@@ -18,8 +18,10 @@
 namespace tessera::checkpoint {
 
 std::string step_dir_name(int64_t step);     // "step_00001200"
-// "shard_00003.bin"; under tensor parallelism (tensor_parallel > 1) "tp01_shard_00003.bin".
-std::string shard_file_name(int shard_rank, int tp_rank = 0, int tensor_parallel = 1);
+// "shard_00003.bin"; under tensor parallelism (tensor_parallel > 1) "tp01_shard_00003.bin";
+// under pipeline parallelism (pipeline_parallel > 1) "pp01_tp00_shard_00003.bin".
+std::string shard_file_name(int shard_rank, int tp_rank = 0, int tensor_parallel = 1, int pp_rank = 0,
+                            int pipeline_parallel = 1);
 
 // Steps with a committed directory (a manifest is present) under root, ascending.
 std::vector<int64_t> committed_steps(const std::string& root);
@@ -70,9 +72,12 @@ class CheckpointReader {
   // or past the unit's numel are zero. This is how a checkpoint written at one shard size loads
   // at another.
   void read_slice(int tp_rank, int unit, const char* kind, int64_t begin, int64_t count, float* out);
+  // The manifest's index of the unit named `name`; throws DataError when it holds none.
+  int unit_index(const std::string& name) const;
   // The same for the unit as `to` lays it out (its tensors, whole or a tensor-parallel block of
   // any size): each tensor's part is put together from the blocks the checkpoint holds, padding
-  // is zero. `to`'s tensors must be the manifest's, by name and whole shape.
+  // is zero. `unit` is the manifest's index of it (unit_index); `to`'s tensors must be the
+  // manifest's, by name and whole shape.
   void read_for(const model::UnitLayout& to, int to_tp_rank, int unit, const char* kind, int64_t begin, int64_t count,
                 float* out);
   // Every tensor of buffer `kind` by name, whole (consolidated from all shards and tp blocks).
@@ -80,9 +85,9 @@ class CheckpointReader {
   std::vector<NamedTensor> parameters() { return tensors("param"); }
 
  private:
-  ShardFile& shard(int tp_rank, int shard_rank);
-  // The entry of shard file (tp_rank, shard_rank) for unit u's `kind`, checked to hold padded /
-  // shard_size floats.
+  ShardFile& shard(int pp_rank, int tp_rank, int shard_rank);
+  // The entry of shard file (u's stage, tp_rank, shard_rank) for unit u's `kind`, checked to hold
+  // padded / shard_size floats.
   const ShardEntry& slice_entry(int tp_rank, int shard_rank, const ManifestUnit& u, const char* kind);
   // The entry read whole (checksum checked), kept until another entry of the same tp rank is read.
   const std::vector<float>& cached_entry(int tp_rank, int shard_rank, int unit, const char* kind);
@@ -94,14 +99,19 @@ class CheckpointReader {
   };
   std::string dir_;
   Manifest manifest_;
-  std::map<int, std::unique_ptr<ShardFile>> shards_;  // by tp_rank x shard_size + shard_rank
+  std::map<int, std::unique_ptr<ShardFile>> shards_;  // by (pp_rank x tp + tp_rank) x shard_size + shard_rank
   std::vector<Cached> cache_;                         // one per tp rank
 };
 
-// Throws DataError naming step_dir unless the checkpoint holds `layout`'s model: the same units
-// and tensors, by name and whole shape (tensors are matched whole: a checkpoint saved at another
-// tensor-parallel size holds other blocks of them, which CheckpointReader::read_for re-cuts).
+// Throws DataError naming step_dir unless the checkpoint holds `layout`'s model: as many units as
+// the whole model has, and the layout's units (one pipeline stage's, or all) among them by name,
+// with the same tensors by name and whole shape (tensors are matched whole: a checkpoint saved at
+// another tensor-parallel size holds other blocks of them, which CheckpointReader::read_for
+// re-cuts).
 void check_same_model(const Manifest& m, const model::ModelLayout& layout, const std::string& step_dir);
+
+// A layout's unit as the manifest records it, held by pipeline stage pp_rank.
+ManifestUnit manifest_unit(const model::UnitLayout& unit, int pp_rank);
 
 // A manifest tensor as a layout describes it (its block at tp rank 0; blocks of other ranks have
 // the same shape and offset).

@@ -84,9 +84,9 @@ void parse_split(const Checked& c, bool v1, int T, ManifestTensor* t) {
 
 }  // namespace
 
-const ManifestFile* Manifest::file_of(int tp_rank, int shard_rank) const {
+const ManifestFile* Manifest::file_of(int pp_rank, int tp_rank, int shard_rank) const {
   for (const auto& f : files) {
-    if (f.tp_rank == tp_rank && f.shard_rank == shard_rank) return &f;
+    if (f.pp_rank == pp_rank && f.tp_rank == tp_rank && f.shard_rank == shard_rank) return &f;
   }
   return nullptr;
 }
@@ -102,10 +102,12 @@ std::string to_json(const Manifest& m) {
                          {"split_dim", t.split_dim},
                          {"full_shape", t.full_shape}});
     }
-    units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded", u.padded}, {"tensors", tensors}});
+    units.push_back(
+        {{"name", u.name}, {"pp_rank", u.pp_rank}, {"numel", u.numel}, {"padded", u.padded}, {"tensors", tensors}});
   }
   for (const auto& f : m.files) {
     files.push_back({{"name", f.name},
+                     {"pp_rank", f.pp_rank},
                      {"tp_rank", f.tp_rank},
                      {"shard_rank", f.shard_rank},
                      {"bytes", f.bytes},
@@ -124,6 +126,7 @@ std::string to_json(const Manifest& m) {
       {"world", m.world},
       {"shard_size", m.shard_size},
       {"tensor_parallel", m.tensor_parallel},
+      {"pipeline_parallel", m.pipeline_parallel},
       {"strategy", m.strategy},
       {"created", m.created},
       {"files", files},
@@ -163,11 +166,17 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   if (m.world % (m.shard_size * m.tensor_parallel) != 0) {
     throw top.error("tensor_parallel", fmt::format("x shard_size does not divide world {}", m.world));
   }
+  m.pipeline_parallel =
+      v1 ? 1 : static_cast<int>(top.integer("pipeline_parallel", 1, m.world / (m.shard_size * m.tensor_parallel)));
+  if (m.world % (m.shard_size * m.tensor_parallel * m.pipeline_parallel) != 0) {
+    throw top.error("pipeline_parallel",
+                    fmt::format("x tensor_parallel x shard_size does not divide world {}", m.world));
+  }
   m.strategy = top.string("strategy");
   m.created = top.string("created");
   m.config_toml = top.string("config");
-  const int T = m.tensor_parallel;
-  std::vector<bool> seen(static_cast<size_t>(T * m.shard_size), false);
+  const int T = m.tensor_parallel, P = m.pipeline_parallel;
+  std::vector<bool> seen(static_cast<size_t>(P * T * m.shard_size), false);
   const json& files = top.array("files");
   for (size_t i = 0; i < files.size(); ++i) {
     const Checked f(files[i], origin, fmt::format("files[{}].", i));
@@ -176,11 +185,13 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
       throw f.error("name", fmt::format("= \"{}\" is not a file name in the checkpoint directory", file.name));
     }
+    file.pp_rank = v1 ? 0 : static_cast<int>(f.integer("pp_rank", 0, P - 1));
     file.tp_rank = v1 ? 0 : static_cast<int>(f.integer("tp_rank", 0, T - 1));
     file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m.shard_size - 1));
-    const size_t index = static_cast<size_t>(file.tp_rank * m.shard_size + file.shard_rank);
+    const size_t index = static_cast<size_t>((file.pp_rank * T + file.tp_rank) * m.shard_size + file.shard_rank);
     if (seen[index]) {
-      throw f.error("shard_rank", fmt::format("{} of tp rank {} appears twice", file.shard_rank, file.tp_rank));
+      throw f.error("shard_rank", fmt::format("{} of tp rank {} of stage {} appears twice", file.shard_rank,
+                                              file.tp_rank, file.pp_rank));
     }
     seen[index] = true;
     file.bytes = f.unsigned_integer("bytes");
@@ -189,8 +200,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   }
   for (size_t i = 0; i < seen.size(); ++i) {
     if (!seen[i]) {
-      throw top.error("files", fmt::format("has no file for shard rank {}{}", i % m.shard_size,
-                                           T > 1 ? fmt::format(" of tp rank {}", i / m.shard_size) : ""));
+      const size_t S = static_cast<size_t>(m.shard_size);
+      throw top.error("files", fmt::format("has no file for shard rank {}{}{}", i % S,
+                                           T > 1 ? fmt::format(" of tp rank {}", i / S % T) : "",
+                                           P > 1 ? fmt::format(" of stage {}", i / S / T) : ""));
     }
   }
   const json& units = top.array("units");
@@ -198,6 +211,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     const Checked u(units[i], origin, fmt::format("units[{}].", i));
     ManifestUnit unit;
     unit.name = u.string("name");
+    unit.pp_rank = v1 ? 0 : static_cast<int>(u.integer("pp_rank", 0, P - 1));
+    for (const ManifestUnit& earlier : m.units) {
+      if (earlier.name == unit.name) throw u.error("name", fmt::format("\"{}\" appears twice", unit.name));
+    }
     unit.numel = u.integer("numel", 0, INT64_MAX / 8);
     unit.padded = u.integer("padded", unit.numel, INT64_MAX / 8);
     if (unit.padded % m.shard_size != 0) throw u.error("padded", fmt::format("is not a multiple of {}", m.shard_size));

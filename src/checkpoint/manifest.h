@@ -18,16 +18,20 @@ struct ManifestTensor {
 
 // A unit's flat buffer, the same size on every tensor-parallel rank (each holds its blocks):
 // `numel` floats of tensors, zero-padded to `padded`, cut into shard_size equal slices, slice k of
-// tp rank t's in the shard file of (t, k).
+// tp rank t's in the shard file of (pp_rank, t, k).
 struct ManifestUnit {
   std::string name;  // "embedding", "block.3", "head"
+  int pp_rank = 0;   // the pipeline stage that holds it
   int64_t numel = 0;
   int64_t padded = 0;
   std::vector<ManifestTensor> tensors;
 };
 
 struct ManifestFile {
-  std::string name;  // "shard_00000.bin" ("tp01_shard_00000.bin" under tp), relative to the step directory
+  // "shard_00000.bin" ("tp01_shard_00000.bin" under tp, "pp01_tp00_shard_00000.bin" under pp),
+  // relative to the step directory
+  std::string name;
+  int pp_rank = 0;
   int tp_rank = 0;
   int shard_rank = 0;
   uint64_t bytes = 0;
@@ -35,8 +39,9 @@ struct ManifestFile {
 };
 
 struct Manifest {
-  // Version 2 added tensor parallelism (tensor_parallel, a file's tp_rank, a tensor's split_dim
-  // and full_shape); version 1 manifests read as tensor_parallel 1.
+  // Version 2 added tensor and pipeline parallelism (tensor_parallel, pipeline_parallel, a file's
+  // pp_rank and tp_rank, a unit's pp_rank, a tensor's split_dim and full_shape); version 1
+  // manifests read as one stage and one tp rank.
   static constexpr int kVersion = 2;
   int64_t step = 0;               // optimizer steps taken, skipped ones included
   int64_t optimizer_steps = 0;    // AdamW updates applied (its bias correction): step less the skipped
@@ -48,6 +53,7 @@ struct Manifest {
   int world = 1;                  // ranks that trained
   int shard_size = 1;             // ranks each unit was sharded over (one file per shard rank)
   int tensor_parallel = 1;        // tensor-parallel ranks (one set of shard files each)
+  int pipeline_parallel = 1;      // pipeline stages (one set of shard files each, with its units)
   std::string strategy;
   std::string config_toml;        // the resolved config of the run
   std::string created;            // UTC time, ISO 8601
@@ -58,7 +64,7 @@ struct Manifest {
   static constexpr const char* kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
   // "<unit>.param", "<unit>.exp_avg", "<unit>.exp_avg_sq": the tensors of each shard file.
   static std::string tensor_name(const std::string& unit, const char* kind) { return unit + "." + kind; }
-  const ManifestFile* file_of(int tp_rank, int shard_rank) const;
+  const ManifestFile* file_of(int pp_rank, int tp_rank, int shard_rank) const;
 };
 
 std::string to_json(const Manifest& manifest);

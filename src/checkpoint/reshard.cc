@@ -28,13 +28,13 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   }
   stored.parallel.nproc = target.parallel.nproc;
   stored.parallel.tensor = target.parallel.tensor;
+  stored.parallel.pipeline = target.parallel.pipeline;
   stored.parallel.strategy = target.parallel.strategy;
   stored.parallel.shard_group_size = target.parallel.shard_group_size;
   config::validate(stored);  // e.g. the batch must still divide among the new ranks
   const int world = static_cast<int>(target.parallel.nproc);
   const parallel::ParallelDims dims = parallel::dims_for(stored, world);
-  const int S = dims.dp_shard, T = dims.tp;
-  check_same_model(m, model::ModelLayout(stored.model, 16 * S, {T, 0}), src);
+  const int S = dims.dp_shard, T = dims.tp, P = dims.pp;
   const std::string dir = dst_root + "/" + step_dir_name(m.step);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -44,37 +44,36 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   out.world = world;
   out.shard_size = S;
   out.tensor_parallel = T;
+  out.pipeline_parallel = P;
   out.strategy = config::name(stored.parallel.strategy);
   out.config_toml = config::to_toml(stored);
   out.files.clear();
   out.units.clear();
-  // One file per (tp, dp_shard) coordinate: tp rank t's blocks, re-cut from the saved ones.
-  for (int t = 0; t < T; ++t) {
-    const model::ModelLayout layout(stored.model, 16 * S, {T, t});
-    if (t == 0) {
-      for (const model::UnitLayout& u : layout.units()) {
-        ManifestUnit unit{u.name, u.numel, u.padded, {}};
-        for (const model::TensorSpec& x : u.tensors) {
-          unit.tensors.push_back({x.name, x.shape, x.offset, x.split_dim, x.full_shape});
-        }
-        out.units.push_back(std::move(unit));
+  // One file per (pp, tp, dp_shard) coordinate: stage p's units, tp rank t's blocks of them,
+  // re-cut from the saved ones.
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < T; ++t) {
+      const model::ModelLayout layout(stored.model, 16 * S, {T, t}, model::balanced_stage(stored.model, P, p));
+      check_same_model(m, layout, src);
+      if (t == 0) {
+        for (const model::UnitLayout& u : layout.units()) out.units.push_back(manifest_unit(u, p));
       }
-    }
-    for (int k = 0; k < S; ++k) {
-      std::vector<std::vector<float>> buffers;
-      std::vector<TensorView> views;
-      for (int u = 0; u < layout.num_units(); ++u) {
-        const parallel::ShardRange range = parallel::shard_range(layout.units()[u].padded, S, k);
-        for (const char* kind : Manifest::kKinds) {
-          buffers.emplace_back(range.size);
-          reader.read_for(layout.units()[u], t, u, kind, range.begin, range.size, buffers.back().data());
-          views.push_back({Manifest::tensor_name(layout.units()[u].name, kind), buffers.back().data(),
-                           static_cast<uint64_t>(range.size)});
+      for (int k = 0; k < S; ++k) {
+        std::vector<std::vector<float>> buffers;
+        std::vector<TensorView> views;
+        for (const model::UnitLayout& u : layout.units()) {
+          const parallel::ShardRange range = parallel::shard_range(u.padded, S, k);
+          for (const char* kind : Manifest::kKinds) {
+            buffers.emplace_back(range.size);
+            reader.read_for(u, t, reader.unit_index(u.name), kind, range.begin, range.size, buffers.back().data());
+            views.push_back(
+                {Manifest::tensor_name(u.name, kind), buffers.back().data(), static_cast<uint64_t>(range.size)});
+          }
         }
+        const std::string name = shard_file_name(k, t, T, p, P);
+        const FileDigest d = write_shard_file(dir + "/" + name, views);
+        out.files.push_back({name, p, t, k, d.bytes, d.xxh64});
       }
-      const std::string name = shard_file_name(k, t, T);
-      const FileDigest d = write_shard_file(dir + "/" + name, views);
-      out.files.push_back({name, t, k, d.bytes, d.xxh64});
     }
   }
   m = std::move(out);

@@ -66,9 +66,10 @@ TrainingState load_checkpoint(const std::string& step_dir, const RankShards& int
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitShard& shard = into.units[u];
     const model::UnitLayout& to = layout.units()[u];
-    reader.read_for(to, tp_rank, u, "param", shard.range.begin, shard.range.size, shard.param);
-    reader.read_for(to, tp_rank, u, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
-    reader.read_for(to, tp_rank, u, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
+    const int saved = reader.unit_index(to.name);  // a pipeline stage's units are some of them
+    reader.read_for(to, tp_rank, saved, "param", shard.range.begin, shard.range.size, shard.param);
+    reader.read_for(to, tp_rank, saved, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
+    reader.read_for(to, tp_rank, saved, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
   }
   return {m.step, m.tokens, m.sampler_position, m.optimizer_steps};
 }

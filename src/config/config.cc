@@ -477,8 +477,7 @@ void validate_tensor_parallel(const Config& c) {
 }
 
 // Pipeline stages hold consecutive blocks, at least one each; the LM head on the last stage
-// cannot share the first stage's embedding table. Checkpoints and the final weights are saved per
-// stage, which is still to come.
+// cannot share the first stage's embedding table.
 void validate_pipeline(const Config& c) {
   const int64_t P = c.parallel.pipeline;
   require(c.parallel.nproc % (P * c.parallel.tensor) == 0, "parallel.pipeline", fmt::format("{}", P),
@@ -488,11 +487,6 @@ void validate_pipeline(const Config& c) {
           fmt::format("must be <= model.n_layers = {} (each stage holds a block at least)", c.model.n_layers));
   require(!c.model.tied_embeddings, "model.tied_embeddings", "true",
           "pipeline parallelism needs untied embeddings (the LM head is on the last stage, the table on the first)");
-  require(!c.checkpoint.enabled(), "checkpoint.interval_minutes", fmt::format("{}", c.checkpoint.interval_minutes),
-          "checkpoints under pipeline parallelism are not built yet: set checkpoint.interval_minutes = 0 and "
-          "checkpoint.interval_steps = 0");
-  require(!c.checkpoint.save_final, "checkpoint.save_final", "true",
-          "saving the final weights under pipeline parallelism is not built yet: set checkpoint.save_final = false");
 }
 
 // The batch is cut among the data-parallel ranks, D = nproc / (pipeline x tensor).

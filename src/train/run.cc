@@ -247,7 +247,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     return;
   }
   if (config.checkpoint.save_final) {
-    auto tensors = trainer.params().gather_named_tensors();  // a collective: every rank takes part
+    auto tensors = trainer.whole_model_tensors();  // a collective: every rank takes part
     if (leader) {
       const std::string path = run_dir + "/model.safetensors";
       checkpoint::write_safetensors(path, tensors, {{"tessera_config", config::to_toml(config)}});

@@ -120,6 +120,36 @@ size_t Trainer::state_bytes() const {
   return b.params + b.grads + optimizer_.bytes();
 }
 
+std::vector<model::NamedTensor> Trainer::whole_model_tensors() {
+  std::vector<model::NamedTensor> mine = params_->gather_named_tensors();  // whole over dp and tp
+  const parallel::Mesh& mesh = *dist_.mesh;
+  const int P = mesh.size(parallel::Dim::kPp), stage = mesh.rank(parallel::Dim::kPp);
+  // Each stage's first rank (dp and tp coordinate 0) sends its tensors to rank 0, stage 0's,
+  // over their pipeline group, in the order the stage's layout lists them.
+  if (P == 1 || mesh.rank(parallel::Dim::kDp) != 0 || mesh.rank(parallel::Dim::kTp) != 0) return mine;
+  comm::ProcessGroup& group = *mesh.group(parallel::Dim::kPp);
+  const comm::CollectiveOptions options{comm::Millis(config_.parallel.timeout_ms)};
+  if (stage > 0) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const auto n = static_cast<int64_t>(mine[i].data.size());
+      group.send(mine[i].data.data(), n, comm::DType::kF32, 0, static_cast<uint32_t>(i), options)->wait();
+    }
+    return mine;
+  }
+  for (int p = 1; p < P; ++p) {
+    const model::ModelLayout whole(config_.model, 16, {}, model::balanced_stage(config_.model, P, p));
+    uint32_t i = 0;
+    for (const model::UnitLayout& u : whole.units()) {
+      for (const model::TensorSpec& t : u.tensors) {
+        model::NamedTensor named{t.name, t.full_shape, std::vector<float>(static_cast<size_t>(t.full_numel()))};
+        group.recv(named.data.data(), t.full_numel(), comm::DType::kF32, p, i++, options)->wait();
+        mine.push_back(std::move(named));
+      }
+    }
+  }
+  return mine;
+}
+
 checkpoint::RankShards Trainer::shards() {
   checkpoint::RankShards out{&layout_, {}};
   for (int u = 0; u < layout_.num_units(); ++u) {

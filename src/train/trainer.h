@@ -104,6 +104,9 @@ class Trainer {
   fsdp::ShardedParams& params() { return *params_; }
   // AdamW's moments of this rank's shards.
   optim::AdamW& optimizer() { return optimizer_; }
+  // Every parameter tensor of the whole model, on rank 0 (gathered from the shards, the tp blocks
+  // and the pipeline stages); this stage's tensors elsewhere. A collective: every rank calls it.
+  std::vector<model::NamedTensor> whole_model_tensors();
   // This rank's shards of the parameters and moments, as checkpoints save and load them.
   checkpoint::RankShards shards();
   int64_t steps_done() const { return step_; }
