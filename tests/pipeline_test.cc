@@ -4,7 +4,8 @@
 // in the same time for 1F1B as for GPipe. The stages in real processes over real Gloo, each
 // holding its blocks of the same weights: over m micro-batches the loss sum and every gradient
 // equal the whole model's, within 1e-5 (relative, per tensor), for 2 and 4 stages, both
-// schedules, fewer micro-batches than stages, with and without recompute.
+// schedules, fewer micro-batches than stages, with and without recompute; and each stage sends
+// exactly m activations forward and m input gradients back, N x C floats each.
 #include "train/pipeline.h"
 
 #include <fmt/format.h>
@@ -193,6 +194,16 @@ int run_stage(const Case& c, int rank, const fs::path& dir) {
       },
       hooks, 1.0f / 29);
   if (before != 2 * c.micro_batches || after != 2 * c.micro_batches) return 3;
+  // Bytes on the pipeline dimension (docs/design.md): each micro-batch's activations to the next
+  // stage and its input gradient to the previous one, N x C floats each, and nothing else.
+  const uint64_t activation = kBatch * config().seq_len * config().dim * sizeof(float);
+  const uint64_t want = c.micro_batches * activation * ((layout.has_head() ? 0 : 1) + (layout.has_embedding() ? 0 : 1));
+  if (group->bytes_sent(comm::OpKind::kSend) != want) {
+    std::fprintf(stderr, "stage %d sent %llu bytes point to point, want %llu\n", rank,
+                 static_cast<unsigned long long>(group->bytes_sent(comm::OpKind::kSend)),
+                 static_cast<unsigned long long>(want));
+    return 4;
+  }
   write_result(dir / fmt::format("stage{}", rank), layout, source, loss);
   return 0;
 }
