@@ -1,6 +1,6 @@
-// Layer train: the trainer, the step loop, step records, health checks and generation; it puts
-// the layers below together. It must not know how its processes were launched (it is given a
-// JobAddress).
+// Layer train: the trainer, the pipeline schedules, the step loop, step records, health checks and
+// generation; it puts the layers below together. It must not know how its processes were launched
+// (it is given a JobAddress).
 //
 // One training process: model, parameters and optimizer state, data, and the optimizer step
 // (gradient accumulation, global grad-norm clipping, AdamW, learning-rate schedule), plus
