@@ -101,6 +101,20 @@ assert c["num_hidden_layers"] == 2, c
 PY
 done
 
+# A pipeline run on the bundled corpus: `tessera eval` (one process) reads its weights and prints the
+# validation loss its last evaluation logged (the whole split, both times).
+train pp2_text 2 1 --set parallel.pipeline=2 --set data.synthetic=false --set data.cache_dir="$dir/cache" \
+  --set train.eval_interval=6
+"$tessera" eval --checkpoint "$dir/pp2_text" >"$dir/eval.json" 2>"$dir/eval.log" || { cat "$dir/eval.log"; fail "eval of a pipeline run failed"; }
+/usr/bin/python3 - "$dir" <<'PY' || fail "eval differs from the run's last validation loss"
+import json, sys
+d = sys.argv[1]
+last = [r["val_loss"] for r in map(json.loads, open(f"{d}/pp2_text/metrics.jsonl")) if "val_loss" in r][-1]
+got = json.load(open(f"{d}/eval.json"))["val_loss"]
+print(f"eval {got} vs the run's {last}")
+sys.exit(0 if abs(got - last) <= 1e-5 * abs(last) else 1)
+PY
+
 # A tensor-parallel size that does not divide the model: exit 2 naming the key.
 set +e
 "$tessera" train "${common[@]}" --set parallel.nproc=4 --set parallel.tensor=4 --run-dir "$dir/bad" 2>"$dir/bad.log"

@@ -91,8 +91,8 @@ int cmd_eval(const Args& args) {
   config::Config c = trained.config;
   c.data.synthetic = false;
   c.data.dataset = dataset;
-  c.parallel.nproc = 1;  // evaluation runs in this process, whatever the run's world size was
-  c.parallel.tensor = 1;
+  // Evaluation runs in this process, whatever the run's world size, tensor and pipeline sizes were.
+  c.parallel.nproc = c.parallel.tensor = c.parallel.pipeline = 1;
   c.train.micro_batch_size = 0;
   c.train.init_from.clear();  // the weights come from the checkpoint
   train::Trainer trainer(c, train::resolve_dataset(c));
