@@ -275,15 +275,16 @@ int Checkpointer::files() const {
 int Checkpointer::file_of_rank(int rank) const {
   const parallel::ParallelDims& d = dist_.mesh->dims();
   if (parallel::coordinate(d, rank, parallel::Dim::kDpReplicate) != 0) return -1;  // the others hold the same
-  return (parallel::coordinate(d, rank, parallel::Dim::kPp) * d.tp +
-          parallel::coordinate(d, rank, parallel::Dim::kTp)) *
-             d.dp_shard +
-         parallel::coordinate(d, rank, parallel::Dim::kDpShard);
+  return file_number(
+      {parallel::coordinate(d, rank, parallel::Dim::kPp), parallel::coordinate(d, rank, parallel::Dim::kTp),
+       parallel::coordinate(d, rank, parallel::Dim::kDpShard)},
+      d.tp, d.dp_shard);
 }
 
 std::string Checkpointer::file_name(int file) const {
   const parallel::ParallelDims& d = dist_.mesh->dims();
-  return shard_file_name(file % d.dp_shard, file / d.dp_shard % d.tp, d.tp, file / d.dp_shard / d.tp, d.pp);
+  const FileCoord c = file_coord(file, d.tp, d.dp_shard);
+  return shard_file_name(c.shard_rank, c.tp_rank, d.tp, c.pp_rank, d.pp);
 }
 
 bool Checkpointer::write_and_commit(const Pending& job) {
@@ -387,9 +388,9 @@ std::string Checkpointer::verify_files(const std::string& dir, const std::vector
 std::string Checkpointer::commit(const Pending& job, const std::string& dir, const std::vector<FileDigest>& digests) {
   try {
     Manifest m = job.manifest;
-    const int S = m.shard_size, T = m.tensor_parallel;
     for (int k = 0; k < static_cast<int>(digests.size()); ++k) {
-      m.files.push_back({file_name(k), k / S / T, k / S % T, k % S, digests[k].bytes, digests[k].xxh64});
+      const FileCoord c = file_coord(k, m.tensor_parallel, m.shard_size);
+      m.files.push_back({file_name(k), c.pp_rank, c.tp_rank, c.shard_rank, digests[k].bytes, digests[k].xxh64});
     }
     const std::string manifest = dir + "/manifest.json";
     write_file_atomic(manifest + ".tmp", to_json(m));  // durable under a temporary name

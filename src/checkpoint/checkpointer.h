@@ -89,8 +89,8 @@ class Checkpointer {
   // Awaits every other rank's report (so none still writes when a failed save is removed) and
   // fills the digests of the shard files the others wrote.
   std::string collect_reports(int64_t step, std::vector<FileDigest>* digests);
-  // The shard files: one per (pp, tp, dp_shard) coordinate, file (pp x T + tp) x S + dp_shard,
-  // written by the first replica; the file global rank `rank` writes, -1 for none.
+  // The shard files: one per (pp, tp, dp_shard) coordinate (numbered by file_number), written by
+  // the first replica; the file global rank `rank` writes, -1 for none.
   int files() const;
   int file_of_rank(int rank) const;
   std::string file_name(int file) const;

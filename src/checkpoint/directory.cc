@@ -209,7 +209,7 @@ CheckpointReader::CheckpointReader(const std::string& step_dir)
 CheckpointReader::~CheckpointReader() = default;
 
 ShardFile& CheckpointReader::shard(int pp_rank, int tp_rank, int shard_rank) {
-  auto& slot = shards_[(pp_rank * manifest_.tensor_parallel + tp_rank) * manifest_.shard_size + shard_rank];
+  auto& slot = shards_[file_number({pp_rank, tp_rank, shard_rank}, manifest_.tensor_parallel, manifest_.shard_size)];
   if (!slot) {
     const ManifestFile* f = manifest_.file_of(pp_rank, tp_rank, shard_rank);
     slot = std::make_unique<ShardFile>(dir_ + "/" + f->name);  // parse_manifest checked it exists
@@ -233,10 +233,12 @@ const std::vector<float>& CheckpointReader::cached_entry(int tp_rank, int shard_
   Cached& c = cache_.at(static_cast<size_t>(tp_rank));
   if (c.shard_rank != shard_rank || c.unit != unit || c.kind != kind) {
     const ShardEntry& e = slice_entry(tp_rank, shard_rank, manifest_.units.at(unit), kind);
-    c.data.resize(e.bytes / sizeof(float));
     c.shard_rank = -1;  // invalid until the read succeeds
+    c.data.resize(e.bytes / sizeof(float));
     shard(manifest_.units.at(unit).pp_rank, tp_rank, shard_rank).read(e, c.data.data());
-    c = {shard_rank, unit, kind, std::move(c.data)};
+    c.shard_rank = shard_rank;
+    c.unit = unit;
+    c.kind = kind;
   }
   return c.data;
 }
@@ -256,10 +258,9 @@ void CheckpointReader::read_slice(int tp_rank, int unit, const char* kind, int64
 }
 
 int CheckpointReader::unit_index(const std::string& name) const {
-  for (size_t i = 0; i < manifest_.units.size(); ++i) {
-    if (manifest_.units[i].name == name) return static_cast<int>(i);
-  }
-  throw DataError(fmt::format("{}/manifest.json holds no unit {}", dir_, name));
+  const int i = manifest_.unit_index(name);
+  if (i < 0) throw DataError(fmt::format("{}/manifest.json holds no unit {}", dir_, name));
+  return i;
 }
 
 void CheckpointReader::read_for(const model::UnitLayout& to, int to_tp_rank, int unit, const char* kind, int64_t begin,
@@ -308,16 +309,14 @@ void check_same_model(const Manifest& m, const model::ModelLayout& layout, const
   auto mismatch = [&](const std::string& what) {
     return DataError(fmt::format("{} was written for another model: {}", step_dir, what));
   };
-  const size_t whole_units = static_cast<size_t>(layout.config().n_layers) + 2;  // embedding, blocks, head
+  const size_t whole_units = static_cast<size_t>(model::ModelLayout(layout.config()).num_units());
   if (m.units.size() != whole_units) {
     throw mismatch(fmt::format("{} units, this model has {}", m.units.size(), whole_units));
   }
   for (const model::UnitLayout& mine : layout.units()) {
-    const ManifestUnit* saved = nullptr;
-    for (const ManifestUnit& u : m.units) {
-      if (u.name == mine.name) saved = &u;
-    }
-    if (saved == nullptr) throw mismatch(fmt::format("no unit {}", mine.name));
+    const int index = m.unit_index(mine.name);
+    if (index < 0) throw mismatch(fmt::format("no unit {}", mine.name));
+    const ManifestUnit* saved = &m.units[static_cast<size_t>(index)];
     if (saved->tensors.size() != mine.tensors.size()) {
       throw mismatch(fmt::format("unit {} has {} tensors, this model's {}", saved->name, saved->tensors.size(),
                                  mine.tensors.size()));

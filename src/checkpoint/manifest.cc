@@ -84,6 +84,21 @@ void parse_split(const Checked& c, bool v1, int T, ManifestTensor* t) {
 
 }  // namespace
 
+int file_number(const FileCoord& c, int tensor_parallel, int shard_size) {
+  return (c.pp_rank * tensor_parallel + c.tp_rank) * shard_size + c.shard_rank;
+}
+
+FileCoord file_coord(int number, int tensor_parallel, int shard_size) {
+  return {number / shard_size / tensor_parallel, number / shard_size % tensor_parallel, number % shard_size};
+}
+
+int Manifest::unit_index(const std::string& name) const {
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (units[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 const ManifestFile* Manifest::file_of(int pp_rank, int tp_rank, int shard_rank) const {
   for (const auto& f : files) {
     if (f.pp_rank == pp_rank && f.tp_rank == tp_rank && f.shard_rank == shard_rank) return &f;
@@ -188,7 +203,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     file.pp_rank = v1 ? 0 : static_cast<int>(f.integer("pp_rank", 0, P - 1));
     file.tp_rank = v1 ? 0 : static_cast<int>(f.integer("tp_rank", 0, T - 1));
     file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m.shard_size - 1));
-    const size_t index = static_cast<size_t>((file.pp_rank * T + file.tp_rank) * m.shard_size + file.shard_rank);
+    const auto index = static_cast<size_t>(file_number({file.pp_rank, file.tp_rank, file.shard_rank}, T, m.shard_size));
     if (seen[index]) {
       throw f.error("shard_rank", fmt::format("{} of tp rank {} of stage {} appears twice", file.shard_rank,
                                               file.tp_rank, file.pp_rank));
@@ -200,10 +215,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   }
   for (size_t i = 0; i < seen.size(); ++i) {
     if (!seen[i]) {
-      const size_t S = static_cast<size_t>(m.shard_size);
-      throw top.error("files", fmt::format("has no file for shard rank {}{}{}", i % S,
-                                           T > 1 ? fmt::format(" of tp rank {}", i / S % T) : "",
-                                           P > 1 ? fmt::format(" of stage {}", i / S / T) : ""));
+      const FileCoord c = file_coord(static_cast<int>(i), T, m.shard_size);
+      throw top.error("files", fmt::format("has no file for shard rank {}{}{}", c.shard_rank,
+                                           T > 1 ? fmt::format(" of tp rank {}", c.tp_rank) : "",
+                                           P > 1 ? fmt::format(" of stage {}", c.pp_rank) : ""));
     }
   }
   const json& units = top.array("units");
@@ -212,9 +227,7 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     ManifestUnit unit;
     unit.name = u.string("name");
     unit.pp_rank = v1 ? 0 : static_cast<int>(u.integer("pp_rank", 0, P - 1));
-    for (const ManifestUnit& earlier : m.units) {
-      if (earlier.name == unit.name) throw u.error("name", fmt::format("\"{}\" appears twice", unit.name));
-    }
+    if (m.unit_index(unit.name) >= 0) throw u.error("name", fmt::format("\"{}\" appears twice", unit.name));
     unit.numel = u.integer("numel", 0, INT64_MAX / 8);
     unit.padded = u.integer("padded", unit.numel, INT64_MAX / 8);
     if (unit.padded % m.shard_size != 0) throw u.error("padded", fmt::format("is not a multiple of {}", m.shard_size));

@@ -27,6 +27,14 @@ struct ManifestUnit {
   std::vector<ManifestTensor> tensors;
 };
 
+// Shard files are numbered by their coordinate: (pp_rank x tensor_parallel + tp_rank) x shard_size
+// + shard_rank.
+struct FileCoord {
+  int pp_rank = 0, tp_rank = 0, shard_rank = 0;
+};
+int file_number(const FileCoord& c, int tensor_parallel, int shard_size);
+FileCoord file_coord(int number, int tensor_parallel, int shard_size);
+
 struct ManifestFile {
   // "shard_00000.bin" ("tp01_shard_00000.bin" under tp, "pp01_tp00_shard_00000.bin" under pp),
   // relative to the step directory
@@ -65,6 +73,8 @@ struct Manifest {
   // "<unit>.param", "<unit>.exp_avg", "<unit>.exp_avg_sq": the tensors of each shard file.
   static std::string tensor_name(const std::string& unit, const char* kind) { return unit + "." + kind; }
   const ManifestFile* file_of(int pp_rank, int tp_rank, int shard_rank) const;
+  // The index in `units` of the unit named `name`; -1 when there is none.
+  int unit_index(const std::string& name) const;
 };
 
 std::string to_json(const Manifest& manifest);

@@ -188,9 +188,10 @@ int reshard_command(const ParsedArgs& a) {
   // The checkpoint's own config with the new parallel settings, validated as a whole.
   const config::Config target = config::load_text(checkpoint::read_manifest(src).config_toml, src, o);
   const std::string out = checkpoint::reshard(src, a.positional[1], target);
-  fmt::print("wrote {} ({} rank(s), {}{}) from {}\n", out, target.parallel.nproc,
+  fmt::print("wrote {} ({} rank(s), {}{}{}) from {}\n", out, target.parallel.nproc,
              config::name(target.parallel.strategy),
-             target.parallel.tensor > 1 ? fmt::format(", tensor {}", target.parallel.tensor) : "", src);
+             target.parallel.tensor > 1 ? fmt::format(", tensor {}", target.parallel.tensor) : "",
+             target.parallel.pipeline > 1 ? fmt::format(", pipeline {}", target.parallel.pipeline) : "", src);
   return kExitOk;
 }
 

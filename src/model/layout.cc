@@ -107,12 +107,8 @@ const TensorSpec& UnitLayout::tensor(const std::string& tensor_name) const {
 
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& c, int stages) {
   CHECK(stages >= 1 && stages <= c.n_layers);
-  const double C = static_cast<double>(c.dim), F = static_cast<double>(c.ffn_hidden);
-  const double Q = static_cast<double>(c.qkv_dim()), T = static_cast<double>(c.seq_len);
-  // Forward FLOPs per token (the backward is twice as much everywhere, so it cancels): the block's
-  // GEMMs and its attention; the head's GEMM.
-  const double block = 2 * (C * Q + C * C + 3 * C * F) + 2 * T * C;
-  const double head = 2 * static_cast<double>(c.vocab_size) * C;
+  // The FLOPs MFU counts (model_config.h): a block's, and the final norm and LM head's.
+  const double block = block_flops_per_token(c), head = head_flops_per_token(c);
   const int64_t L = c.n_layers;
   // best[s][l]: the smallest largest-stage cost of the first l blocks in s stages (the head on
   // the last stage overall, added when s == stages).

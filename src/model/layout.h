@@ -31,8 +31,8 @@ struct PipelineStage {
   bool last() const { return rank == size - 1; }
 };
 // Blocks per stage, balanced by cost: a block's FLOPs per token, the LM head's on the last stage
-// (its matrix is V x C; the embedding's lookup is free), contiguous, each stage at least one
-// block, the largest stage cost as small as can be.
+// (block_flops_per_token, head_flops_per_token; the embedding's lookup is free), contiguous, each
+// stage at least one block, the largest stage cost as small as can be.
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& config, int stages);
 // Stage `rank` of `stages` as balanced_stage_layers cuts them.
 PipelineStage balanced_stage(const ModelConfig& config, int stages, int rank);

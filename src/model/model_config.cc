@@ -46,9 +46,15 @@ std::vector<std::string> model_preset_names() {
   return names;
 }
 
+namespace {
+int64_t block_parameter_count(const ModelConfig& c) {
+  return c.dim * c.qkv_dim() + c.n_heads * c.head_dim() * c.dim + 3 * c.dim * c.ffn_hidden + 2 * c.dim;
+}
+int64_t head_parameter_count(const ModelConfig& c) { return c.dim + c.vocab_size * c.dim; }  // final norm, LM head
+}  // namespace
+
 int64_t matmul_parameter_count(const ModelConfig& c) {
-  const int64_t block = c.dim * c.qkv_dim() + c.n_heads * c.head_dim() * c.dim + 3 * c.dim * c.ffn_hidden + 2 * c.dim;
-  return c.n_layers * block + c.dim + c.vocab_size * c.dim;  // blocks, final norm, LM head
+  return c.n_layers * block_parameter_count(c) + head_parameter_count(c);
 }
 
 ShapeTotals shape_totals(const ModelConfig& c) {
@@ -63,9 +69,14 @@ int64_t parameter_count(const ModelConfig& c) {
   return matmul_parameter_count(c) + (c.tied_embeddings ? 0 : c.vocab_size * c.dim);
 }
 
+double block_flops_per_token(const ModelConfig& c) {
+  return 6.0 * static_cast<double>(block_parameter_count(c)) + 12.0 * static_cast<double>(c.seq_len * c.dim);
+}
+
+double head_flops_per_token(const ModelConfig& c) { return 6.0 * static_cast<double>(head_parameter_count(c)); }
+
 double flops_per_token(const ModelConfig& c) {
-  return 6.0 * static_cast<double>(matmul_parameter_count(c)) +
-         12.0 * static_cast<double>(c.n_layers * c.seq_len * c.dim);
+  return static_cast<double>(c.n_layers) * block_flops_per_token(c) + head_flops_per_token(c);
 }
 
 }  // namespace tessera::model

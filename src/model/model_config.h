@@ -46,7 +46,10 @@ ShapeTotals shape_totals(const ModelConfig& c);
 // Parameters, and those BENCHMARKS.md counts for model FLOPs: everything but the embedding table.
 int64_t parameter_count(const ModelConfig& c);
 int64_t matmul_parameter_count(const ModelConfig& c);
-// Model FLOPs per trained token: 6 x matmul params + 12 x L x T x C (attention scores and values).
+// Model FLOPs per trained token: 6 x matmul params + 12 x L x T x C (attention scores and values),
+// the sum of L blocks' and the head's:
 double flops_per_token(const ModelConfig& c);
+double block_flops_per_token(const ModelConfig& c);  // 6 x one block's matmul params + 12 T C
+double head_flops_per_token(const ModelConfig& c);   // 6 x (C + V C): the final norm and LM head
 
 }  // namespace tessera::model
