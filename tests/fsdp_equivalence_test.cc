@@ -38,12 +38,13 @@ struct Case {
   int tensor = 1;             // tensor-parallel ranks (of `world`); the rest are data-parallel
   int pipeline = 1;           // pipeline stages (of `world`)
   const char* schedule = "1f1b";
+  bool sequence = false;  // sequence parallelism (with tensor > 1)
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}_w{}_mb{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
+  return fmt::format("{}_w{}_mb{}{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
                      c.bf16 ? "_bf16" : "", c.bf16_compute ? "_bf16compute" : "",
-                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "",
+                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence ? "_sp" : "",
                      c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "");
 }
 
@@ -64,6 +65,7 @@ config::Config make_config(const Case& c, int micro_batch, int nproc) {
                            {"parallel.tensor", std::to_string(nproc > 1 ? c.tensor : 1)},
                            {"parallel.pipeline", std::to_string(nproc > 1 ? c.pipeline : 1)},
                            {"parallel.pipeline_schedule", c.schedule},
+                           {"parallel.sequence_parallel", c.sequence ? "true" : "false"},
                            {"checkpoint.interval_minutes", "0"},
                            {"checkpoint.save_final", "false"},
                            {"parallel.strategy", c.strategy},
@@ -290,7 +292,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"full_shard", 4, 0, 3, false, false, false, 1, 2},
         Case{"no_shard", 4, 0, 2, false, false, false, 1, 2, "gpipe"},
         Case{"shard_grad_op", 4, 0, 3, false, false, false, 2, 2},
-        Case{"full_shard", 4, 0, 3, false, false, true, 1, 2}),
+        Case{"full_shard", 4, 0, 3, false, false, true, 1, 2},
+        // Sequence parallelism: alone, with a pipeline, with bf16 compute.
+        Case{"full_shard", 2, 0, 6, false, false, false, 2, 1, "1f1b", true},
+        Case{"shard_grad_op", 4, 0, 3, false, false, false, 2, 2, "1f1b", true},
+        Case{"no_shard", 4, 0, 3, true, false, true, 2, 1, "1f1b", true}),
     [](const auto& p) { return name_of(p.param); });
 
 // Ignored targets spread unevenly over samples, so ranks and micro-batches count different numbers
@@ -383,6 +389,11 @@ INSTANTIATE_TEST_SUITE_P(Strategies, MaskedTargets,
 // all-reduces N x C floats (N tokens of a micro-batch) once after the embedding, twice per block
 // forward and twice backward, and once for the head's input gradient, plus the loss's 2 N sums,
 // and all-gathers the loss's N row maxima, every micro-batch; and one float of the norm per step.
+// With sequence parallelism each rank holds N / T rows instead: per micro-batch it all-gathers its
+// N C / T floats 6 L + 2 times (per block the two norms' outputs forward, again backward for the
+// weight gradients, and dx twice; the head's norm output; dx for the embedding's backward) and
+// reduce-scatters N C floats 4 L + 2 times (the embedding, two products per block forward, two
+// input gradients backward, the head's), and all-reduces the norm gains' C floats 2 L + 1 times.
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -428,7 +439,8 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     gather_elems += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
   }
   const uint64_t f = c.bf16 ? 2 : sizeof(float);  // bytes per element of the sharded collectives
-  uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0, sum_tp_allreduce = 0, sum_tp_allgather = 0;
+  uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0, sum_tp_allreduce = 0, sum_tp_allgather = 0,
+           sum_tp_reduce_scatter = 0;
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
     uint64_t v[15];
@@ -436,6 +448,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}; then
     // params, grads, optimizer.
     sum_tp_allgather += v[9];
+    sum_tp_reduce_scatter += v[10];
     sum_tp_allreduce += v[11];
     const uint64_t* state = v + 12;
     const bool sharded = S > 1, separate_shard_group = S > 1 && S < W;
@@ -454,12 +467,20 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;
     const uint64_t A = cfg.accumulation_steps(), L = cfg.model.n_layers, groups = W / T;
     // Floats per tp rank and step; a tp group that is the whole world also carries the step's figures.
-    const uint64_t reduced =
-        A * ((4 * L + 2) * N * C + 2 * N) + 1 + (T == W ? train::Trainer::step_reduce_floats(W) : 0);
-    EXPECT_EQ(sum_tp_allreduce, groups * 2 * (T - 1) * reduced * sizeof(float));
-    EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * N * sizeof(float));
+    const uint64_t per_step = 1 + (T == W ? train::Trainer::step_reduce_floats(W) : 0);
+    if (c.sequence) {
+      const uint64_t rows = N * C / T;  // floats of this rank's rows
+      EXPECT_EQ(sum_tp_allreduce, groups * 2 * (T - 1) * (A * (2 * N + (2 * L + 1) * C) + per_step) * sizeof(float));
+      EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * ((6 * L + 2) * rows + N) * sizeof(float));
+      EXPECT_EQ(sum_tp_reduce_scatter, W * (T - 1) * A * (4 * L + 2) * rows * sizeof(float));
+    } else {
+      EXPECT_EQ(sum_tp_allreduce,
+                groups * 2 * (T - 1) * (A * ((4 * L + 2) * N * C + 2 * N) + per_step) * sizeof(float));
+      EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * N * sizeof(float));
+      EXPECT_EQ(sum_tp_reduce_scatter, 0u);
+    }
   } else {
-    EXPECT_EQ(sum_tp_allreduce + sum_tp_allgather, 0u);
+    EXPECT_EQ(sum_tp_allreduce + sum_tp_allgather + sum_tp_reduce_scatter, 0u);
   }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
   if (S == 1 && T == 1) {
@@ -482,10 +503,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
                                            Case{"full_shard", 2, 0, 6, false, true},
                                            // One micro-batch per step (the gather formula above), and three.
                                            Case{"full_shard", 4, 0, 6, false, false, false, 2},
-                                           Case{"full_shard", 2, 0, 4, true, false, false, 2}),
+                                           Case{"full_shard", 2, 0, 4, true, false, false, 2},
+                                           Case{"full_shard", 4, 0, 6, false, false, false, 2, 1, "1f1b", true}),
                          [](const auto& p) {
-                           return fmt::format("{}_w{}{}{}", p.param.strategy, p.param.world, p.param.bf16 ? "_bf16" : "",
-                                              p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "");
+                           return fmt::format("{}_w{}{}{}{}", p.param.strategy, p.param.world,
+                                              p.param.bf16 ? "_bf16" : "",
+                                              p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "",
+                                              p.param.sequence ? "_sp" : "");
                          });
 
 }  // namespace

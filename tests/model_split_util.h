@@ -56,6 +56,9 @@ class WholeUnitsSource final : public model::ParamSource {
   void tp_all_gather(const float* in, float* out, int64_t count) override {
     tp_->all_gather(in, out, count, comm::DType::kF32, {comm::Millis(20000)})->wait();
   }
+  void tp_reduce_scatter(const float* in, float* out, int64_t count) override {
+    tp_->reduce_scatter(in, out, count, comm::DType::kF32, {comm::Millis(20000)})->wait();
+  }
   const std::vector<float>& unit_grads(int unit) const { return grads_[unit]; }
 
  private:

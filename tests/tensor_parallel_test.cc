@@ -3,7 +3,8 @@
 // weights, run one micro-batch forward and backward; the loss must be the whole model's and the
 // gradients, put back together from the ranks' blocks, the whole model's, within 1e-5 (relative,
 // per tensor), at tp 2 and 4, tied and untied embeddings, grouped-query attention, ignored
-// targets, with and without recompute. Replicated tensors (norm gains) must get the same gradient
+// targets, with and without recompute, with and without sequence parallelism (the residual stream
+// cut by tokens, layout.h TensorParallel::sequence). Replicated tensors (norm gains) must get the same gradient
 // on every rank. Norm gains are jittered away from 1 so that a gain read for the wrong norm shows.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -34,10 +35,12 @@ struct Case {
   int tp;
   bool tied;
   int64_t recompute_every;
+  bool sequence = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "tp" << c.tp << (c.tied ? "_tied" : "") << (c.recompute_every > 0 ? "_recompute" : "");
+  *os << "tp" << c.tp << (c.tied ? "_tied" : "") << (c.recompute_every > 0 ? "_recompute" : "")
+      << (c.sequence ? "_sequence" : "");
 }
 
 // Grouped-query attention (8 query heads, 4 key/value heads), divisible by tp 2 and 4.
@@ -61,7 +64,7 @@ constexpr int64_t kBatch = 2;
 int run_rank(const Case& c, int tp, int rank, const fs::path& dir) {
   set_num_threads(1);
   const model::ModelConfig cfg = config(c.tied);
-  const model::ModelLayout layout(cfg, 16, {tp, rank});
+  const model::ModelLayout layout(cfg, 16, {tp, rank, c.sequence});
   std::unique_ptr<comm::Store> store;
   std::unique_ptr<comm::ProcessGroup> group;
   if (tp > 1) {
@@ -85,7 +88,8 @@ class TensorParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallel, MatchesTheWholeModel) {
   const Case c = GetParam();
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("tp_{}_{}_{}", c.tp, c.tied, c.recompute_every);
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / fmt::format("tp_{}_{}_{}_{}", c.tp, c.tied, c.recompute_every, c.sequence);
   fs::remove_all(dir);
   fs::create_directories(dir);
   ASSERT_EQ(launch::run_local_workers(1, [&](int) { return run_rank(c, 1, 0, dir); }), 0);
@@ -122,7 +126,8 @@ TEST_P(TensorParallel, MatchesTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallel,
                          ::testing::Values(Case{2, false, 0}, Case{4, false, 0}, Case{2, true, 0}, Case{4, true, 1},
-                                           Case{2, false, 1}),
+                                           Case{2, false, 1}, Case{2, false, 0, true}, Case{4, true, 1, true},
+                                           Case{4, false, 0, true}),
                          ::testing::PrintToStringParamName());
 
 }  // namespace

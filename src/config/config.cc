@@ -274,6 +274,7 @@ const std::vector<Key>& schema() {
       KEY(data, synthetic),
       KEY(parallel, nproc, closed(1, 1024)),
       KEY(parallel, tensor, closed(1, 1024)),
+      KEY(parallel, sequence_parallel),
       KEY(parallel, pipeline, closed(1, 1024)),
       KEY(parallel, pipeline_schedule),
       KEY(parallel, strategy),
@@ -508,6 +509,15 @@ void validate_batch_and_ranks(const Config& c) {
           fmt::format("must be divisible by {} x train.micro_batch_size = {} x {}", ranks, D, c.micro_batch()));
 }
 
+// Sequence parallelism cuts each micro-batch's tokens among the tensor-parallel ranks.
+void validate_sequence_parallel(const Config& c) {
+  const int64_t T = c.parallel.tensor;
+  if (!c.parallel.sequence_parallel || T == 1) return;
+  require(c.micro_batch() * c.model.seq_len % T == 0, "parallel.sequence_parallel", "true",
+          fmt::format("needs train.micro_batch_size x model.seq_len = {} x {} divisible by parallel.tensor = {}",
+                      c.micro_batch(), c.model.seq_len, T));
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Bounds>> numeric_key_bounds() {
@@ -529,6 +539,7 @@ void validate(const Config& c) {
   validate_tensor_parallel(c);
   validate_pipeline(c);
   validate_batch_and_ranks(c);
+  validate_sequence_parallel(c);
   const TrainConfig& t = c.train;
   require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
           fmt::format("must be in [0, train.lr = {}]", t.lr));

@@ -80,6 +80,12 @@ struct ParallelConfig {
   // among them); must divide nproc, model.n_heads, model.n_kv_heads, model.ffn_hidden and
   // model.vocab_size. The data-parallel ranks are nproc / (pipeline x tensor).
   int64_t tensor = 1;
+  // Megatron-LM's sequence parallelism, with tensor > 1: the residual stream, the norms and their
+  // saved outputs cut by tokens among the tensor-parallel ranks (their activation memory /
+  // tensor), an all-gather before and a reduce-scatter after each split product instead of the
+  // all-reduces (the same bytes). train.micro_batch_size x model.seq_len must be divisible by
+  // tensor. No effect with tensor = 1.
+  bool sequence_parallel = false;
   // Pipeline stages: the blocks cut into this many consecutive groups, balanced by cost (the
   // embedding on the first stage, the final norm and LM head on the last); the micro-batches of a
   // step (accumulation_steps()) flow through them by pipeline_schedule. At most model.n_layers;

@@ -116,6 +116,24 @@ TEST(Config, PipelineStagesShareTheirBatchAndRefuseTiedEmbeddings) {
             std::string::npos);
 }
 
+// Sequence parallelism cuts each micro-batch's tokens among the tensor-parallel ranks.
+TEST(Config, SequenceParallelNeedsTokensDivisibleByTheTensorRanks) {
+  const Config c =
+      load("", {{"parallel.nproc", "2"}, {"parallel.tensor", "2"}, {"parallel.sequence_parallel", "true"}});
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_NE(load_error("", {{"parallel.nproc", "2"},
+                            {"parallel.tensor", "2"},
+                            {"parallel.sequence_parallel", "true"},
+                            {"model.seq_len", "65"},
+                            {"train.batch_size", "3"}})
+                .find("parallel.sequence_parallel = true: needs train.micro_batch_size x model.seq_len = 3 x 65 "
+                      "divisible by parallel.tensor = 2"),
+            std::string::npos);
+  // Without tensor parallelism it changes nothing, and any size is fine.
+  EXPECT_NO_THROW(
+      load("", {{"parallel.sequence_parallel", "true"}, {"model.seq_len", "65"}, {"train.batch_size", "3"}}));
+}
+
 TEST(Config, UnknownKeysAreNamedWithASuggestion) {
   EXPECT_NE(load_error("", {{"train.lrr", "1"}}).find("unknown config key train.lrr (--set); did you mean train.lr?"),
             std::string::npos);

@@ -20,11 +20,13 @@ void set_console_level(Level level);
 // Parses "debug", "info", "warn", "error"; returns false on anything else.
 bool parse_level(std::string_view name, Level* out);
 const char* level_name(Level level);  // the name parse_level reads
-// Prefix every line with "[rank R] "; negative disables the prefix.
-void set_rank(int rank);
-// Also append every line logged to `path`, with a UTC time stamp and "[rank R]" (flushed per
-// line). Returns false, and warns, when the file cannot be opened. An empty path closes it.
-bool open_file(const std::string& path, int rank);
+// Prefix every line with "[rank R] ", or "[rank R WHERE] " (e.g. where = "pp1 tp0 dp1", a rank's
+// coordinates in a 3D layout), on stderr and in the log file; negative disables the prefix.
+void set_rank(int rank, std::string_view where = {});
+// Also append every line logged to `path`, with a UTC time stamp and the rank prefix, "[rank 0]"
+// without one (flushed per line). Returns false, and warns, when the file cannot be opened. An
+// empty path closes it.
+bool open_file(const std::string& path);
 // Draws `line` as the progress line on stdout (a terminal), replacing the previous one; later
 // log lines go above it. An empty line ends it (the cursor moves to the next line).
 void progress(std::string_view line);

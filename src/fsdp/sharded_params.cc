@@ -250,6 +250,11 @@ void ShardedParams::tp_all_gather(const float* in, float* out, int64_t count) {
   wait(*tp_group_->all_gather(in, out, count, comm::DType::kF32, options_));
 }
 
+void ShardedParams::tp_reduce_scatter(const float* in, float* out, int64_t count) {
+  CHECK(tp_group_ != nullptr);
+  wait(*tp_group_->reduce_scatter(in, out, count, comm::DType::kF32, options_));
+}
+
 void ShardedParams::begin_step() {
   for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->range.size);
   cursor_ = 0;

@@ -19,8 +19,8 @@
 //
 // Under tensor parallelism each tp rank's units hold its blocks (model::ModelLayout's
 // TensorParallel), sharded as above over the data-parallel ranks with its tp coordinate; the
-// mesh's tp group carries the model's tp_all_reduce and tp_all_gather, and the gradient norm
-// counts a replicated tensor (a norm gain, equal on every tp rank) once. Under pipeline
+// mesh's tp group carries the model's tp collectives (all-reduce, all-gather, reduce-scatter),
+// and the gradient norm counts a replicated tensor (a norm gain, equal on every tp rank) once. Under pipeline
 // parallelism the layout holds this stage's units only, and the norm sums over the stages too.
 #pragma once
 
@@ -72,6 +72,7 @@ class ShardedParams final : public model::ParamSource {
   // Blocking collectives over the mesh's tp group, counted as exposed communication.
   void tp_all_reduce(float* data, int64_t count) override;
   void tp_all_gather(const float* in, float* out, int64_t count) override;
+  void tp_reduce_scatter(const float* in, float* out, int64_t count) override;
 
   // Before the first micro-batch of a step: zeroes gradient shards.
   void begin_step();

@@ -17,8 +17,13 @@ namespace tessera::model {
 // a rank computes its heads or hidden units whole; row-parallel ones (wo, w2) along their inputs
 // (dim 1), so each rank's product is a partial sum that the tp group all-reduces. The embedding
 // and the LM head are cut along the vocabulary (dim 0); norm gains are replicated.
+// sequence: Megatron-LM's sequence parallelism on top (the model's business only: the parameters
+// are cut the same). The residual stream and the norms hold 1/size of the rows (tokens), rank r
+// rows [r N/size, (r+1) N/size); a column-parallel product's input is all-gathered and a
+// row-parallel product is reduce-scattered instead of all-reduced (llama.h). No effect at size 1.
 struct TensorParallel {
   int size = 1, rank = 0;
+  bool sequence = false;
 };
 
 // Pipeline parallelism: stage `rank` of `size` holds `layers` consecutive blocks from

@@ -31,6 +31,16 @@ int64_t count_valid_targets(const int32_t* targets, int64_t n) {
   return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });
 }
 
+namespace {
+// The rows of the residual stream one rank holds (llama.h, R).
+int64_t residual_rows(const ModelLayout& layout, int64_t N) {
+  const TensorParallel& tp = layout.tensor_parallel();
+  if (tp.size == 1 || !tp.sequence) return N;
+  CHECK_MSG(N % tp.size == 0, "sequence parallelism needs the micro-batch's tokens divisible by the tp size");
+  return N / tp.size;
+}
+}  // namespace
+
 int64_t Llama::loss_chunk_rows(int64_t vocab, int64_t N) {
   // Logits for a chunk of rows at a time (~32 MB): never the whole (N, V) tensor.
   return std::clamp<int64_t>((int64_t{1} << 23) / vocab, 1, N);
@@ -41,17 +51,17 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   const ModelConfig& c = layout.config();
   const LocalSizes& l = layout.local();  // this rank's share under tensor parallelism
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = l.ffn_hidden, H = l.heads, D = c.head_dim();
-  const int64_t Q = (l.heads + 2 * l.kv_heads) * D, V = l.vocab;
+  const int64_t Q = (l.heads + 2 * l.kv_heads) * D, V = l.vocab, R = residual_rows(layout, N);
   auto take = [&](int64_t n) { return arena.take<float>(static_cast<size_t>(n)); };
   auto take_saved = [&](BlockActs& a) {
-    a.xn1 = take(N * C);
-    a.rstd1 = take(N);
+    a.xn1 = take(R * C);
+    a.rstd1 = take(R);
     a.qkv = take(N * Q);
     a.att = take(N * H * D);
     a.lse = take(B * H * T);
-    a.xmid = take(N * C);
-    a.xn2 = take(N * C);
-    a.rstd2 = take(N);
+    a.xmid = take(R * C);
+    a.xn2 = take(R * C);
+    a.rstd2 = take(R);
     a.h13 = take(N * 2 * F);
     a.g = take(N * F);
   };
@@ -66,7 +76,7 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     a.recompute = recompute_every > 0 && (layout.first_layer() + i) % recompute_every == 0;
     if (a.recompute && !any_recompute) {
       take_saved(shared);
-      b.recompute_out = take(N * C);
+      b.recompute_out = take(R * C);
       any_recompute = true;
     }
     if (a.recompute) {
@@ -74,11 +84,11 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     } else {
       take_saved(a);
     }
-    a.x = take(N * C);
+    a.x = take(R * C);
   }
-  b.x_final = take(N * C);
-  b.xn_final = take(N * C);
-  b.rstd_final = take(N);
+  b.x_final = take(R * C);
+  b.xn_final = take(R * C);
+  b.rstd_final = take(R);
   b.rope = take(T * D);
   b.attn_ws = take(k::attention_workspace_floats(T, D, threads));
   const int64_t chunk = loss_chunk_rows(V, N);
@@ -89,8 +99,13 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     b.ce_sums = take(2 * chunk);
     b.ce_maxima = take(layout.tensor_parallel().size * chunk);
   }
-  b.dx = take(N * C);
+  b.dx = take(R * C);
   b.dxn = take(N * C);
+  if (R < N) {
+    b.gathered = take(N * C);
+    b.dxn_rows = take(R * C);
+    b.dgain = take(C);
+  }
   b.dqkv = take(N * Q);
   b.datt = take(N * H * D);
   b.dh13 = take(N * 2 * F);
@@ -115,6 +130,7 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       B_(micro_batch),
       T_(layout.config().seq_len),
       N_(micro_batch * layout.config().seq_len),
+      R_(residual_rows(layout, N_)),
       threads_(threads),
       recompute_every_(recompute_every),
       bf16_(bf16),
@@ -164,6 +180,12 @@ const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
 void Llama::residual_linear(ParamSource& params, float* out, const float* residual, const float* x,
                             const UnitParams& w, int64_t offset, int64_t K) {
   const int64_t C = layout_.config().dim;
+  if (sequence_parallel()) {  // this rank's rows of the group's sum, then their residual
+    linear(b_.dxn, x, w, offset, N_, C, K, 0.0f);
+    params.tp_reduce_scatter(b_.dxn, out, R_ * C);
+    k::add_inplace(out, residual, R_ * C);
+    return;
+  }
   // The residual add rides on the GEMM (beta = 1) instead of a separate pass. A row-parallel
   // product is a partial sum: the first rank of the group adds the residual, the group's sum the
   // rest.
@@ -179,14 +201,14 @@ void Llama::block_forward(ParamSource& params, const UnitParams& w, const BlockA
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
   const float eps = static_cast<float>(c.norm_eps);
-  k::rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), N_, C, eps);
-  linear(a.qkv, a.xn1, w, o.wqkv, N_, Q, C, 0.0f);
+  k::rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), R_, C, eps);
+  linear(a.qkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C, 0.0f);
   k::rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
   k::rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   k::attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
   residual_linear(params, a.xmid, a.x, a.att, w, o.wo, H * D);
-  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), N_, C, eps);
-  linear(a.h13, a.xn2, w, o.w13, N_, 2 * F, C, 0.0f);
+  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), R_, C, eps);
+  linear(a.h13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C, 0.0f);
   k::swiglu_forward(a.g, a.h13, N_, F);
   residual_linear(params, out, a.xmid, a.g, w, o.w2, F);
 }
@@ -196,23 +218,51 @@ void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, 
   const LocalSizes& l = layout_.local();
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
-  float* dx = b_.dx;
   // MLP branch; dx enters as d(out) = d(xmid) through the residual, and the norm adds its part.
-  // Under tensor parallelism dx is the same on every rank of the group, and the input gradient
-  // of a column-parallel product is a partial sum the group completes.
-  linear_backward(b_.dg, dw + o.w2, dx, a.g, w, o.w2, N_, C, F);
+  // Under tensor parallelism dx is the same on every rank of the group (or, sequence parallel,
+  // its rows are gathered), and the input gradient of a column-parallel product is a partial sum
+  // the group completes.
+  linear_backward(b_.dg, dw + o.w2, gather_rows(params, b_.dx), a.g, w, o.w2, N_, C, F);
   k::swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
-  linear_backward(b_.dxn, dw + o.w13, b_.dh13, a.xn2, w, o.w13, N_, 2 * F, C);
-  if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
-  k::rms_norm_backward(dx, dw + o.ffn_norm, b_.dxn, a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2, N_, C);
+  linear_backward(b_.dxn, dw + o.w13, b_.dh13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C);
+  norm_backward(params, dw + o.ffn_norm, complete_dxn(params), a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2);
   // Attention branch.
-  linear_backward(b_.datt, dw + o.wo, dx, a.att, w, o.wo, N_, C, H * D);
+  linear_backward(b_.datt, dw + o.wo, gather_rows(params, b_.dx), a.att, w, o.wo, N_, C, H * D);
   k::attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
   k::rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
   k::rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, a.xn1, w, o.wqkv, N_, Q, C);
+  linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C);
+  norm_backward(params, dw + o.attention_norm, complete_dxn(params), a.x, norm_weight(w, o.attention_norm, 0), a.rstd1);
+}
+
+const float* Llama::gather_rows(ParamSource& params, const float* rows) {
+  if (!sequence_parallel()) return rows;
+  params.tp_all_gather(rows, b_.gathered, R_ * layout_.config().dim);
+  return b_.gathered;
+}
+
+const float* Llama::complete_dxn(ParamSource& params) {
+  const int64_t C = layout_.config().dim;
+  if (sequence_parallel()) {
+    params.tp_reduce_scatter(b_.dxn, b_.dxn_rows, R_ * C);
+    return b_.dxn_rows;
+  }
   if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
-  k::rms_norm_backward(dx, dw + o.attention_norm, b_.dxn, a.x, norm_weight(w, o.attention_norm, 0), a.rstd1, N_, C);
+  return b_.dxn;
+}
+
+void Llama::norm_backward(ParamSource& params, float* dgain, const float* dxn, const float* x, const float* gain,
+                          const float* rstd) {
+  const int64_t C = layout_.config().dim;
+  if (!sequence_parallel()) {
+    k::rms_norm_backward(b_.dx, dgain, dxn, x, gain, rstd, R_, C);
+    return;
+  }
+  // A replicated gain's gradient sums over all N rows: each rank's rows, then the group.
+  std::memset(b_.dgain, 0, sizeof(float) * C);
+  k::rms_norm_backward(b_.dx, b_.dgain, dxn, x, gain, rstd, R_, C);
+  params.tp_all_reduce(b_.dgain, C);
+  k::add_inplace(dgain, b_.dgain, C);
 }
 
 void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
@@ -232,15 +282,20 @@ void Llama::embed(ParamSource& params, const int32_t* inputs) {
   const int emb = layout_.embedding_unit();
   const UnitParams table = acquire(params, emb);
   // Vocabulary-parallel under tensor parallelism: each rank looks up the tokens of its block, the
-  // group's sum gives every rank every row.
+  // group's sum gives every rank every row (or, sequence parallel, its own rows).
   const LocalSizes& v = layout_.local();
+  float* x = sequence_parallel() ? b_.dxn : b_.blocks[0].x;
   if (table.bf16 != nullptr) {
-    k::embedding_forward_bf16(b_.blocks[0].x, inputs, table.bf16, N_, c.dim, v.vocab_begin, v.vocab);
+    k::embedding_forward_bf16(x, inputs, table.bf16, N_, c.dim, v.vocab_begin, v.vocab);
   } else {
-    k::embedding_forward(b_.blocks[0].x, inputs, table.f32, N_, c.dim, v.vocab_begin, v.vocab);
+    k::embedding_forward(x, inputs, table.f32, N_, c.dim, v.vocab_begin, v.vocab);
   }
   params.release(emb);
-  if (tensor_parallel()) params.tp_all_reduce(b_.blocks[0].x, N_ * c.dim);
+  if (sequence_parallel()) {
+    params.tp_reduce_scatter(x, b_.blocks[0].x, R_ * c.dim);
+  } else if (tensor_parallel()) {
+    params.tp_all_reduce(x, N_ * c.dim);
+  }
 }
 
 LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale) {
@@ -256,13 +311,14 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   head_backward_seconds_ = 0.0;
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
-  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, N_, C, static_cast<float>(c.norm_eps));
+  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, R_, C, static_cast<float>(c.norm_eps));
+  const float* xn_all = gather_rows(params, b_.xn_final);
   // Logits, loss and (with grads) the head's backward, one chunk of rows at a time.
   const int64_t chunk = loss_chunk_rows(V, N_);
   double loss_sum = 0.0;
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
-    const float* xn = b_.xn_final + r0 * C;
+    const float* xn = xn_all + r0 * C;
     linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     if (tensor_parallel()) {
       vocab_parallel_loss(params, targets + r0, rows, with_grads, grad_scale);
@@ -280,10 +336,9 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   if (with_grads) {
     const double t0 = now_seconds();
     // The head's input gradient: a partial sum over the vocabulary blocks under tensor parallelism.
-    if (tensor_parallel()) params.tp_all_reduce(b_.dxn, N_ * C);
-    std::memset(b_.dx, 0, sizeof(float) * N_ * C);
-    float* dnorm = params.grads(head) + layout_.head_norm_offset();
-    k::rms_norm_backward(b_.dx, dnorm, b_.dxn, b_.x_final, norm_w, b_.rstd_final, N_, C);
+    const float* dxn = complete_dxn(params);
+    std::memset(b_.dx, 0, sizeof(float) * R_ * C);
+    norm_backward(params, params.grads(head) + layout_.head_norm_offset(), dxn, b_.x_final, norm_w, b_.rstd_final);
     head_backward_seconds_ += now_seconds() - t0;
     params.grads_ready(head);
   }
@@ -336,7 +391,7 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
   }
   if (!layout_.has_embedding()) return;  // b_.dx holds the gradient of the stage's input
   const int emb = layout_.embedding_unit();
-  k::embedding_backward(params.grads(emb), b_.dx, inputs, N_, c.dim, layout_.local().vocab_begin,
+  k::embedding_backward(params.grads(emb), gather_rows(params, b_.dx), inputs, N_, c.dim, layout_.local().vocab_begin,
                         layout_.local().vocab);
   params.grads_ready(emb);
 }

@@ -7,7 +7,8 @@
 // allocated once, in the constructor; forward and backward never call the allocator. Under tensor
 // parallelism (the layout's TensorParallel) it computes its block's heads, hidden units and
 // vocabulary and completes the partial sums through the source's tp collectives
-// (docs/design.md, "Tensor parallelism").
+// (docs/design.md, "Tensor parallelism"); with sequence parallelism on top, the residual stream,
+// the norms and their saved outputs hold this rank's rows only (R = N / tp of the N = B x T).
 #pragma once
 
 #include <cstdint>
@@ -71,32 +72,35 @@ class Llama {
   // there first); without the head, forward returns no loss and leaves its output in
   // stage_output(), and backward reads the gradient of that output from stage_output_grad() and
   // leaves the gradient of its input there (what the previous stage needs). inputs are still
-  // passed (the first stage looks them up) and targets (the last stage's loss). (N, C) each.
+  // passed (the first stage looks them up) and targets (the last stage's loss). stage_floats()
+  // each: (N, C), or this rank's (R, C) rows under sequence parallelism.
+  int64_t stage_floats() const { return R_ * layout_.config().dim; }
   float* stage_input() { return b_.blocks.front().x; }
   const float* stage_output() const { return b_.x_final; }
   float* stage_output_grad() { return b_.dx; }
   const float* stage_input_grad() const { return b_.dx; }
 
  private:
+  // N = B x T rows; R = N, or N / tp rows under sequence parallelism (this rank's).
   struct BlockActs {
     bool recompute;  // the fields below x point into the shared recompute set
-    float* x;        // (N, C) block input: all a recompute needs
-    float* xn1;      // (N, C) attention-norm output
-    float* rstd1;    // (N)
+    float* x;        // (R, C) block input: all a recompute needs
+    float* xn1;      // (R, C) attention-norm output
+    float* rstd1;    // (R)
     float* qkv;      // (N, qkv_dim) after RoPE on q and k
     float* att;      // (N, H*D) attention output before wo
     float* lse;      // (B, H, T)
-    float* xmid;     // (N, C) residual after attention
-    float* xn2;      // (N, C)
-    float* rstd2;    // (N)
+    float* xmid;     // (R, C) residual after attention
+    float* xn2;      // (R, C)
+    float* rstd2;    // (R)
     float* h13;      // (N, 2F) gate | up
     float* g;        // (N, F) SwiGLU output
   };
   struct Buffers {
     std::vector<BlockActs> blocks;
-    float* x_final;   // (N, C) output of the last block
-    float* xn_final;  // (N, C)
-    float* rstd_final;
+    float* x_final;     // (R, C) output of the last block
+    float* xn_final;    // (R, C)
+    float* rstd_final;  // (R)
     float* rope;  // (T, D/2, 2)
     float* attn_ws;
     float* logits;         // (chunk, V), V this rank's block of the vocabulary
@@ -104,13 +108,20 @@ class Llama {
     float* ce_max;         // tensor parallelism only (null otherwise): (chunk) row maxima,
     float* ce_sums;        // (2, chunk) sums of exp and target logits,
     float* ce_maxima;      // (tp, chunk) every rank's row maxima
-    float* dx;             // (N, C) gradient of the residual stream
-    float* dxn;            // (N, C) gradient of a norm's output
+    float* dx;             // (R, C) gradient of the residual stream
+    float* dxn;            // (N, C) gradient of a norm's output (sequence parallel: before its
+                           // reduce-scatter; also a row-parallel product before its reduce-scatter)
     float* dqkv;           // (N, qkv_dim)
     float* datt;           // (N, H*D)
     float* dh13;           // (N, 2F)
     float* dg;             // (N, F)
-    float* recompute_out;  // (N, C) where a recomputed block writes its (already known) output
+    float* recompute_out;  // (R, C) where a recomputed block writes its (already known) output
+    // Sequence parallelism only (null otherwise): every rank's rows of a norm's output or of dx,
+    // all-gathered for a product; this rank's rows of a norm's output gradient; the norm gains'
+    // partial gradients (over this rank's rows) that the group sums.
+    float* gathered;  // (N, C)
+    float* dxn_rows;  // (R, C)
+    float* dgain;     // (C)
     // bf16 only (null otherwise): a GEMM's activation input and its output gradient rounded to
     // bf16 just before the GEMM (rounded again in backward rather than saved per block: no
     // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
@@ -128,6 +139,18 @@ class Llama {
                    bool bf16);
   static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
   bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
+  bool sequence_parallel() const { return tensor_parallel() && layout_.tensor_parallel().sequence; }
+  // Sequence parallelism: this rank's (R, C) rows -> every rank's (N, C) rows, in b_.gathered;
+  // without it, rows itself.
+  const float* gather_rows(ParamSource& params, const float* rows);
+  // b_.dxn holds a product's input gradient (N, C), a partial sum under tensor parallelism: the
+  // group's sum, of all rows (all-reduce, in place) or of this rank's (reduce-scatter into
+  // b_.dxn_rows) under sequence parallelism.
+  const float* complete_dxn(ParamSource& params);
+  // RMSNorm backward over this rank's rows into dx and the gain gradient dgain; under sequence
+  // parallelism the rows' partial gain gradient is summed over the group first.
+  void norm_backward(ParamSource& params, float* dgain, const float* dxn, const float* x, const float* gain,
+                     const float* rstd);
 
   UnitParams acquire(ParamSource& params, int unit) const;
   // y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit; bf16 inputs
@@ -144,8 +167,9 @@ class Llama {
   void embed(ParamSource& params, const int32_t* inputs);  // into blocks[0].x
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
   void block_forward(ParamSource& params, const UnitParams& w, const BlockActs& acts, float* out);
-  // out (N, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor
-  // parallelism W is a row-parallel block and the group's sum completes the product.
+  // out (R, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor
+  // parallelism W is a row-parallel block and the group's sum completes the product (all-reduce,
+  // or reduce-scatter to this rank's rows under sequence parallelism).
   void residual_linear(ParamSource& params, float* out, const float* residual, const float* x, const UnitParams& w,
                        int64_t offset, int64_t K);
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
@@ -158,7 +182,7 @@ class Llama {
   LossSum head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
 
   ModelLayout layout_;
-  int64_t B_, T_, N_;
+  int64_t B_, T_, N_, R_;  // R_: the rows of the residual stream this rank holds
   int threads_;
   int64_t recompute_every_;
   bool bf16_;

@@ -29,11 +29,15 @@ class ParamSource {
 
   // Tensor parallelism (layout.h, TensorParallel): the sum over this rank's tensor-parallel group
   // in place (row-parallel partial products, the input gradients of column-parallel ones), and
-  // the gather of `count` floats from every rank of it into out (size x count, in rank order).
-  // Every rank must get the same bits. The model calls them only when its layout's group is
-  // larger than one.
+  // the gather of `count` floats from every rank of it into out (size x count, in rank order),
+  // and (sequence parallelism) the sum over the group of in (size x count) of which this rank
+  // keeps block `rank` (count floats) in out. Every rank must get the same bits of what they
+  // share. The model calls them only when its layout's group is larger than one.
   virtual void tp_all_reduce(float* /*data*/, int64_t /*count*/) { CHECK_MSG(false, "no tensor-parallel group"); }
   virtual void tp_all_gather(const float* /*in*/, float* /*out*/, int64_t /*count*/) {
+    CHECK_MSG(false, "no tensor-parallel group");
+  }
+  virtual void tp_reduce_scatter(const float* /*in*/, float* /*out*/, int64_t /*count*/) {
     CHECK_MSG(false, "no tensor-parallel group");
   }
 };

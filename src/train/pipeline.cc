@@ -42,11 +42,7 @@ int pipeline_in_flight(PipelineSchedule schedule, int stages, int stage, int mic
 PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64_t micro_batch, int threads,
                                          int64_t recompute_every, bool bf16, PipelineSchedule schedule,
                                          int micro_batches, comm::ProcessGroup* group, comm::Millis timeout)
-    : layout_(layout),
-      schedule_(schedule),
-      micro_batches_(micro_batches),
-      group_(group),
-      activation_floats_(micro_batch * layout.config().seq_len * layout.config().dim) {
+    : layout_(layout), schedule_(schedule), micro_batches_(micro_batches), group_(group) {
   const model::PipelineStage& st = layout.stage();
   CHECK((group == nullptr) == (st.size == 1));
   CHECK(group == nullptr || (group->size() == st.size && group->rank() == st.rank));
@@ -57,6 +53,7 @@ PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64
     slots_.emplace_back();
     slots_.back().inputs.resize(static_cast<size_t>(micro_batch * layout.config().seq_len));
   }
+  activation_floats_ = models_.front()->stage_floats();
 }
 
 size_t PipelineStageRunner::activation_bytes() const {

@@ -90,7 +90,7 @@ class PipelineStageRunner {
   int micro_batches_;
   comm::ProcessGroup* group_;
   comm::CollectiveOptions options_;
-  int64_t activation_floats_;  // N x C
+  int64_t activation_floats_ = 0;  // Llama::stage_floats(): N x C, or N / tp x C with sequence parallelism
   std::vector<std::unique_ptr<model::Llama>> models_;
   std::vector<Slot> slots_;
   double blocked_seconds_ = 0.0;

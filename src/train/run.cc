@@ -124,7 +124,10 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
       dist.world_size() == 1
           ? "single process"
           : fmt::format("{}{}{}", config::name(config.parallel.strategy),
-                        config.parallel.tensor > 1 ? fmt::format(" x tensor {}", config.parallel.tensor) : "",
+                        config.parallel.tensor > 1
+                            ? fmt::format(" x tensor {}{}", config.parallel.tensor,
+                                          config.parallel.sequence_parallel ? " (sequence parallel)" : "")
+                            : "",
                         config.parallel.pipeline > 1 ? fmt::format(" x pipeline {} ({})", config.parallel.pipeline,
                                                                    config::name(config.parallel.pipeline_schedule))
                                                      : "");
@@ -166,6 +169,7 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
                    {"tensor_parallel", config.parallel.tensor},
+                   {"sequence_parallel", config.parallel.tensor > 1 && config.parallel.sequence_parallel},
                    {"pipeline_parallel", config.parallel.pipeline},
                    {"param_dtype", config::name(config.parallel.param_dtype)},
                    {"threads", num_threads()},
@@ -217,9 +221,15 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const bool leader = dist.rank() == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
   // only what goes wrong.
+  // Under tensor or pipeline parallelism every line names the rank's coordinates too.
+  const parallel::Mesh& mesh = *dist.mesh;
+  if (mesh.size(parallel::Dim::kTp) > 1 || mesh.size(parallel::Dim::kPp) > 1) {
+    log::set_rank(dist.rank(), fmt::format("pp{} tp{} dp{}", mesh.rank(parallel::Dim::kPp),
+                                           mesh.rank(parallel::Dim::kTp), mesh.rank(parallel::Dim::kDp)));
+  }
   std::error_code logs_ec;  // open_file warns when it cannot write there
   fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
-  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()), dist.rank());
+  log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()));
   if (!leader) log::set_console_level(log::Level::kWarn);
   Trainer trainer(config, dataset, dist);
   health_check(dist, config);  // every rank, before any time goes into training

@@ -54,10 +54,11 @@ int configure_threads(const config::Config& config) {
 Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist)
     : config_(config),
       dist_(dist),
-      layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
-              {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp)},
-              model::balanced_stage(config.model, dist.mesh->size(parallel::Dim::kPp),
-                                    dist.mesh->rank(parallel::Dim::kPp))),
+      layout_(
+          config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
+          {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.parallel.sequence_parallel},
+          model::balanced_stage(config.model, dist.mesh->size(parallel::Dim::kPp),
+                                dist.mesh->rank(parallel::Dim::kPp))),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
