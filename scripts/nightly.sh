@@ -3,8 +3,12 @@
 # run by scripts/test.sh or CI). Builds the release preset (scripts/build.sh release), then runs
 #   - tests/kill_loop_test.sh with TESSERA_NIGHTLY_KILLS kills (default 30) for each seed in
 #     TESSERA_NIGHTLY_SEEDS (default "1 2 3"); ctest runs 10 kills with seed 21;
-#   - tests/launch_test.sh and tests/adversarial_test.sh, TESSERA_NIGHTLY_REPEAT times each
-#     (default 3), to catch what fails one time in several (timing, ports, races).
+#   - tests/launch_test.sh, tests/launch_3d_test.sh and tests/adversarial_test.sh,
+#     TESSERA_NIGHTLY_REPEAT times each (default 3), to catch what fails one time in several
+#     (timing, ports, races);
+#   - the 3D equivalence matrix (tests/fsdp_equivalence_test.cc, nightly_matrix: every layout of
+#     tensor {1,2,4} x pipeline {1,2,4} x data {1,2} up to 8 ranks, every strategy, schedule,
+#     sequence parallelism, recompute and tied embeddings against one process), about 10 minutes.
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
 # Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
@@ -22,7 +26,8 @@ logs=${TESSERA_NIGHTLY_LOGS:-build/nightly/$(date -u +%Y%m%d-%H%M%S)}
 [[ ${TESSERA_NIGHTLY_SKIP_BUILD:-0} == 1 ]] || scripts/build.sh release
 tessera=$PWD/build/release/bin/tessera
 io_faults=$PWD/build/release/tests/libtessera_io_faults.so
-[[ -x $tessera && -f $io_faults ]] || { echo "no release build (build/release): run scripts/build.sh release" >&2; exit 2; }
+fsdp_tests=$PWD/build/release/tests/tessera_fsdp_tests
+[[ -x $tessera && -f $io_faults && -x $fsdp_tests ]] || { echo "no release build (build/release): run scripts/build.sh release" >&2; exit 2; }
 mkdir -p "$logs"
 
 passed=0
@@ -47,8 +52,10 @@ for seed in $seeds; do
 done
 for ((i = 1; i <= repeat; i++)); do
   check "launch_test-$i" tests/launch_test.sh "$tessera"
+  check "launch_3d_test-$i" tests/launch_3d_test.sh "$tessera"
   check "adversarial_test-$i" tests/adversarial_test.sh "$tessera" "$io_faults"
 done
+check equivalence_matrix env TESSERA_NIGHTLY_MATRIX=1 "$fsdp_tests" --gtest_filter='Nightly/*'
 
 echo "nightly: $passed passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}; logs in $logs"
 ((${#failed[@]} == 0))

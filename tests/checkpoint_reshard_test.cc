@@ -1,5 +1,6 @@
 // Resharding (RELIABILITY.md row 15): a checkpoint saved by 4 ranks (full_shard, or with 2
-// tensor-parallel ranks or 2 pipeline stages) loads at other world sizes, strategies,
+// tensor-parallel ranks or 2 pipeline stages), or by 8 as pipeline 2 x tensor 2 x data 2, loads
+// at other world sizes, strategies,
 // tensor-parallel sizes and pipeline stages with parameters and AdamW moments exactly equal after
 // gathering, at the same data position; saving it again there, or resharding it offline, gives
 // the same shard files.
@@ -48,16 +49,18 @@ struct Target {
   const char* strategy;
   int group;
   int tensor = 1;
-  int source_tensor = 1;  // the 4 ranks that save: full_shard over 4 / (tensor x pipeline)
+  int source_tensor = 1;  // the ranks that save: full_shard over source_world / (tensor x pipeline)
   int pipeline = 1;
   int source_pipeline = 1;
+  int source_world = 4;
 };
 
 std::string name_of(const Target& t) {
-  return fmt::format("{}_w{}{}{}{}{}", t.strategy, t.world, t.tensor > 1 ? fmt::format("_tp{}", t.tensor) : "",
+  return fmt::format("{}_w{}{}{}{}{}{}", t.strategy, t.world, t.tensor > 1 ? fmt::format("_tp{}", t.tensor) : "",
                      t.pipeline > 1 ? fmt::format("_pp{}", t.pipeline) : "",
                      t.source_tensor > 1 ? fmt::format("_from_tp{}", t.source_tensor) : "",
-                     t.source_pipeline > 1 ? fmt::format("_from_pp{}", t.source_pipeline) : "");
+                     t.source_pipeline > 1 ? fmt::format("_from_pp{}", t.source_pipeline) : "",
+                     t.source_world != 4 ? fmt::format("_from_w{}", t.source_world) : "");
 }
 void PrintTo(const Target& t, std::ostream* os) { *os << name_of(t); }
 
@@ -71,12 +74,13 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
   fs::create_directories(dir / "store");
   const std::string saved = (dir / "w4").string(), loaded = (dir / "target").string();
 
-  // 4 ranks: 3 steps, then a checkpoint.
-  const config::Config c4 = make_config(4, "full_shard", 0, t.source_tensor, t.source_pipeline);
-  ASSERT_EQ(launch::run_local_workers(4,
+  // The saving ranks: 3 steps, then a checkpoint.
+  const int W0 = t.source_world;
+  const config::Config c4 = make_config(W0, "full_shard", 0, t.source_tensor, t.source_pipeline);
+  ASSERT_EQ(launch::run_local_workers(W0,
                                       [&](int rank) {
-                                        const parallel::Job job({(dir / "store4").string(), "job", "0", rank, 4},
-                                                                parallel::dims_for(c4, 4), comm::Millis(30000));
+                                        const parallel::Job job({(dir / "store4").string(), "job", "0", rank, W0},
+                                                                parallel::dims_for(c4, W0), comm::Millis(30000));
                                         train::Trainer trainer(c4, "", job.view());
                                         for (int i = 0; i < 3; ++i) trainer.step();
                                         checkpoint::Checkpointer checkpointer(c4, saved, job.view());
@@ -144,8 +148,11 @@ INSTANTIATE_TEST_SUITE_P(Targets, Reshard,
                                            Target{2, "no_shard", 0, 2, 2}, Target{4, "full_shard", 0, 2, 2},
                                            // Into and out of pipeline stages.
                                            Target{2, "full_shard", 0, 1, 1, 2}, Target{4, "full_shard", 0, 2, 1, 2},
-                                           Target{1, "full_shard", 0, 1, 1, 1, 2},
-                                           Target{4, "no_shard", 0, 1, 2, 2, 2}),
+                                           Target{1, "full_shard", 0, 1, 1, 1, 2}, Target{4, "no_shard", 0, 1, 2, 2, 2},
+                                           // Saved at pipeline 2 x tensor 2 x data 2: at one process and at
+                                           // tensor 2 x data 4.
+                                           Target{1, "full_shard", 0, 1, 2, 1, 2, 8},
+                                           Target{8, "full_shard", 0, 2, 2, 1, 2, 8}),
                          [](const auto& p) { return name_of(p.param); });
 
 }  // namespace

@@ -31,7 +31,16 @@ ls "$dir/tp2/checkpoints/step_00000003" | grep -q '^tp01_shard_00001.bin$' || fa
 # Pipeline stages, 4 micro-batches of 2 per step.
 train pp2_tp2 4 2 --set parallel.pipeline=2 --set train.micro_batch_size=2
 train pp2_gpipe 2 1 --set parallel.pipeline=2 --set parallel.pipeline_schedule=gpipe --set train.micro_batch_size=2
-grep -q "full_shard x tensor 2 x pipeline 2 (1f1b)" "$dir/pp2_tp2.log" || fail "the start-up line does not state the pipeline"
+grep -q "full_shard x tensor 2 x pipeline 2 (1f1b, blocks 1 + 1)" "$dir/pp2_tp2.log" ||
+  fail "the start-up line does not state the pipeline"
+# Blocks per stage by hand: 3 + 1 of 4 (the balanced cut is 2 + 2), as each stage's log says.
+train pp2_layers 2 1 --set parallel.pipeline=2 --set model.n_layers=4 --set parallel.pipeline_layers=[3,1] \
+  --set train.max_steps=1
+grep -q "pipeline 2 (1f1b, blocks 3 + 1)" "$dir/pp2_layers.log" || fail "the start-up line does not state the blocks"
+grep -q "pipeline stage 0 of 2: blocks 0..2, the embedding$" "$dir/pp2_layers/logs/rank_0.log" ||
+  fail "stage 0 does not hold blocks 0..2"
+grep -q "pipeline stage 1 of 2: blocks 3..3, the LM head$" "$dir/pp2_layers/logs/rank_1.log" ||
+  fail "stage 1 does not hold block 3"
 ls "$dir/pp2_tp2/checkpoints/step_00000003" | grep -q '^pp01_tp01_shard_00000.bin$' || fail "no file for stage 1, tp 1"
 "$tessera" checkpoint verify "$dir/pp2_tp2/checkpoints/step_00000006" || fail "verify refused a pipeline checkpoint"
 

@@ -177,7 +177,7 @@ int run_whole(const Case& c, const fs::path& dir) {
 // Stage `rank` of the pipeline; the stages' blocks as balanced_stage_layers cuts them.
 int run_stage(const Case& c, int rank, const fs::path& dir) {
   set_num_threads(1);
-  const model::ModelLayout layout(config(), 16, {}, model::balanced_stage(config(), c.stages, rank));
+  const model::ModelLayout layout(config(), 16, {}, model::pipeline_stage(config(), c.stages, rank));
   auto store = comm::make_file_store((dir / "store").string(), "pp-test", "r0");
   auto group = comm::make_gloo_group(*store, rank, c.stages, "127.0.0.1", comm::Millis(20000));
   WholeUnitsSource source(layout, 13);

@@ -160,7 +160,7 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   const int P = m.pipeline_parallel;
   for (int p = 0; p < P; ++p) {
     const model::ModelLayout stage(config_.model, 16 * m.shard_size, {m.tensor_parallel, 0},
-                                   model::balanced_stage(config_.model, P, p));
+                                   model::pipeline_stage(config_.model, P, p, config_.parallel.pipeline_layers));
     for (const model::UnitLayout& u : stage.units()) m.units.push_back(manifest_unit(u, p));
   }
   {

@@ -29,6 +29,7 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   stored.parallel.nproc = target.parallel.nproc;
   stored.parallel.tensor = target.parallel.tensor;
   stored.parallel.pipeline = target.parallel.pipeline;
+  stored.parallel.pipeline_layers = target.parallel.pipeline_layers;
   stored.parallel.strategy = target.parallel.strategy;
   stored.parallel.shard_group_size = target.parallel.shard_group_size;
   config::validate(stored);  // e.g. the batch must still divide among the new ranks
@@ -53,7 +54,8 @@ std::string reshard(const std::string& src, const std::string& dst_root, const c
   // re-cut from the saved ones.
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
-      const model::ModelLayout layout(stored.model, 16 * S, {T, t}, model::balanced_stage(stored.model, P, p));
+      const model::ModelLayout layout(stored.model, 16 * S, {T, t},
+                                      model::pipeline_stage(stored.model, P, p, stored.parallel.pipeline_layers));
       check_same_model(m, layout, src);
       if (t == 0) {
         for (const model::UnitLayout& u : layout.units()) out.units.push_back(manifest_unit(u, p));

@@ -93,6 +93,7 @@ int cmd_eval(const Args& args) {
   c.data.dataset = dataset;
   // Evaluation runs in this process, whatever the run's world size, tensor and pipeline sizes were.
   c.parallel.nproc = c.parallel.tensor = c.parallel.pipeline = 1;
+  c.parallel.pipeline_layers.clear();
   c.train.micro_batch_size = 0;
   c.train.init_from.clear();  // the weights come from the checkpoint
   train::Trainer trainer(c, train::resolve_dataset(c));

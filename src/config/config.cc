@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <variant>
 
@@ -20,7 +22,8 @@ namespace {
 
 // A value as written: from TOML it has a type; from the command line it is text to be parsed by
 // the type the key expects.
-using Value = std::variant<bool, int64_t, double, std::string>;
+using Integers = std::vector<int64_t>;  // a TOML array of integers
+using Value = std::variant<bool, int64_t, double, std::string, Integers>;
 struct Assignment {
   std::string key;
   Value value;
@@ -36,10 +39,28 @@ std::string show(const Value& v) {
           return fmt::format("\"{}\"", x);
         else if constexpr (std::is_same_v<T, bool>)
           return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, Integers>)
+          return fmt::format("[{}]", fmt::join(x, ", "));
         else
           return fmt::format("{}", x);
       },
       v);
+}
+
+// "[6, 2]", "6,2" or "" (an empty list) from the command line.
+bool parse_integers(std::string text, Integers* out) {
+  std::erase(text, ' ');
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = text.substr(1, text.size() - 2);
+  out->clear();
+  for (size_t begin = 0; !text.empty() && begin <= text.size();) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    int64_t x = 0;
+    auto [stop, ec] = std::from_chars(text.data() + begin, text.data() + end, x);
+    if (ec != std::errc() || stop != text.data() + end) return false;
+    out->push_back(x);
+    begin = end + 1;
+  }
+  return true;
 }
 
 // The names of each enum-like key's values: the one place each is spelled.
@@ -130,6 +151,10 @@ T convert(const Assignment& a) {
       auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
       if (ec != std::errc() || end != s.data() + s.size()) fail(a, "expected an integer");
       return x;
+    } else if constexpr (std::is_same_v<T, Integers>) {
+      Integers x;
+      if (!parse_integers(s, &x)) fail(a, "expected a list of integers such as [6, 2]");
+      return x;
     } else {
       double x = 0;
       auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
@@ -141,11 +166,12 @@ T convert(const Assignment& a) {
   if constexpr (std::is_same_v<T, double>) {
     if (const int64_t* i = std::get_if<int64_t>(&a.value)) return static_cast<double>(*i);
   }
-  static const char* kNames[] = {"a boolean", "an integer", "a number", "a string"};
-  constexpr size_t kIndex = std::is_same_v<T, bool>      ? 0
-                            : std::is_same_v<T, int64_t> ? 1
-                            : std::is_same_v<T, double>  ? 2
-                                                         : 3;
+  static const char* kNames[] = {"a boolean", "an integer", "a number", "a string", "a list of integers"};
+  constexpr size_t kIndex = std::is_same_v<T, bool>          ? 0
+                            : std::is_same_v<T, int64_t>     ? 1
+                            : std::is_same_v<T, double>      ? 2
+                            : std::is_same_v<T, std::string> ? 3
+                                                             : 4;
   fail(a, fmt::format("expected {}", kNames[kIndex]));
 }
 
@@ -224,6 +250,8 @@ Key make_key(std::string name, T& (*field)(Config&), Bounds bounds = any()) {
       return std::string(v ? "true" : "false");
     } else if constexpr (std::is_same_v<T, double>) {
       return toml_float(v);
+    } else if constexpr (std::is_same_v<T, Integers>) {
+      return fmt::format("[{}]", fmt::join(v, ", "));
     } else {
       return fmt::format("{}", v);
     }
@@ -277,6 +305,7 @@ const std::vector<Key>& schema() {
       KEY(parallel, sequence_parallel),
       KEY(parallel, pipeline, closed(1, 1024)),
       KEY(parallel, pipeline_schedule),
+      KEY(parallel, pipeline_layers),
       KEY(parallel, strategy),
       KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
@@ -329,6 +358,12 @@ const Key& find_key(const Assignment& a) {
                                 best ? fmt::format("; did you mean {}?", best->name) : std::string()));
 }
 
+Integers integers(const toml::array& list) {
+  Integers out;
+  for (const toml::node& x : list) out.push_back(*x.value<int64_t>());
+  return out;
+}
+
 void collect_toml(const std::string& path, const std::string* text, std::vector<Assignment>* out) {
   toml::table root;
   try {
@@ -354,6 +389,9 @@ void collect_toml(const std::string& path, const std::string* text, std::vector<
         a.value = *item.value<double>();
       else if (item.is_string())
         a.value = *item.value<std::string>();
+      else if (const toml::array* list = item.as_array();
+               list != nullptr && (list->empty() || list->is_homogeneous<int64_t>()))
+        a.value = integers(*list);
       else
         throw ConfigError(fmt::format("config key {} ({}): unsupported value type", a.key, path));
       out->push_back(std::move(a));
@@ -490,6 +528,20 @@ void validate_pipeline(const Config& c) {
           "pipeline parallelism needs untied embeddings (the LM head is on the last stage, the table on the first)");
 }
 
+// Blocks per stage set by hand.
+void validate_pipeline_layers(const Config& c) {
+  const std::vector<int64_t>& layers = c.parallel.pipeline_layers;
+  const int64_t P = c.parallel.pipeline;
+  if (layers.empty()) return;
+  const std::string shown = fmt::format("[{}]", fmt::join(layers, ", "));
+  require(std::ssize(layers) == P, "parallel.pipeline_layers", shown,
+          fmt::format("needs one block count per stage: {} for parallel.pipeline = {}", P, P));
+  require(std::all_of(layers.begin(), layers.end(), [](int64_t n) { return n >= 1; }), "parallel.pipeline_layers",
+          shown, "every stage needs a block at least");
+  require(std::accumulate(layers.begin(), layers.end(), int64_t{0}) == c.model.n_layers, "parallel.pipeline_layers",
+          shown, fmt::format("must add up to model.n_layers = {}", c.model.n_layers));
+}
+
 // The batch is cut among the data-parallel ranks, D = nproc / (pipeline x tensor).
 void validate_batch_and_ranks(const Config& c) {
   const TrainConfig& t = c.train;
@@ -538,6 +590,7 @@ void validate(const Config& c) {
   validate_sizes(c);
   validate_tensor_parallel(c);
   validate_pipeline(c);
+  validate_pipeline_layers(c);
   validate_batch_and_ranks(c);
   validate_sequence_parallel(c);
   const TrainConfig& t = c.train;

@@ -92,6 +92,9 @@ struct ParallelConfig {
   // untied embeddings only.
   int64_t pipeline = 1;
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
+  // Blocks per stage, first to last (e.g. [6, 2]), adding up to model.n_layers; empty: balanced
+  // by FLOPs (model::balanced_stage_layers).
+  std::vector<int64_t> pipeline_layers;
   // full_shard, shard_grad_op, hybrid_shard (shard inside groups of shard_group_size ranks,
   // replicate across groups) or no_shard.
   Strategy strategy = Strategy::kFullShard;

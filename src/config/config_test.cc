@@ -116,6 +116,30 @@ TEST(Config, PipelineStagesShareTheirBatchAndRefuseTiedEmbeddings) {
             std::string::npos);
 }
 
+// Blocks per stage by hand: a TOML array or a list on the command line, one count per stage
+// adding up to model.n_layers, written back as an array.
+TEST(Config, PipelineLayersAreAListOfBlockCounts) {
+  const Config c =
+      load(temp_toml("layers.toml", "[parallel]\nnproc = 2\npipeline = 2\npipeline_layers = [3, 1]\n"), {});
+  EXPECT_EQ(c.parallel.pipeline_layers, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(load_text(to_toml(c), "round trip", {}).parallel.pipeline_layers, c.parallel.pipeline_layers);
+  for (const char* text : {"[1, 3]", "1,3"}) {
+    EXPECT_EQ(load("", {{"parallel.nproc", "2"}, {"parallel.pipeline", "2"}, {"parallel.pipeline_layers", text}})
+                  .parallel.pipeline_layers,
+              (std::vector<int64_t>{1, 3}));
+  }
+  auto error = [](const char* layers) {
+    return load_error("", {{"parallel.nproc", "2"}, {"parallel.pipeline", "2"}, {"parallel.pipeline_layers", layers}});
+  };
+  EXPECT_NE(
+      error("[4]").find("parallel.pipeline_layers = [4]: needs one block count per stage: 2 for parallel.pipeline = 2"),
+      std::string::npos);
+  EXPECT_NE(error("[4, 0]").find("every stage needs a block at least"), std::string::npos);
+  EXPECT_NE(error("[2, 1]").find("must add up to model.n_layers = 4"), std::string::npos);
+  EXPECT_NE(error("[2, x]").find("expected a list of integers such as [6, 2]"), std::string::npos);
+  EXPECT_TRUE(load("", {{"parallel.pipeline_layers", "[]"}}).parallel.pipeline_layers.empty());
+}
+
 // Sequence parallelism cuts each micro-batch's tokens among the tensor-parallel ranks.
 TEST(Config, SequenceParallelNeedsTokensDivisibleByTheTensorRanks) {
   const Config c =

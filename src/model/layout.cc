@@ -130,8 +130,13 @@ std::vector<int64_t> balanced_stage_layers(const ModelConfig& c, int stages) {
   return layers;
 }
 
-PipelineStage balanced_stage(const ModelConfig& c, int stages, int rank) {
-  const std::vector<int64_t> layers = balanced_stage_layers(c, stages);
+std::vector<int64_t> stage_layers(const ModelConfig& c, int stages, const std::vector<int64_t>& layers) {
+  return layers.empty() ? balanced_stage_layers(c, stages) : layers;
+}
+
+PipelineStage pipeline_stage(const ModelConfig& c, int stages, int rank, const std::vector<int64_t>& given) {
+  const std::vector<int64_t> layers = stage_layers(c, stages, given);
+  CHECK(std::ssize(layers) == stages && rank >= 0 && rank < stages);
   int64_t first = 0;
   for (int s = 0; s < rank; ++s) first += layers[s];
   return {stages, rank, first, layers[rank]};

@@ -39,8 +39,12 @@ struct PipelineStage {
 // (block_flops_per_token, head_flops_per_token; the embedding's lookup is free), contiguous, each
 // stage at least one block, the largest stage cost as small as can be.
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& config, int stages);
-// Stage `rank` of `stages` as balanced_stage_layers cuts them.
-PipelineStage balanced_stage(const ModelConfig& config, int stages, int rank);
+// Blocks per stage: `layers` when given, else balanced_stage_layers.
+std::vector<int64_t> stage_layers(const ModelConfig& config, int stages, const std::vector<int64_t>& layers);
+// Stage `rank` of `stages`: `layers` blocks per stage when given (one count per stage, each at
+// least 1, adding up to n_layers: config validation names parallel.pipeline_layers), as
+// balanced_stage_layers cuts them otherwise.
+PipelineStage pipeline_stage(const ModelConfig& config, int stages, int rank, const std::vector<int64_t>& layers = {});
 
 struct TensorSpec {
   std::string name;                 // e.g. "layers.3.attention.wq.weight"

@@ -128,14 +128,23 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
                             ? fmt::format(" x tensor {}{}", config.parallel.tensor,
                                           config.parallel.sequence_parallel ? " (sequence parallel)" : "")
                             : "",
-                        config.parallel.pipeline > 1 ? fmt::format(" x pipeline {} ({})", config.parallel.pipeline,
-                                                                   config::name(config.parallel.pipeline_schedule))
-                                                     : "");
+                        config.parallel.pipeline > 1
+                            ? fmt::format(" x pipeline {} ({}, blocks {})", config.parallel.pipeline,
+                                          config::name(config.parallel.pipeline_schedule),
+                                          fmt::join(model::stage_layers(config.model,
+                                                                        static_cast<int>(config.parallel.pipeline),
+                                                                        config.parallel.pipeline_layers),
+                                                    " + "))
+                            : "");
   log::info(
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
       "data-parallel rank); memory per rank: state {} MB, activations {} MB",
       config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(), layout,
       config.accumulation_steps(), config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+  if (const model::PipelineStage& st = trainer.layout().stage(); st.size > 1) {  // each rank, in its log file
+    log::info("pipeline stage {} of {}: blocks {}..{}{}{}", st.rank, st.size, st.first_layer,
+              st.first_layer + st.layers - 1, st.first() ? ", the embedding" : "", st.last() ? ", the LM head" : "");
+  }
 }
 
 // RUN/run.json: what the run used (dataset, tokenizer, layout, peak). Rank 0 also copies the

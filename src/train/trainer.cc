@@ -57,8 +57,8 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       layout_(
           config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
           {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.parallel.sequence_parallel},
-          model::balanced_stage(config.model, dist.mesh->size(parallel::Dim::kPp),
-                                dist.mesh->rank(parallel::Dim::kPp))),
+          model::pipeline_stage(config.model, dist.mesh->size(parallel::Dim::kPp), dist.mesh->rank(parallel::Dim::kPp),
+                                config.parallel.pipeline_layers)),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
@@ -138,7 +138,8 @@ std::vector<model::NamedTensor> Trainer::whole_model_tensors() {
     return mine;
   }
   for (int p = 1; p < P; ++p) {
-    const model::ModelLayout whole(config_.model, 16, {}, model::balanced_stage(config_.model, P, p));
+    const model::ModelLayout whole(config_.model, 16, {},
+                                   model::pipeline_stage(config_.model, P, p, config_.parallel.pipeline_layers));
     uint32_t i = 0;
     for (const model::UnitLayout& u : whole.units()) {
       for (const model::TensorSpec& t : u.tensors) {
