@@ -315,6 +315,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"no_shard", 4, 0, 2, false, false, false, 1, 2, "gpipe"},
         Case{"shard_grad_op", 4, 0, 3, false, false, false, 2, 2},
         Case{"full_shard", 4, 0, 3, false, false, true, 1, 2},
+        // Tied embeddings across stages: the last stage's copy of the table.
+        Case{"full_shard", 4, 0, 3, true, false, false, 1, 2},
+        Case{"hybrid_shard", 8, 1, 3, true, false, false, 2, 2, "gpipe"},
         // Blocks per stage set by hand (the balanced cut puts more blocks on the first stage).
         Case{"full_shard", 2, 0, 3, false, false, false, 1, 2, "1f1b", false, 0, true, "1,3"},
         // Sequence parallelism: alone, with a pipeline, with bf16 compute.
@@ -326,8 +329,8 @@ INSTANTIATE_TEST_SUITE_P(
 // The nightly matrix (scripts/nightly.sh sets TESSERA_NIGHTLY_MATRIX=1; no cases otherwise):
 // every layout of tensor {1, 2, 4} x pipeline {1, 2, 4} x data {1, 2} up to world 8, on the
 // wide tiny model, each with every strategy, and over each layout's 16 runs every combination of
-// the schedule, sequence parallelism, recompute (every block) and tied embeddings (tied only
-// without a pipeline, sequence parallelism only with tensor parallelism: combinations that
+// the schedule, sequence parallelism, recompute (every block) and tied embeddings (the schedule
+// only with a pipeline, sequence parallelism only with tensor parallelism: combinations that
 // collapse run once).
 std::vector<Case> nightly_matrix() {
   std::vector<Case> cases;
@@ -342,7 +345,7 @@ std::vector<Case> nightly_matrix() {
         for (int v = 0; v < 16; ++v) {
           // A Latin square: each strategy meets each (recompute, tied) pair once.
           const int strategy = (v % 4 + v / 4) % 4;
-          Case c{strategies[strategy], world, strategy == 2 ? 1 : 0, 3, (v & 8) != 0 && pp == 1};
+          Case c{strategies[strategy], world, strategy == 2 ? 1 : 0, 3, (v & 8) != 0};
           c.tensor = tp;
           c.pipeline = pp;
           c.schedule = pp > 1 && (v & 1) != 0 ? "gpipe" : "1f1b";

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor and pipeline parallelism through `tessera train` (issue 15): 2 tensor-parallel x 2
 # data-parallel ranks, 2 pipeline stages x 2 tensor-parallel ranks and 2 GPipe stages train the
-# same losses and gradient norms as 2 data-parallel ranks alone, and end with the same weights; a
+# same losses and gradient norms as 2 data-parallel ranks alone, and end with the same weights, as
+# do 2 stages with tied embeddings (resumed into one stage and out of it); a
 # checkpoint saved at tp 2 resumes at tp 1, one saved at tp 1 resumes at tp 2, one saved by 2
 # stages x tp 2 resumes in one stage, each ending where the uninterrupted run ended; `checkpoint
 # verify` and the Hugging Face export read them; a tp size that does not divide the model is exit
@@ -49,24 +50,33 @@ train tp2_to_tp1 2 1 --resume "$dir/tp2/checkpoints/step_00000003"
 train tp1_to_tp2 4 2 --resume "$dir/dp2/checkpoints/step_00000003"
 train pp2_to_pp1 2 1 --resume "$dir/pp2_tp2/checkpoints/step_00000003"
 
+# Tied embeddings across 2 stages (the last holds a copy of the table), against dp 2 tied;
+# resumed from 2 stages into one and from one into 2 stages (the copy takes the saved table).
+tied=(--set model.tied_embeddings=true --set train.micro_batch_size=2)
+train tied_dp2 2 1 "${tied[@]}"
+train tied_pp2 2 1 --set parallel.pipeline=2 "${tied[@]}"
+train tied_pp2_to_pp1 2 1 "${tied[@]}" --resume "$dir/tied_pp2/checkpoints/step_00000003"
+train tied_pp1_to_pp2 2 1 --set parallel.pipeline=2 "${tied[@]}" --resume "$dir/tied_dp2/checkpoints/step_00000003"
+
 # Same losses and gradient norms, step by step (fp32: only the order of sums differs).
 /usr/bin/python3 - "$dir" <<'PY' || fail "the runs differ"
 import json, sys
 d = sys.argv[1]
 def steps(run):
     return {r["step"]: r for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r}
-want = steps("dp2")
 bad = 0
-runs = [("tp2", 1), ("tp2_to_tp1", 4), ("tp1_to_tp2", 4), ("pp2_tp2", 1), ("pp2_gpipe", 1), ("pp2_to_pp1", 4)]
-for run, first in runs:
-    got = steps(run)
+runs = [("tp2", 1, "dp2"), ("tp2_to_tp1", 4, "dp2"), ("tp1_to_tp2", 4, "dp2"), ("pp2_tp2", 1, "dp2"),
+        ("pp2_gpipe", 1, "dp2"), ("pp2_to_pp1", 4, "dp2"), ("tied_pp2", 1, "tied_dp2"),
+        ("tied_pp2_to_pp1", 4, "tied_dp2"), ("tied_pp1_to_pp2", 4, "tied_dp2")]
+for run, first, ref in runs:
+    got, want = steps(run), steps(ref)
     for s in range(first, 7):
         for key in ["loss", "grad_norm"]:
             a, b = got[s][key], want[s][key]
             if abs(a - b) > 1e-5 * abs(b):
-                print(f"{run} step {s} {key}: {a} vs {b} (dp2)")
+                print(f"{run} step {s} {key}: {a} vs {b} ({ref})")
                 bad += 1
-print(f"compared {sum(7 - first for _, first in runs)} steps against dp2: {bad} differ")
+print(f"compared {sum(7 - first for _, first, _ in runs)} steps against dp2 and tied_dp2: {bad} differ")
 
 # The final weights, whole, as dp2's (fp32: the order of sums differs only).
 import numpy as np
@@ -81,9 +91,8 @@ def weights(run):
         a, b = t["data_offsets"]
         out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
     return out
-ref = weights("dp2")
-for run in ["tp2", "pp2_tp2", "pp2_gpipe"]:
-    got = weights(run)
+for run, reference in [("tp2", "dp2"), ("pp2_tp2", "dp2"), ("pp2_gpipe", "dp2"), ("tied_pp2", "tied_dp2")]:
+    got, ref = weights(run), weights(reference)
     if sorted(got) != sorted(ref):
         print(f"{run}: tensors {sorted(set(got) ^ set(ref))} differ in name")
         bad += 1
@@ -91,7 +100,7 @@ for run in ["tp2", "pp2_tp2", "pp2_gpipe"]:
     for name, w in ref.items():
         err = np.linalg.norm(got[name] - w) / np.linalg.norm(w)
         if got[name].shape != w.shape or err > 1e-5:
-            print(f"{run}: {name} differs from dp2's by {err:.2e}")
+            print(f"{run}: {name} differs from {reference}'s by {err:.2e}")
             bad += 1
 sys.exit(1 if bad else 0)
 PY

@@ -515,8 +515,7 @@ void validate_tensor_parallel(const Config& c) {
   }
 }
 
-// Pipeline stages hold consecutive blocks, at least one each; the LM head on the last stage
-// cannot share the first stage's embedding table.
+// Pipeline stages hold consecutive blocks, at least one each.
 void validate_pipeline(const Config& c) {
   const int64_t P = c.parallel.pipeline;
   require(c.parallel.nproc % (P * c.parallel.tensor) == 0, "parallel.pipeline", fmt::format("{}", P),
@@ -524,8 +523,6 @@ void validate_pipeline(const Config& c) {
   if (P == 1) return;
   require(P <= c.model.n_layers, "parallel.pipeline", fmt::format("{}", P),
           fmt::format("must be <= model.n_layers = {} (each stage holds a block at least)", c.model.n_layers));
-  require(!c.model.tied_embeddings, "model.tied_embeddings", "true",
-          "pipeline parallelism needs untied embeddings (the LM head is on the last stage, the table on the first)");
 }
 
 // Blocks per stage set by hand.

@@ -88,8 +88,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Pipeline stages: the blocks cut into this many consecutive groups, balanced by cost (the
   // embedding on the first stage, the final norm and LM head on the last); the micro-batches of a
-  // step (accumulation_steps()) flow through them by pipeline_schedule. At most model.n_layers;
-  // untied embeddings only.
+  // step (accumulation_steps()) flow through them by pipeline_schedule. At most model.n_layers.
+  // With tied embeddings the last stage holds a copy of the table (fsdp::ShardedParams).
   int64_t pipeline = 1;
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
   // Blocks per stage, first to last (e.g. [6, 2]), adding up to model.n_layers; empty: balanced

@@ -91,9 +91,8 @@ TEST(Config, TensorParallelRanksShareTheirBatch) {
             std::string::npos);
 }
 
-// Pipeline stages share their batch like tensor-parallel ranks; tied embeddings, which pipelines
-// cannot do yet, are refused naming the key.
-TEST(Config, PipelineStagesShareTheirBatchAndRefuseTiedEmbeddings) {
+// Pipeline stages share their batch like tensor-parallel ranks; tied embeddings are allowed.
+TEST(Config, PipelineStagesShareTheirBatch) {
   const Config c = load("", {{"parallel.nproc", "8"},
                              {"parallel.pipeline", "2"},
                              {"parallel.tensor", "2"},
@@ -109,9 +108,8 @@ TEST(Config, PipelineStagesShareTheirBatchAndRefuseTiedEmbeddings) {
   EXPECT_NE(load_error("", {{"parallel.nproc", "8"}, {"parallel.pipeline", "8"}})
                 .find("parallel.pipeline = 8: must be <= model.n_layers = 4"),
             std::string::npos);
-  EXPECT_NE(load_error("", {{"parallel.nproc", "2"}, {"parallel.pipeline", "2"}, {"model.tied_embeddings", "true"}})
-                .find("model.tied_embeddings = true: pipeline parallelism needs untied embeddings"),
-            std::string::npos);
+  EXPECT_TRUE(load("", {{"parallel.nproc", "2"}, {"parallel.pipeline", "2"}, {"model.tied_embeddings", "true"}})
+                  .model.tied_embeddings);
   EXPECT_NE(load_error("", {{"parallel.pipeline_schedule", "interleaved"}}).find("must be one of 1f1b, gpipe"),
             std::string::npos);
 }

@@ -61,20 +61,23 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
   options_.timeout = timeout;
+  // The layout's units, and the tied copy of the embedding after them (layout.h).
+  const int n = layout_.num_units() + (layout_.tied_copy() != nullptr ? 1 : 0);
   int64_t shard_total = 0, max_padded = 0;
-  for (const model::UnitLayout& u : layout_.units()) {
+  for (int i = 0; i < n; ++i) {
+    const model::UnitLayout& u = layout_.unit(i);
     CHECK(u.padded % (16 * S) == 0);
     shard_total += parallel::shard_range(u.padded, S, shard_rank_).size;
     max_padded = std::max(max_padded, u.padded);
   }
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
   const bool image16 = S == 1 && param_dtype_ == comm::DType::kBF16;  // nothing gathered: only the image
-  state_ = Arena(2 * sizeof(float) * static_cast<size_t>(shard_total) + layout_.num_units() * 4 * Arena::kAlign +
+  state_ = Arena(2 * sizeof(float) * static_cast<size_t>(shard_total) + n * 4 * Arena::kAlign +
                  (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0) +
                  (image16 ? sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
-  for (int i = 0; i < layout_.num_units(); ++i) {
+  for (int i = 0; i < n; ++i) {
     auto u = std::make_unique<Unit>();
-    u->padded = layout_.units()[i].padded;
+    u->padded = layout_.unit(i).padded;
     u->range = parallel::shard_range(u->padded, S, shard_rank_);
     u->master = state_.take<float>(u->range.size);
     u->grad = state_.take<float>(u->range.size);
@@ -90,7 +93,6 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   if (S > 1) {
     // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
     // the unit in use and the one prefetched, plus the embedding that a tied head reads.
-    const int n = layout_.num_units();
     const int tied = layout_.config().tied_embeddings ? 1 : 0;
     const int param_buffers = strategy_ == Strategy::kShardGradOp ? n : std::min(n, 2 + tied);
     // Gradients: with accumulation every unit keeps its own until the last micro-batch;
@@ -269,6 +271,7 @@ double ShardedParams::finish_step(bool poison) {
     for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->range.size, comm::DType::kF32, options_));
     for (auto& w : works) wait(*w);
   }
+  join_tied_gradients();
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
   // tp ranks' blocks and the pipeline's stages.
   float sum = static_cast<float>(local_sum_squares());
@@ -304,11 +307,50 @@ void ShardedParams::apply_update(optim::AdamW& adamw, double lr, int64_t step, d
     if (grad_scale != 1.0) k::scale_inplace(u.grad, u.range.size, static_cast<float>(grad_scale));
     adamw.update(layout_.units()[i], i, u.range.begin, u.master, u.grad, lr, step);
   }
+  sync_tied_copy();
+}
+
+// Tied embeddings under pipeline parallelism: the first and the last stage of a pipeline group
+// (the same data and tensor coordinates) hold the same shard of the table and of its copy.
+int ShardedParams::tied_peer() const {
+  const model::PipelineStage& st = layout_.stage();
+  if (!layout_.config().tied_embeddings || st.size == 1) return -1;
+  return st.first() ? st.size - 1 : st.last() ? 0 : -1;
+}
+
+// Tags of the two messages, apart from the pipeline's activations (2 x micro-batch + 0 or 1).
+constexpr uint32_t kTiedGradientTag = 1u << 24, kTiedValuesTag = kTiedGradientTag + 1;
+
+void ShardedParams::join_tied_gradients() {
+  const int peer = tied_peer();
+  if (peer < 0) return;
+  // The copy's gradient (its shard, summed over the data-parallel ranks) joins the table's.
+  if (layout_.stage().last()) {
+    const Unit& copy = *units_[layout_.num_units()];
+    wait(*pp_group_->send(copy.grad, copy.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
+    return;
+  }
+  Unit& table = *units_[layout_.embedding_unit()];
+  std::vector<float> theirs(static_cast<size_t>(table.range.size));
+  wait(*pp_group_->recv(theirs.data(), table.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
+  k::add_inplace(table.grad, theirs.data(), table.range.size);
+}
+
+void ShardedParams::sync_tied_copy() {
+  const int peer = tied_peer();
+  if (peer < 0) return;
+  if (layout_.stage().first()) {
+    const Unit& table = *units_[layout_.embedding_unit()];
+    wait(*pp_group_->send(table.master, table.range.size, comm::DType::kF32, peer, kTiedValuesTag, options_));
+  } else {
+    Unit& copy = *units_[layout_.num_units()];
+    wait(*pp_group_->recv(copy.master, copy.range.size, comm::DType::kF32, peer, kTiedValuesTag, options_));
+  }
 }
 
 std::vector<int64_t> ShardedParams::shard_sizes() const {
-  std::vector<int64_t> sizes;
-  for (const auto& u : units_) sizes.push_back(u->range.size);
+  std::vector<int64_t> sizes;  // the layout's units: the tied copy has no optimizer state
+  for (int i = 0; i < layout_.num_units(); ++i) sizes.push_back(units_[i]->range.size);
   return sizes;
 }
 
@@ -368,6 +410,7 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
       for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = block[e - spec.offset];
     }
   }
+  sync_tied_copy();
 }
 
 parallel::ShardRange ShardedParams::shard_range(int unit) const { return units_[unit]->range; }

@@ -22,6 +22,11 @@
 // mesh's tp group carries the model's tp collectives (all-reduce, all-gather, reduce-scatter),
 // and the gradient norm counts a replicated tensor (a norm gain, equal on every tp rank) once. Under pipeline
 // parallelism the layout holds this stage's units only, and the norm sums over the stages too.
+// With tied embeddings the last stage also holds a copy of the embedding unit for its LM head,
+// sharded the same way: after the reductions its gradient shard goes to the first stage, which
+// adds it to the table's before the norm, and after each update the table's values come back.
+// Megatron-LM all-reduces the two gradients and steps both copies; this sends the same bytes
+// and keeps optimizer state and checkpoints to the one table.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +91,12 @@ class ShardedParams final : public model::ParamSource {
   // then has `adamw` update each master shard from its gradient shard. step: AdamW's 1-based
   // update count (bias correction). adamw holds moments for shard_sizes().
   void apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale);
-  std::vector<int64_t> shard_sizes() const;  // shard_range(u).size of every unit
+  std::vector<int64_t> shard_sizes() const;  // shard_range(u).size of every unit of the layout
+  // Tied embeddings under pipeline parallelism (model::ModelLayout::tied_copy): the first stage
+  // sends its table's shard to the last stage's copy (a collective of the two; nothing
+  // elsewhere). apply_update ends with it; call it after writing master shards otherwise
+  // (loading a checkpoint).
+  void sync_tied_copy();
 
   // Every parameter tensor by name, whole: gathered from all shards and every tp rank's block (a
   // collective: all ranks call it).
@@ -95,7 +105,8 @@ class ShardedParams final : public model::ParamSource {
   // apply_update's grad_scale once it ran (a collective).
   std::vector<model::NamedTensor> gather_named_gradients();
   // Sets this rank's shards from whole tensors by name (its tp block's part of each). Throws
-  // DataError naming `origin` and the tensor when one is missing or has another shape.
+  // DataError naming `origin` and the tensor when one is missing or has another shape. A collective
+  // when a tied copy is synced (sync_tied_copy): all ranks call it.
   void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
   parallel::ShardRange shard_range(int unit) const;
@@ -114,6 +125,8 @@ class ShardedParams final : public model::ParamSource {
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
   double local_sum_squares() const;  // of the gradient shards, each element of the model once
+  int tied_peer() const;             // the stage holding the other side of a tied table, or -1
+  void join_tied_gradients();        // the copy's gradient shard added to the table's
 
   model::ModelLayout layout_;
   Strategy strategy_;

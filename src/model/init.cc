@@ -11,7 +11,7 @@
 namespace tessera::model {
 
 void init_unit_slice(const ModelLayout& layout, int unit, uint64_t seed, int64_t begin, int64_t end, float* out) {
-  const UnitLayout& u = layout.units()[unit];
+  const UnitLayout& u = layout.unit(unit);
   const ModelConfig& c = layout.config();
   const int tp_rank = layout.tensor_parallel().rank;
   const int global = layout.global_unit(unit);  // draws do not depend on the pipeline stage either

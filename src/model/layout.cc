@@ -155,11 +155,12 @@ ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParal
   local_ = {c.n_heads / T, c.n_kv_heads / T, c.ffn_hidden / T, c.vocab_size / T, tp.rank * (c.vocab_size / T)};
   const int64_t C = c.dim, D = c.head_dim(), F = c.ffn_hidden;
   constexpr int kOut = 0, kIn = 1;  // column-parallel: outputs cut; row-parallel: inputs cut
-  if (has_embedding()) {
+  auto embedding = [&] {
     UnitBuilder emb("embedding", tp.size);
     emb.add("tok_embeddings.weight", {c.vocab_size, C}, true, kOut);
-    units_.push_back(emb.finish(pad_multiple));
-  }
+    return emb.finish(pad_multiple);
+  };
+  if (has_embedding()) units_.push_back(embedding());
 
   for (int64_t l = stage_.first_layer; l < stage_.first_layer + stage_.layers; ++l) {
     // Matrices first, in the order the fused GEMMs read them: wq|wk|wv is one (qkv_dim, C)
@@ -181,14 +182,18 @@ ModelLayout::ModelLayout(const ModelConfig& c, int64_t pad_multiple, TensorParal
   }
 
   if (has_head()) {
-    // Tied embeddings need the embedding's table on the last stage: one stage only (config
-    // validation says so).
-    CHECK(!c.tied_embeddings || stage_.size == 1);
+    if (c.tied_embeddings && !has_embedding()) tied_copy_ = embedding();
     UnitBuilder head("head", tp.size);
     if (!c.tied_embeddings) head_weight_ = head.add("output.weight", {c.vocab_size, C}, true, kOut);
     head_norm_ = head.add("norm.weight", {C}, false);
     units_.push_back(head.finish(pad_multiple));
   }
+}
+
+const UnitLayout& ModelLayout::unit(int unit) const {
+  if (unit == num_units() && tied_copy_.has_value()) return *tied_copy_;
+  CHECK(unit >= 0 && unit < num_units());
+  return units_[unit];
 }
 
 int64_t ModelLayout::total_padded() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,13 +120,27 @@ class ModelLayout {
   int64_t num_layers() const { return stage_.layers; }
   bool has_embedding() const { return stage_.first(); }
   bool has_head() const { return stage_.last(); }
-  int embedding_unit() const { return 0; }  // has_embedding() only
+  // The embedding's unit: 0 on the first stage, the tied copy's (num_units()) on a last stage
+  // that has one; nothing elsewhere.
+  int embedding_unit() const { return has_embedding() ? 0 : num_units(); }
+  // Tied embeddings under pipeline parallelism: the last stage's copy of the embedding unit, which
+  // its LM head reads (null elsewhere). Not one of units(), so never saved, gathered or counted
+  // in the gradient norm: the first stage owns and trains the table, the copy's gradient joins
+  // the table's and the copy gets the table's values after each update (fsdp::ShardedParams). A
+  // ParamSource serves it as unit num_units().
+  const UnitLayout* tied_copy() const { return tied_copy_.has_value() ? &*tied_copy_ : nullptr; }
+  // units()[unit], or the tied copy at num_units().
+  const UnitLayout& unit(int unit) const;
   // The unit of this stage's i-th block (block first_layer() + i).
   int block_unit(int64_t i) const { return static_cast<int>((has_embedding() ? 1 : 0) + i); }
   int head_unit() const { return num_units() - 1; }  // has_head() only
   // A unit's index in the whole model's layout (embedding 0, block l at 1 + l, head last): what
   // initialization draws by.
-  int global_unit(int unit) const { return static_cast<int>(unit + (has_embedding() ? 0 : 1 + first_layer())); }
+  // The tied copy draws as the embedding (0).
+  int global_unit(int unit) const {
+    if (unit == num_units()) return 0;
+    return static_cast<int>(unit + (has_embedding() ? 0 : 1 + first_layer()));
+  }
   const BlockOffsets& block() const { return block_; }
   int64_t head_norm_offset() const { return head_norm_; }
   int64_t head_weight_offset() const { return head_weight_; }  // -1 when tied to the embedding
@@ -137,6 +152,7 @@ class ModelLayout {
   PipelineStage stage_;
   LocalSizes local_{};
   std::vector<UnitLayout> units_;
+  std::optional<UnitLayout> tied_copy_;
   BlockOffsets block_{};
   int64_t head_norm_ = 0, head_weight_ = -1;
 };

@@ -341,6 +341,7 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
     norm_backward(params, params.grads(head) + layout_.head_norm_offset(), dxn, b_.x_final, norm_w, b_.rstd_final);
     head_backward_seconds_ += now_seconds() - t0;
     params.grads_ready(head);
+    if (c.tied_embeddings && !layout_.has_embedding()) params.grads_ready(emb);  // the tied copy's are complete
   }
   if (c.tied_embeddings) params.release(emb);
   params.release(head);

@@ -169,6 +169,7 @@ void Trainer::restore(const TrainingState& state) {
   step_ = state.step;
   optimizer_steps_ = state.optimizer_steps;
   tokens_ = state.tokens;
+  params_->sync_tied_copy();  // the checkpoint holds the table only
 }
 
 StepStats Trainer::step(uint32_t signals) {
