@@ -105,6 +105,24 @@ for run, reference in [("tp2", "dp2"), ("pp2_tp2", "dp2"), ("pp2_gpipe", "dp2"),
 sys.exit(1 if bad else 0)
 PY
 
+# Exposed communication by dimension: the tp collectives' and the pipeline's waits are parts of
+# comm_s, recorded only where the dimension exists, with the bubble's formula beside them.
+/usr/bin/python3 - "$dir" <<'PY' || fail "the communication split by dimension is wrong"
+import json, sys
+d = sys.argv[1]
+def records(run):
+    return [r for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r]
+for run, tp, pp in [("dp2", False, False), ("tp2", True, False), ("pp2_gpipe", False, True), ("pp2_tp2", True, True)]:
+    rs = records(run)
+    for r in rs:
+        assert ("comm_tp_s" in r) == tp and ("comm_pp_s" in r) == pp and ("pipeline_bubble" in r) == pp, (run, r)
+        assert r.get("comm_tp_s", 0) + r.get("comm_pp_s", 0) <= r["comm_s"] + 1e-6, (run, r)
+        if pp:
+            assert abs(r["pipeline_bubble"] - 1 / 5) < 1e-12, (run, r)  # P = 2 stages, m = 4 micro-batches
+    for key, present in [("comm_tp_s", tp), ("comm_pp_s", pp)]:
+        assert not present or sum(r[key] for r in rs) > 0, (run, key)
+PY
+
 # Tensor-parallel and pipeline checkpoints export as the whole model.
 "$tessera" checkpoint export --format hf "$dir/tp2/checkpoints/step_00000006" "$dir/hf" >/dev/null 2>&1 ||
   fail "export of a tp checkpoint failed"

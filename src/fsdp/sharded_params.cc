@@ -121,6 +121,12 @@ void ShardedParams::wait(comm::Work& work) {
   exposed_seconds_ += now_seconds() - t0;
 }
 
+void ShardedParams::wait_tp(comm::Work& work) {
+  const double before = exposed_seconds_;
+  wait(work);
+  tp_seconds_ += exposed_seconds_ - before;
+}
+
 void ShardedParams::issue_gather(int unit) {
   Unit& u = *units_[unit];
   CHECK_MSG(!free_param_buffers_.empty(), "no free parameter buffer");
@@ -244,17 +250,17 @@ void ShardedParams::grads_ready(int unit) {
 
 void ShardedParams::tp_all_reduce(float* data, int64_t count) {
   CHECK(tp_group_ != nullptr);
-  wait(*tp_group_->all_reduce(data, count, comm::DType::kF32, options_));
+  wait_tp(*tp_group_->all_reduce(data, count, comm::DType::kF32, options_));
 }
 
 void ShardedParams::tp_all_gather(const float* in, float* out, int64_t count) {
   CHECK(tp_group_ != nullptr);
-  wait(*tp_group_->all_gather(in, out, count, comm::DType::kF32, options_));
+  wait_tp(*tp_group_->all_gather(in, out, count, comm::DType::kF32, options_));
 }
 
 void ShardedParams::tp_reduce_scatter(const float* in, float* out, int64_t count) {
   CHECK(tp_group_ != nullptr);
-  wait(*tp_group_->reduce_scatter(in, out, count, comm::DType::kF32, options_));
+  wait_tp(*tp_group_->reduce_scatter(in, out, count, comm::DType::kF32, options_));
 }
 
 void ShardedParams::begin_step() {

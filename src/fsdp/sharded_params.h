@@ -113,6 +113,7 @@ class ShardedParams final : public model::ParamSource {
   float* master_shard(int unit);
   StateBytes state_bytes() const;
   double exposed_comm_seconds() const { return exposed_seconds_; }
+  double tp_comm_seconds() const { return tp_seconds_; }  // the part spent in the tp collectives
 
  private:
   struct Unit;
@@ -123,6 +124,7 @@ class ShardedParams final : public model::ParamSource {
   void maybe_free_params(int unit);
   void complete_oldest_reduction();
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
+  void wait_tp(comm::Work& work);  // the same, counted as the tp collectives' too
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
   double local_sum_squares() const;  // of the gradient shards, each element of the model once
   int tied_peer() const;             // the stage holding the other side of a tied table, or -1
@@ -149,6 +151,7 @@ class ShardedParams final : public model::ParamSource {
   size_t cursor_ = 0;
   int64_t micro_ = 0;         // index of the micro-batch in progress
   double exposed_seconds_ = 0.0;
+  double tp_seconds_ = 0.0;
 };
 
 }  // namespace tessera::fsdp

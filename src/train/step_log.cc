@@ -171,6 +171,11 @@ nlohmann::ordered_json StepLog::metrics_record(const Trainer& trainer, const Ste
       {"tokens_per_s", r.tokens_per_s},
       {"model_flops_per_s", r.flops}};
   if (r.mfu) record["mfu"] = *r.mfu;
+  if (config_.parallel.tensor > 1) record["comm_tp_s"] = t.comm_tp;
+  if (const int64_t P = config_.parallel.pipeline; P > 1) {
+    record["comm_pp_s"] = t.comm_pp;
+    record["pipeline_bubble"] = static_cast<double>(P - 1) / static_cast<double>(config_.accumulation_steps() + P - 1);
+  }
   record["rss_bytes"] = trainer.memory().resident;
   record["peak_rss_bytes"] = trainer.memory().peak;
   if (extra.val_loss) {

@@ -212,6 +212,7 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   CHECK(signals < (1u << kSignalBits));
   const double t0 = now_seconds();
   StepTimes times;
+  const double tp0 = params_->tp_comm_seconds(), pp0 = pipeline_->blocked_seconds();
   PhaseClock clock(*params_, *pipeline_, times);
   params_->begin_step();
   // The step's loss is the sum over the global batch's valid targets divided by their count,
@@ -254,6 +255,8 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
                           rescale * optim::clip_factor(grad_norm, config_.train.grad_clip));
     times.optimizer += clock.compute();
   }
+  times.comm_tp = params_->tp_comm_seconds() - tp0;
+  times.comm_pp = pipeline_->blocked_seconds() - pp0;
   return StepStats{step_,   loss,    schedule_.at(step_), grad_norm, now_seconds() - t0, times, positions,
                    signals, !finite, skipped_total_};
 }

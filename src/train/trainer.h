@@ -36,6 +36,9 @@ struct StepTimes {
   double forward = 0.0;    // forward and loss (the LM head's fused backward is in `backward`)
   double backward = 0.0;
   double comm = 0.0;       // exposed: blocked on gathers, reductions and the step's all-reduce
+  // Parts of comm by mesh dimension: blocked on the tensor-parallel collectives, and on the
+  // pipeline's neighbours (its bubble included); the rest is the data-parallel side's.
+  double comm_tp = 0.0, comm_pp = 0.0;
   double optimizer = 0.0;  // gradient norm, clipping and AdamW, less their communication
   double accounted() const { return data_wait + forward + backward + comm + optimizer; }
 };
