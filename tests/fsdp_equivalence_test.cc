@@ -10,12 +10,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "checkpoint/safetensors.h"
@@ -50,12 +50,14 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format(
-      "{}_w{}_mb{}{}{}{}{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "", c.bf16 ? "_bf16" : "",
-      c.bf16_compute ? "_bf16compute" : "", c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence ? "_sp" : "",
-      c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "",
-      c.recompute > 0 ? fmt::format("_rc{}", c.recompute) : "", c.wide ? "_wide" : "",
-      *c.pipeline_layers != 0 ? "_layers" + std::regex_replace(c.pipeline_layers, std::regex(","), "_") : "");
+  std::string layers = c.pipeline_layers;  // "1,3" -> "1_3": a test name has no commas
+  std::replace(layers.begin(), layers.end(), ',', '_');
+  return fmt::format("{}_w{}_mb{}{}{}{}{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
+                     c.bf16 ? "_bf16" : "", c.bf16_compute ? "_bf16compute" : "",
+                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence ? "_sp" : "",
+                     c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "",
+                     c.recompute > 0 ? fmt::format("_rc{}", c.recompute) : "", c.wide ? "_wide" : "",
+                     *c.pipeline_layers != 0 ? "_layers" + layers : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
@@ -458,6 +460,9 @@ INSTANTIATE_TEST_SUITE_P(Strategies, MaskedTargets,
 // weight gradients, and dx twice; the head's norm output; dx for the embedding's backward) and
 // reduce-scatters N C floats 4 L + 2 times (the embedding, two products per block forward, two
 // input gradients backward, the head's), and all-reduces the norm gains' C floats 2 L + 1 times.
+// Between pipeline stages (point to point): each micro-batch's activations forward and their
+// gradients back, N x C floats (N C / T with sequence parallelism) per link, and with tied
+// embeddings the copy's gradient shard to the first stage and the table's shard back.
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -481,6 +486,7 @@ TEST_P(FsdpBytes, MatchTheLayout) {
           v.push_back(sent(g, op));
         }
       }
+      v.push_back(sent(d.mesh->group(parallel::Dim::kPp), comm::OpKind::kSend));
       return v;
     };
     const auto before = snapshot();
@@ -494,68 +500,95 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   });
   ASSERT_EQ(rc, 0);
 
-  const model::ModelLayout layout(cfg.model, 16 * S, {T, 0});  // every tp rank's units are this size
-  uint64_t gather_elems = 0, unit_elems = 0;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const uint64_t L = layout.units()[u].padded;
-    unit_elems += L;
-    const bool block = u != layout.embedding_unit() && u != layout.head_unit();
-    gather_elems += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
+  // Each stage's units (every tp rank's are this size), with a tied copy of the embedding on the
+  // last stage: it is gathered and reduced as the embedding is, and has no optimizer state.
+  const int P = c.pipeline;
+  struct Elements {
+    uint64_t gathered = 0, units = 0, optimized = 0;
+  };
+  std::vector<Elements> stage_elems(P);
+  for (int p = 0; p < P; ++p) {
+    const model::ModelLayout layout(cfg.model, 16 * S, {T, 0}, model::pipeline_stage(cfg.model, P, p));
+    for (int u = 0; u < layout.num_units() + (layout.tied_copy() != nullptr ? 1 : 0); ++u) {
+      const uint64_t L = layout.unit(u).padded;
+      const bool block = u < layout.num_units() && !(layout.has_embedding() && u == layout.embedding_unit()) &&
+                         !(layout.has_head() && u == layout.head_unit());
+      stage_elems[p].units += L;
+      stage_elems[p].optimized += u < layout.num_units() ? L : 0;
+      stage_elems[p].gathered += (std::string(c.strategy) == "shard_grad_op" || !block ? 1 : 2) * L;
+    }
   }
+  const uint64_t unit_elems = stage_elems[0].units;  // the formulas below without pipelines
   const uint64_t f = c.bf16 ? 2 : sizeof(float);  // bytes per element of the sharded collectives
   uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0, sum_tp_allreduce = 0, sum_tp_allgather = 0,
-           sum_tp_reduce_scatter = 0;
+           sum_tp_reduce_scatter = 0, sum_pp_send = 0;
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
-    uint64_t v[15];
+    uint64_t v[16];
     for (uint64_t& x : v) ASSERT_TRUE(in >> x);
-    // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}; then
-    // params, grads, optimizer.
+    // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}, pp send;
+    // then params, grads, optimizer.
     sum_tp_allgather += v[9];
     sum_tp_reduce_scatter += v[10];
     sum_tp_allreduce += v[11];
-    const uint64_t* state = v + 12;
-    const bool sharded = S > 1, separate_shard_group = S > 1 && S < W;
+    sum_pp_send += v[12];
+    const uint64_t* state = v + 13;
+    const Elements& e = stage_elems[rank / (W / P)];  // the pipeline dimension is the outermost
+    const bool sharded = S > 1;
     const uint64_t shard_ag = v[0], shard_rs = v[1];
     if (sharded) {
-      EXPECT_EQ(shard_ag, (S - 1) * gather_elems / S * f) << "rank " << rank;
-      EXPECT_EQ(shard_rs, (S - 1) * unit_elems / S * f) << "rank " << rank;
+      EXPECT_EQ(shard_ag, (S - 1) * e.gathered / S * f) << "rank " << rank;
+      EXPECT_EQ(shard_rs, (S - 1) * e.units / S * f) << "rank " << rank;
     }
-    sum_replica_allreduce += separate_shard_group ? v[5] : 0;
+    sum_replica_allreduce += S == 1 && T == 1 && P == 1 ? 0 : v[5];  // no_shard alone: the world is its group
     sum_world_allreduce += v[8];
-    EXPECT_EQ(state[0], unit_elems / S * sizeof(float));  // fp32 masters, gradients and moments
-    EXPECT_EQ(state[1], unit_elems / S * sizeof(float));
-    EXPECT_EQ(state[2], 2 * unit_elems / S * sizeof(float));
+    EXPECT_EQ(state[0], e.units / S * sizeof(float));  // fp32 masters, gradients and moments
+    EXPECT_EQ(state[1], e.units / S * sizeof(float));
+    EXPECT_EQ(state[2], 2 * e.optimized / S * sizeof(float));
   }
   if (T > 1) {
     const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;
     const uint64_t A = cfg.accumulation_steps(), L = cfg.model.n_layers, groups = W / T;
-    // Floats per tp rank and step; a tp group that is the whole world also carries the step's figures.
+    // Floats per step: the model's share summed over its stages (the embedding on the first, the
+    // head and loss on the last) once per data-parallel coordinate, W / P ranks per stage; the
+    // norm's float on every tp group, and the step's figures when the tp group is the world.
     const uint64_t per_step = 1 + (T == W ? train::Trainer::step_reduce_floats(W) : 0);
+    const uint64_t model_groups = groups / P, stage_ranks = W / P;
     if (c.sequence) {
       const uint64_t rows = N * C / T;  // floats of this rank's rows
-      EXPECT_EQ(sum_tp_allreduce, groups * 2 * (T - 1) * (A * (2 * N + (2 * L + 1) * C) + per_step) * sizeof(float));
-      EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * ((6 * L + 2) * rows + N) * sizeof(float));
-      EXPECT_EQ(sum_tp_reduce_scatter, W * (T - 1) * A * (4 * L + 2) * rows * sizeof(float));
+      EXPECT_EQ(sum_tp_allreduce,
+                2 * (T - 1) * (model_groups * A * (2 * N + (2 * L + 1) * C) + groups * per_step) * sizeof(float));
+      EXPECT_EQ(sum_tp_allgather, stage_ranks * (T - 1) * A * ((6 * L + 2) * rows + N) * sizeof(float));
+      EXPECT_EQ(sum_tp_reduce_scatter, stage_ranks * (T - 1) * A * (4 * L + 2) * rows * sizeof(float));
     } else {
       EXPECT_EQ(sum_tp_allreduce,
-                groups * 2 * (T - 1) * (A * ((4 * L + 2) * N * C + 2 * N) + per_step) * sizeof(float));
-      EXPECT_EQ(sum_tp_allgather, W * (T - 1) * A * N * sizeof(float));
+                2 * (T - 1) * (model_groups * A * ((4 * L + 2) * N * C + 2 * N) + groups * per_step) * sizeof(float));
+      EXPECT_EQ(sum_tp_allgather, stage_ranks * (T - 1) * A * N * sizeof(float));
       EXPECT_EQ(sum_tp_reduce_scatter, 0u);
     }
   } else {
     EXPECT_EQ(sum_tp_allreduce + sum_tp_allgather + sum_tp_reduce_scatter, 0u);
   }
+  {
+    const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;
+    const uint64_t activation = N * C / (c.sequence ? T : 1), m = cfg.accumulation_steps();
+    const model::ModelLayout first(cfg.model, 16 * S, {T, 0}, model::pipeline_stage(cfg.model, P, 0));
+    const uint64_t tied = P > 1 && c.tied ? 2 * first.units()[first.embedding_unit()].padded / S : 0;
+    // One pipeline group per (data, tensor) coordinate, P - 1 links in each.
+    EXPECT_EQ(sum_pp_send, static_cast<uint64_t>(W / P) * ((P - 1) * 2 * m * activation + tied) * sizeof(float));
+  }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
-  if (S == 1 && T == 1) {
+  if (S == 1 && T == 1 && P == 1) {
     // no_shard: every gradient, and the loss with the step's signal bits (replicas hold the whole
     // gradient: no norm reduction).
     EXPECT_EQ(sum_world_allreduce,
               2 * (W - 1) * unit_elems * f + 2 * (W - 1) * train::Trainer::step_reduce_floats(W) * sizeof(float));
-  } else if (S < W / T) {
-    const int R = W / T / S;
-    // Each of the S replica groups all-reduces its shard; the norm goes over the shard group.
-    EXPECT_EQ(sum_replica_allreduce, static_cast<uint64_t>(S) * 2 * (R - 1) * (unit_elems / S) * f);
+  } else if (const int R = W / (T * P) / S; R > 1) {
+    // Each of the S replica groups of a (stage, tp) coordinate all-reduces its shard; the norm
+    // goes over the shard group.
+    uint64_t want = 0;
+    for (const Elements& e : stage_elems) want += static_cast<uint64_t>(T) * S * 2 * (R - 1) * (e.units / S) * f;
+    EXPECT_EQ(sum_replica_allreduce, want);
   }
   fs::remove_all(dir);
 }
@@ -568,12 +601,16 @@ INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
                                            // One micro-batch per step (the gather formula above), and three.
                                            Case{"full_shard", 4, 0, 6, false, false, false, 2},
                                            Case{"full_shard", 2, 0, 4, true, false, false, 2},
-                                           Case{"full_shard", 4, 0, 6, false, false, false, 2, 1, "1f1b", true}),
+                                           Case{"full_shard", 4, 0, 6, false, false, false, 2, 1, "1f1b", true},
+                                           Case{"full_shard", 4, 0, 6, true, false, false, 1, 2},
+                                           Case{"shard_grad_op", 8, 0, 6, true, false, false, 2, 2, "1f1b", true}),
                          [](const auto& p) {
-                           return fmt::format("{}_w{}{}{}{}", p.param.strategy, p.param.world,
+                           return fmt::format("{}_w{}{}{}{}{}{}", p.param.strategy, p.param.world,
                                               p.param.bf16 ? "_bf16" : "",
                                               p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "",
-                                              p.param.sequence ? "_sp" : "");
+                                              p.param.sequence ? "_sp" : "",
+                                              p.param.pipeline > 1 ? fmt::format("_pp{}", p.param.pipeline) : "",
+                                              p.param.tied ? "_tied" : "");
                          });
 
 }  // namespace
