@@ -20,8 +20,9 @@
 // Under tensor parallelism each tp rank's units hold its blocks (model::ModelLayout's
 // TensorParallel), sharded as above over the data-parallel ranks with its tp coordinate; the
 // mesh's tp group carries the model's tp collectives (all-reduce, all-gather, reduce-scatter),
-// and the gradient norm counts a replicated tensor (a norm gain, equal on every tp rank) once. Under pipeline
-// parallelism the layout holds this stage's units only, and the norm sums over the stages too.
+// and the gradient norm counts a replicated tensor (a norm gain, equal on every tp rank) once.
+// Under pipeline parallelism the layout holds this stage's units only, and the norm sums over the
+// stages too.
 // With tied embeddings the last stage also holds a copy of the embedding unit for its LM head,
 // sharded the same way: after the reductions its gradient shard goes to the first stage, which
 // adds it to the table's before the norm, and after each update the table's values come back.
