@@ -8,7 +8,7 @@
 #     (timing, ports, races);
 #   - the 3D equivalence matrix (tests/fsdp_equivalence_test.cc, nightly_matrix: every layout of
 #     tensor {1,2,4} x pipeline {1,2,4} x data {1,2} up to 8 ranks, every strategy, schedule,
-#     sequence parallelism, recompute and tied embeddings against one process), about 12 minutes.
+#     sequence parallelism, recompute and tied embeddings against one process), about 6 minutes.
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
 # Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
