@@ -305,7 +305,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"nproc", W},
       {"strategy", W > 1 ? config::name(c.parallel.strategy) : "single process"},
       {"tensor_parallel", c.parallel.tensor},
-      {"sequence_parallel", c.parallel.tensor > 1 && c.parallel.sequence_parallel},
+      {"sequence_parallel", c.sequence_parallel()},
       {"pipeline_parallel", c.parallel.pipeline},
       {"param_dtype", config::name(c.parallel.param_dtype)},
       {"threads", num_threads()},

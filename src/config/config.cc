@@ -31,6 +31,9 @@ struct Assignment {
   std::string origin;  // file name or "--set"
 };
 
+// "[6, 2]": how a list is shown and written back.
+std::string integers_text(const Integers& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+
 std::string show(const Value& v) {
   return std::visit(
       [](const auto& x) -> std::string {
@@ -40,7 +43,7 @@ std::string show(const Value& v) {
         else if constexpr (std::is_same_v<T, bool>)
           return x ? "true" : "false";
         else if constexpr (std::is_same_v<T, Integers>)
-          return fmt::format("[{}]", fmt::join(x, ", "));
+          return integers_text(x);
         else
           return fmt::format("{}", x);
       },
@@ -251,7 +254,7 @@ Key make_key(std::string name, T& (*field)(Config&), Bounds bounds = any()) {
     } else if constexpr (std::is_same_v<T, double>) {
       return toml_float(v);
     } else if constexpr (std::is_same_v<T, Integers>) {
-      return fmt::format("[{}]", fmt::join(v, ", "));
+      return integers_text(v);
     } else {
       return fmt::format("{}", v);
     }
@@ -530,7 +533,7 @@ void validate_pipeline_layers(const Config& c) {
   const std::vector<int64_t>& layers = c.parallel.pipeline_layers;
   const int64_t P = c.parallel.pipeline;
   if (layers.empty()) return;
-  const std::string shown = fmt::format("[{}]", fmt::join(layers, ", "));
+  const std::string shown = integers_text(layers);
   require(std::ssize(layers) == P, "parallel.pipeline_layers", shown,
           fmt::format("needs one block count per stage: {} for parallel.pipeline = {}", P, P));
   require(std::all_of(layers.begin(), layers.end(), [](int64_t n) { return n >= 1; }), "parallel.pipeline_layers",
@@ -561,7 +564,7 @@ void validate_batch_and_ranks(const Config& c) {
 // Sequence parallelism cuts each micro-batch's tokens among the tensor-parallel ranks.
 void validate_sequence_parallel(const Config& c) {
   const int64_t T = c.parallel.tensor;
-  if (!c.parallel.sequence_parallel || T == 1) return;
+  if (!c.sequence_parallel()) return;
   require(c.micro_batch() * c.model.seq_len % T == 0, "parallel.sequence_parallel", "true",
           fmt::format("needs train.micro_batch_size x model.seq_len = {} x {} divisible by parallel.tensor = {}",
                       c.micro_batch(), c.model.seq_len, T));

@@ -83,8 +83,9 @@ struct ParallelConfig {
   // Megatron-LM's sequence parallelism, with tensor > 1: the residual stream, the norms and their
   // saved outputs cut by tokens among the tensor-parallel ranks (their activation memory /
   // tensor), an all-gather before and a reduce-scatter after each split product instead of the
-  // all-reduces (the same bytes). train.micro_batch_size x model.seq_len must be divisible by
-  // tensor. No effect with tensor = 1.
+  // all-reduces (the same bytes forward; backward half as many again, as the norm outputs are
+  // gathered a second time for the weight gradients). train.micro_batch_size x model.seq_len must
+  // be divisible by tensor. No effect with tensor = 1.
   bool sequence_parallel = false;
   // Pipeline stages: the blocks cut into this many consecutive groups, balanced by cost (the
   // embedding on the first stage, the final norm and LM head on the last); the micro-batches of a
@@ -157,6 +158,8 @@ struct Config {
     return train.micro_batch_size > 0 ? train.micro_batch_size : train.batch_size / data_parallel();
   }
   int64_t tokens_per_step() const { return train.batch_size * model.seq_len; }
+  // Sequence parallelism in effect: set, and tensor parallelism to apply it to.
+  bool sequence_parallel() const { return parallel.sequence_parallel && parallel.tensor > 1; }
 };
 
 // "key=value" pairs in the order given, e.g. from repeated --set flags.

@@ -126,7 +126,7 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
           : fmt::format("{}{}{}", config::name(config.parallel.strategy),
                         config.parallel.tensor > 1
                             ? fmt::format(" x tensor {}{}", config.parallel.tensor,
-                                          config.parallel.sequence_parallel ? " (sequence parallel)" : "")
+                                          config.sequence_parallel() ? " (sequence parallel)" : "")
                             : "",
                         config.parallel.pipeline > 1
                             ? fmt::format(" x pipeline {} ({}, blocks {})", config.parallel.pipeline,
@@ -178,7 +178,7 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
                    {"tensor_parallel", config.parallel.tensor},
-                   {"sequence_parallel", config.parallel.tensor > 1 && config.parallel.sequence_parallel},
+                   {"sequence_parallel", config.sequence_parallel()},
                    {"pipeline_parallel", config.parallel.pipeline},
                    {"param_dtype", config::name(config.parallel.param_dtype)},
                    {"threads", num_threads()},

@@ -56,7 +56,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       dist_(dist),
       layout_(
           config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
-          {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.parallel.sequence_parallel},
+          {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.sequence_parallel()},
           model::pipeline_stage(config.model, dist.mesh->size(parallel::Dim::kPp), dist.mesh->rank(parallel::Dim::kPp),
                                 config.parallel.pipeline_layers)),
       params_(std::make_unique<fsdp::ShardedParams>(
