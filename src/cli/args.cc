@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace tessera::cli {
 
@@ -45,7 +46,7 @@ std::vector<std::string> ParsedArgs::get_list(const std::string& flag) const {
 }
 
 ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
-                      const std::vector<std::string>& list_flags) {
+                      const std::vector<std::string>& list_flags, const std::vector<std::string>& switch_flags) {
   ParsedArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -72,6 +73,11 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
       if (values.size() == before) throw ConfigError(fmt::format("option {} needs at least one value", name));
       continue;
     }
+    if (std::find(switch_flags.begin(), switch_flags.end(), name) != switch_flags.end()) {
+      if (has_value) throw ConfigError(fmt::format("option {} takes no value", name));
+      out.flags[name].assign(1, '1');  // (operator= of a literal trips GCC 12's -Wrestrict)
+      continue;
+    }
     const bool is_set = name == "--set";
     if (!is_set && std::find(value_flags.begin(), value_flags.end(), name) == value_flags.end()) {
       throw ConfigError(fmt::format("unknown option {}", name));
@@ -84,6 +90,14 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
     else out.flags[name] = value;
   }
   return out;
+}
+
+config::Config load_config(const ParsedArgs& a) {
+  if (a.positional.size() > 1)
+    throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
+  config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
+  log::set_level(c.metrics.log_level);
+  return c;
 }
 
 }  // namespace tessera::cli

@@ -27,8 +27,14 @@ struct ParsedArgs {
 
 // `value_flags` take a value ("--steps 12" or "--steps=12"); `list_flags` take every following
 // argument up to the next one starting with "--" ("--input a b c"; repeating the flag appends);
-// anything else starting with "--" is an error naming the flag (ConfigError, exit code 2).
+// `switch_flags` take none (flags[name] = "1"); anything else starting with "--" is an error
+// naming the flag (ConfigError, exit code 2).
 ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
-                      const std::vector<std::string>& list_flags = {});
+                      const std::vector<std::string>& list_flags = {},
+                      const std::vector<std::string>& switch_flags = {});
+
+// The configuration: the one CONFIG file among the positional arguments (or the defaults) with the
+// --set overrides, validated; sets the log level it names.
+config::Config load_config(const ParsedArgs& a);
 
 }  // namespace tessera::cli

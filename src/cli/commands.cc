@@ -45,7 +45,7 @@ constexpr const char* kUsage = R"(tessera: train Llama-family language models
 usage: tessera <command> [options]
 
 commands:
-  train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH]
+  train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH] [--dry-run]
                  train the model that CONFIG (TOML) describes; without CONFIG, the default
                  model on the bundled corpus (tokenized on first use); --nproc N: N local
                  data-parallel workers (parallel.strategy: full_shard, shard_grad_op,
@@ -54,6 +54,11 @@ commands:
   launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv URL --run-id ID [CONFIG] [options]
                  one agent per node: rendezvous, workers, hang watchdog, restarts from the
                  latest checkpoint (tessera launch --help)
+  plan [CONFIG] [--set key=value]... --hardware NAME [--nodes N] [--gpus-per-node G] [--tokens N]
+       [--search] [--json]
+                 memory per device and step time on a cluster before renting it (a100-40gb,
+                 a100-80gb, h100-80gb, h200, cpu, or a TOML table); --search: every layout
+                 that fits, fastest first; train --dry-run: the plan on this machine
   bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...
                  time N training steps on synthetic tokens (and checkpoint saves into DIR);
                  prints one JSON object
@@ -106,14 +111,6 @@ std::string cpu_model_and_flags(std::string* flags_out) {
   }
   *flags_out = picked.empty() ? "(none of avx2/avx512/amx)" : picked;
   return model.empty() ? "unknown" : model;
-}
-
-config::Config load_config(const ParsedArgs& a) {
-  if (a.positional.size() > 1)
-    throw ConfigError(fmt::format("expected at most one CONFIG file, got {}", a.positional.size()));
-  config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
-  log::set_level(c.metrics.log_level);
-  return c;
 }
 
 // runs/YYYYmmdd-HHMMSS (UTC), with runs/latest pointing at it: every run gets its own directory.
@@ -192,14 +189,17 @@ int cmd_config(const Args& args) {
 }
 
 int cmd_train(const Args& args) {
-  ParsedArgs a = parse_args(args, {"--run-dir", "--nproc", "--resume"});
+  ParsedArgs a = parse_args(args, {"--run-dir", "--nproc", "--resume"}, {}, {"--dry-run"});
   if (a.help) {
-    std::fputs("usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH]\n",
-               stdout);
+    std::fputs(
+        "usage: tessera train [CONFIG] [--set key=value]... [--run-dir DIR] [--nproc N] [--resume auto|PATH] "
+        "[--dry-run]\n  --dry-run: print the memory and speed plan on this machine (tessera plan) and exit\n",
+        stdout);
     return kExitOk;
   }
   if (a.flags.count("--nproc")) a.overrides.emplace_back("parallel.nproc", a.flags["--nproc"]);
   const config::Config c = load_config(a);
+  if (a.flags.count("--dry-run")) return dry_run(c);
   const std::string resume = a.get("--resume", "");
   if (launch::WorkerEnv env; launch::worker_env(&env)) {  // one rank of a launched job
     if (!a.flags.count("--run-dir")) throw ConfigError("a launched worker needs --run-dir (shared by every rank)");
@@ -315,6 +315,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"peak_rss_bytes_per_rank", static_cast<int64_t>(*std::max_element(rss.begin(), rss.end()) * (1 << 20))},
       {"state_bytes_per_rank", trainer.state_bytes()},
       {"activation_bytes", trainer.activation_bytes()},
+      {"arena_bytes", trainer.arena_bytes().total()},
       {"gemm", kernels::cpu::gemm_library()},
       {"step_s", times},
       {"losses", losses},
@@ -395,6 +396,7 @@ int run(int argc, char** argv) {
     if (command == "info") return cmd_info(args);
     if (command == "train") return cmd_train(args);
     if (command == "bench") return cmd_bench(args);
+    if (command == "plan") return cmd_plan(args);
     if (command == "config") return cmd_config(args);
     if (command == "tokenizer") return cmd_tokenizer(args);
     if (command == "prepare") return cmd_prepare(args);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+
 namespace tessera::cli {
 
 using Args = std::vector<std::string>;
@@ -25,6 +27,11 @@ int cmd_checkpoint(const Args& args);
 
 // The run's metrics as an HTML page (cli/report_command.cc).
 int cmd_report(const Args& args);
+
+// Memory and speed before running (cli/plan_command.cc): tessera plan, and train --dry-run's
+// plan of a config on this machine.
+int cmd_plan(const Args& args);
+int dry_run(const config::Config& config);
 
 // The per-node agent (cli/launch_command.cc).
 int cmd_launch(const Args& args);

@@ -61,23 +61,16 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
   options_.timeout = timeout;
-  // The layout's units, and the tied copy of the embedding after them (layout.h).
+  const ArenaBytes plan = planned_bytes(layout_, strategy_, S, accumulation_, param_dtype_, reduce_dtype_);
   const int n = layout_.num_units() + (layout_.tied_copy() != nullptr ? 1 : 0);
-  int64_t shard_total = 0, max_padded = 0;
-  for (int i = 0; i < n; ++i) {
-    const model::UnitLayout& u = layout_.unit(i);
-    CHECK(u.padded % (16 * S) == 0);
-    shard_total += parallel::shard_range(u.padded, S, shard_rank_).size;
-    max_padded = std::max(max_padded, u.padded);
-  }
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
   const bool image16 = S == 1 && param_dtype_ == comm::DType::kBF16;  // nothing gathered: only the image
-  state_ = Arena(2 * sizeof(float) * static_cast<size_t>(shard_total) + n * 4 * Arena::kAlign +
-                 (bf16 ? 2 * sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0) +
-                 (image16 ? sizeof(uint16_t) * static_cast<size_t>(shard_total) : 0));
+  state_ = Arena(plan.state);
+  int64_t max_padded = 0;
   for (int i = 0; i < n; ++i) {
     auto u = std::make_unique<Unit>();
     u->padded = layout_.unit(i).padded;
+    max_padded = std::max(max_padded, u->padded);
     u->range = parallel::shard_range(u->padded, S, shard_rank_);
     u->master = state_.take<float>(u->range.size);
     u->grad = state_.take<float>(u->range.size);
@@ -91,26 +84,50 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     units_.push_back(std::move(u));
   }
   if (S > 1) {
-    // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
-    // the unit in use and the one prefetched, plus the embedding that a tied head reads.
-    const int tied = layout_.config().tied_embeddings ? 1 : 0;
-    const int param_buffers = strategy_ == Strategy::kShardGradOp ? n : std::min(n, 2 + tied);
-    // Gradients: with accumulation every unit keeps its own until the last micro-batch;
-    // otherwise the unit in backward and one reduction in flight (a third unit waits for the
-    // oldest reduction), plus a tied embedding, which collects gradients all through backward.
-    const int grad_buffers = accumulation_ > 1 ? n : std::min(n, 2 + tied);
-    // With bf16 communication every pooled buffer has a bf16 companion that the collective reads
-    // or writes; fp32 is widened from it or rounded into it around the collective.
-    const size_t companion = bf16 ? sizeof(uint16_t) * max_padded + Arena::kAlign : 0;
-    pool_ = Arena((param_buffers + grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign + companion));
+    pool_ = Arena(plan.buffers);
     auto take = [&](std::vector<float*>* free_list) {
       float* f = pool_.take<float>(max_padded);
       free_list->push_back(f);
       if (bf16) companion_[f] = pool_.take<uint16_t>(max_padded);
     };
-    for (int i = 0; i < param_buffers; ++i) take(&free_param_buffers_);
-    for (int i = 0; i < grad_buffers; ++i) take(&free_grad_buffers_);
+    for (int i = 0; i < plan.param_buffers; ++i) take(&free_param_buffers_);
+    for (int i = 0; i < plan.grad_buffers; ++i) take(&free_grad_buffers_);
   }
+}
+
+ArenaBytes ShardedParams::planned_bytes(const model::ModelLayout& layout, Strategy strategy, int S,
+                                        int64_t accumulation, comm::DType param_dtype, comm::DType reduce_dtype) {
+  // The layout's units, and the tied copy of the embedding after them (layout.h).
+  const int n = layout.num_units() + (layout.tied_copy() != nullptr ? 1 : 0);
+  ArenaBytes b;
+  int64_t max_padded = 0;
+  for (int i = 0; i < n; ++i) {
+    const model::UnitLayout& u = layout.unit(i);
+    CHECK(u.padded % (16 * S) == 0);
+    b.shard_elements += static_cast<uint64_t>(u.padded / S);
+    max_padded = std::max(max_padded, u.padded);
+  }
+  const uint64_t shard_total = b.shard_elements;
+  const bool bf16 = S > 1 && (param_dtype == comm::DType::kBF16 || reduce_dtype == comm::DType::kBF16);
+  const bool image16 = S == 1 && param_dtype == comm::DType::kBF16;
+  // Per unit: master and gradient (fp32), and bf16 send and receive companions or the S = 1 image;
+  // each take may pad to the arena's alignment.
+  b.state = 2 * sizeof(float) * shard_total + n * 4 * Arena::kAlign + (bf16 ? 2 * sizeof(uint16_t) * shard_total : 0) +
+            (image16 ? sizeof(uint16_t) * shard_total : 0);
+  if (S == 1) return b;
+  // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
+  // the unit in use and the one prefetched, plus the embedding that a tied head reads.
+  const int tied = layout.config().tied_embeddings ? 1 : 0;
+  b.param_buffers = strategy == Strategy::kShardGradOp ? n : std::min(n, 2 + tied);
+  // Gradients: with accumulation every unit keeps its own until the last micro-batch; otherwise
+  // the unit in backward and one reduction in flight (a third unit waits for the oldest
+  // reduction), plus a tied embedding, which collects gradients all through backward.
+  b.grad_buffers = accumulation > 1 ? n : std::min(n, 2 + tied);
+  // With bf16 communication every pooled buffer has a bf16 companion that the collective reads
+  // or writes; fp32 is widened from it or rounded into it around the collective.
+  const size_t companion = bf16 ? sizeof(uint16_t) * max_padded + Arena::kAlign : 0;
+  b.buffers = (b.param_buffers + b.grad_buffers) * (sizeof(float) * max_padded + Arena::kAlign + companion);
+  return b;
 }
 
 ShardedParams::~ShardedParams() = default;

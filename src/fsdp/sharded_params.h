@@ -55,8 +55,22 @@ struct StateBytes {
   uint64_t params = 0, grads = 0;
 };
 
+// What a ShardedParams allocates at construction, in bytes: its state arena (master and gradient
+// shards, their alignment and bf16 companions) and its pool of full-unit buffers (the units in
+// use and prefetched, gradients awaiting reduction). Planned before the object exists, by the
+// constructor and by `tessera plan` alike.
+struct ArenaBytes {
+  uint64_t state = 0, buffers = 0;
+  uint64_t shard_elements = 0;  // this rank's elements over all units (masters, gradients: 4 bytes each)
+  int param_buffers = 0, grad_buffers = 0;
+};
+
 class ShardedParams final : public model::ParamSource {
  public:
+  // The arenas of a ShardedParams over `layout` with a shard group of `shards` ranks.
+  static ArenaBytes planned_bytes(const model::ModelLayout& layout, Strategy strategy, int shards, int64_t accumulation,
+                                  comm::DType param_dtype, comm::DType reduce_dtype);
+
   // The mesh's dp_shard group (S ranks) shards each unit; its dp_replicate group holds the same
   // shard on each of its ranks (hybrid_shard's replicas, no_shard's DDP). layout must be padded
   // to 16 x S. accumulation: micro-batches per step; gradients are communicated after the last
@@ -113,6 +127,7 @@ class ShardedParams final : public model::ParamSource {
   parallel::ShardRange shard_range(int unit) const;
   float* master_shard(int unit);
   StateBytes state_bytes() const;
+  ArenaBytes arena_bytes() const { return {state_.capacity(), pool_.capacity(), 0, 0, 0}; }  // as allocated
   double exposed_comm_seconds() const { return exposed_seconds_; }
   double tp_comm_seconds() const { return tp_seconds_; }  // the part spent in the tp collectives
 

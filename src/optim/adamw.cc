@@ -24,18 +24,14 @@ void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, flo
   }
 }
 
-namespace {
-
-size_t arena_bytes(const std::vector<int64_t>& sizes) {
-  size_t bytes = 0;
-  for (int64_t n : sizes) bytes += 2 * (sizeof(float) * static_cast<size_t>(n) + Arena::kAlign);
+uint64_t AdamW::planned_bytes(const std::vector<int64_t>& slice_sizes) {
+  uint64_t bytes = 0;
+  for (int64_t n : slice_sizes) bytes += 2 * (sizeof(float) * static_cast<uint64_t>(n) + Arena::kAlign);
   return bytes;
 }
 
-}  // namespace
-
 AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes)
-    : config_(config), sizes_(slice_sizes), arena_(arena_bytes(slice_sizes)) {
+    : config_(config), sizes_(slice_sizes), arena_(planned_bytes(slice_sizes)) {
   for (int64_t n : sizes_) {
     m_.push_back(arena_.take<float>(static_cast<size_t>(n)));
     v_.push_back(arena_.take<float>(static_cast<size_t>(n)));

@@ -46,6 +46,10 @@ class AdamW {
   float* exp_avg(int u) { return m_[u]; }
   float* exp_avg_sq(int u) { return v_[u]; }
   uint64_t bytes() const;  // of both moments
+  // The arena the constructor allocates for these slices (the moments and their alignment), and
+  // the one it did.
+  static uint64_t planned_bytes(const std::vector<int64_t>& slice_sizes);
+  uint64_t arena_bytes() const { return arena_.capacity(); }
 
  private:
   AdamWConfig config_;

@@ -116,6 +116,11 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
   if (!config.train.init_from.empty()) params_->load_tensors(load_init_weights(config), config.train.init_from);
 }
 
+Trainer::ArenaBytes Trainer::arena_bytes() const {
+  const fsdp::ArenaBytes shards = params_->arena_bytes();
+  return {shards.state, shards.buffers, optimizer_.arena_bytes(), activation_bytes()};
+}
+
 size_t Trainer::state_bytes() const {
   const fsdp::StateBytes b = params_->state_bytes();
   return b.params + b.grads + optimizer_.bytes();

@@ -131,6 +131,13 @@ class Trainer {
   // Bytes of parameters, gradients and optimizer state, and of activations.
   size_t state_bytes() const;
   size_t activation_bytes() const { return pipeline_->activation_bytes(); }
+  // Every arena this rank allocated at start-up, as allocated: shards and their companions, the
+  // gathered-unit pool, the optimizer's moments, the activations (what `tessera plan` predicts).
+  struct ArenaBytes {
+    uint64_t shards = 0, buffers = 0, optimizer = 0, activations = 0;
+    uint64_t total() const { return shards + buffers + optimizer + activations; }
+  };
+  ArenaBytes arena_bytes() const;
 
  private:
   using Reader = std::function<void(uint64_t, uint64_t, int32_t*)>;

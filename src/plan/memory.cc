@@ -1,0 +1,78 @@
+#include "plan/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm/process_group.h"
+#include "fsdp/sharded_params.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "train/pipeline.h"
+
+namespace tessera::plan {
+namespace {
+
+comm::DType dtype_of(config::Precision p) {
+  return p == config::Precision::kBf16 ? comm::DType::kBF16 : comm::DType::kF32;
+}
+
+// Gloo's exchange buffer, kept at its largest (comm/gloo_group.cc): a reduce-scatter's holds
+// every rank's chunks of its input, the largest unit. (The replicas' all-reduces run in fp32, in
+// place.)
+uint64_t gloo_workspace(const config::Config& c, const parallel::ParallelDims& dims, const model::ModelLayout& layout) {
+  if (dims.dp_shard == 1) return 0;
+  const uint64_t reduce_bytes = c.parallel.reduce_dtype == config::Precision::kBf16 ? 2 : 4;
+  uint64_t largest = 0;
+  for (int u = 0; u < layout.num_units(); ++u) largest = std::max<uint64_t>(largest, layout.unit(u).padded);
+  return largest * reduce_bytes;
+}
+
+}  // namespace
+
+std::vector<MemoryPlan> memory_plans(const config::Config& c, const parallel::ParallelDims& dims, int threads,
+                                     const Hardware& hardware) {
+  const int64_t dp = dims.dp();
+  const int64_t micro_batch = c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.batch_size / dp;
+  const int64_t accumulation = std::max<int64_t>(1, c.train.batch_size / (dp * micro_batch));
+  const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
+  std::vector<MemoryPlan> plans;
+  for (int p = 0; p < dims.pp; ++p) {
+    // Every tp rank's blocks are the same size: tp rank 0 stands for them.
+    const model::ModelLayout layout(c.model, 16 * dims.dp_shard,
+                                    {dims.tp, 0, c.parallel.sequence_parallel && dims.tp > 1},
+                                    model::pipeline_stage(c.model, dims.pp, p, c.parallel.pipeline_layers));
+    const fsdp::ArenaBytes shards =
+        fsdp::ShardedParams::planned_bytes(layout, c.parallel.strategy, dims.dp_shard, accumulation,
+                                           dtype_of(c.parallel.param_dtype), dtype_of(c.parallel.reduce_dtype));
+    std::vector<int64_t> slices;  // the optimizer's: the layout's units (not the tied copy)
+    for (int u = 0; u < layout.num_units(); ++u) slices.push_back(layout.unit(u).padded / dims.dp_shard);
+    MemoryPlan m;
+    m.stage = p;
+    m.grads = sizeof(float) * shards.shard_elements;
+    m.params = shards.state - m.grads;
+    m.buffers = shards.buffers;
+    m.optimizer = optim::AdamW::planned_bytes(slices);
+    m.activation_slots =
+        train::pipeline_in_flight(c.parallel.pipeline_schedule, dims.pp, p, static_cast<int>(accumulation));
+    m.activations = m.activation_slots * model::Llama::planned_activation_bytes(
+                                             layout, micro_batch, threads, c.parallel.activation_checkpointing, bf16);
+    m.reserved = hardware.reserved_bytes;
+    if (hardware.gloo) m.comm_workspace = gloo_workspace(c, dims, layout);
+    plans.push_back(m);
+  }
+  return plans;
+}
+
+MemoryPlan peak_memory_plan(const std::vector<MemoryPlan>& plans) {
+  return *std::max_element(plans.begin(), plans.end(),
+                           [](const MemoryPlan& a, const MemoryPlan& b) { return a.total() < b.total(); });
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1024.0 * 1024.0 * 1024.0) return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+}
+
+}  // namespace tessera::plan
