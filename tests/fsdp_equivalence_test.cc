@@ -23,6 +23,7 @@
 #include "launch/local_workers.h"
 #include "model/layout.h"
 #include "parallel/job.h"
+#include "plan/memory.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -495,10 +496,15 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     const fsdp::StateBytes state = trainer.params().state_bytes();
     std::ofstream out(dir / fmt::format("bytes.{}", rank));
     for (size_t i = 0; i < before.size(); ++i) out << after[i] - before[i] << ' ';
-    out << state.params << ' ' << state.grads << ' ' << trainer.optimizer().bytes() << '\n';
+    out << state.params << ' ' << state.grads << ' ' << trainer.optimizer().bytes() << ' ';
+    const train::Trainer::ArenaBytes arenas = trainer.arena_bytes();
+    out << arenas.shards << ' ' << arenas.buffers << ' ' << arenas.optimizer << ' ' << arenas.activations << '\n';
     return 0;
   });
   ASSERT_EQ(rc, 0);
+  // `tessera plan`'s memory for each stage: the arenas every rank of it allocated, to the byte.
+  const std::vector<plan::MemoryPlan> planned =
+      plan::memory_plans(cfg, parallel::dims_for(cfg, W), static_cast<int>(cfg.train.threads), plan::Hardware{});
 
   // Each stage's units (every tp rank's are this size), with a tied copy of the embedding on the
   // last stage: it is gathered and reduced as the embedding is, and has no optimizer state.
@@ -524,10 +530,10 @@ TEST_P(FsdpBytes, MatchTheLayout) {
            sum_tp_reduce_scatter = 0, sum_pp_send = 0;
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
-    uint64_t v[16];
+    uint64_t v[20];
     for (uint64_t& x : v) ASSERT_TRUE(in >> x);
     // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}, pp send;
-    // then params, grads, optimizer.
+    // then params, grads, optimizer; then the arenas: shards, buffers, optimizer, activations.
     sum_tp_allgather += v[9];
     sum_tp_reduce_scatter += v[10];
     sum_tp_allreduce += v[11];
@@ -545,6 +551,12 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     EXPECT_EQ(state[0], e.units / S * sizeof(float));  // fp32 masters, gradients and moments
     EXPECT_EQ(state[1], e.units / S * sizeof(float));
     EXPECT_EQ(state[2], 2 * e.optimized / S * sizeof(float));
+    const uint64_t* arenas = v + 16;
+    const plan::MemoryPlan& m = planned[rank / (W / P)];
+    EXPECT_EQ(arenas[0], m.params + m.grads) << "rank " << rank;
+    EXPECT_EQ(arenas[1], m.buffers) << "rank " << rank;
+    EXPECT_EQ(arenas[2], m.optimizer) << "rank " << rank;
+    EXPECT_EQ(arenas[3], m.activations) << "rank " << rank;
   }
   if (T > 1) {
     const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;

@@ -107,7 +107,8 @@ nlohmann::ordered_json hardware_json(const plan::Hardware& h) {
           {"intra_latency_s", h.intra_latency},
           {"inter_bandwidth", h.inter_bandwidth},
           {"inter_latency_s", h.inter_latency},
-          {"kernel_overhead_s", h.kernel_overhead}};
+          {"kernel_overhead_s", h.kernel_overhead},
+          {"unit_overhead_s", h.unit_overhead}};
 }
 
 nlohmann::ordered_json step_json(const plan::StepPlan& s) {
@@ -115,6 +116,7 @@ nlohmann::ordered_json step_json(const plan::StepPlan& s) {
           {"compute_s", s.compute_s},
           {"memory_bound_s", s.memory_bound_s},
           {"overhead_s", s.overhead_s},
+          {"runtime_s", s.runtime_s},
           {"optimizer_s", s.optimizer_s},
           {"dp_comm_s", s.dp_comm_s},
           {"dp_exposed_s", s.dp_exposed_s},
@@ -257,31 +259,6 @@ void print_search(const std::vector<plan::Candidate>& all, const plan::Cluster& 
   }
 }
 
-// A rank's resident memory besides its arenas (code, libraries, threads, JIT kernels, the MFU
-// calibration's buffers, communication buffers): the peak resident memory of a three-step
-// `tessera bench` of a one-layer model at the same number of processes and threads, less the
-// arenas it reports.
-uint64_t measure_runtime_baseline(int nproc, int threads) {
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();  // (popen runs sh)
-  const std::string command = fmt::format(
-      "'{}' bench --preset tiny --steps 3 --nproc {} --set model.n_layers=1 --set train.threads={} "
-      "--set metrics.log_level=error 2>/dev/null",
-      self, nproc, threads);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) throw Error(fmt::format("cannot run {}", command), kExitFailure);
-  std::string text;
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
-  const int status = ::pclose(pipe);
-  const nlohmann::json out = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (status != 0 || !out.is_object() || !out.contains("peak_rss_bytes_per_rank") || !out.contains("arena_bytes")) {
-    throw Error(
-        fmt::format("measuring the runtime's memory baseline failed: `{}` exited with status {}", command, status),
-        kExitFailure);
-  }
-  return std::max<int64_t>(0, out["peak_rss_bytes_per_rank"].get<int64_t>() - out["arena_bytes"].get<int64_t>());
-}
-
 // Threads per rank of `ranks` on this machine, as `tessera launch` gives them: train.threads, or
 // the cores shared out; sets this process's count to it (the calibration runs on them).
 int rank_threads(const config::Config& c, int ranks) {
@@ -294,10 +271,62 @@ int rank_threads(const config::Config& c, int ranks) {
   return num_threads();
 }
 
-// The `cpu` hardware for `nproc` local ranks of `threads` threads, measured.
+// A short real run on this machine: `tessera bench` of a one-layer model at the plan's process
+// and thread counts and strategy, ten timed steps.
+struct ProbeRun {
+  config::Config config;  // what it ran
+  nlohmann::json result;  // its JSON line
+};
+
+ProbeRun run_probe(const config::Config& c, int nproc, int threads) {
+  ProbeRun probe;
+  const config::Strategy strategy =
+      c.parallel.strategy == config::Strategy::kHybridShard ? config::Strategy::kFullShard : c.parallel.strategy;
+  const std::string overrides = fmt::format(
+      "--set model.n_layers=1 --set train.threads={} --set parallel.strategy={} --set parallel.param_dtype={} "
+      "--set metrics.log_level=error",
+      threads, config::name(strategy), config::name(c.parallel.param_dtype));
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();  // (popen runs sh)
+  const std::string command =
+      fmt::format("'{}' bench --preset tiny --steps 12 --nproc {} {} 2>/dev/null", self, nproc, overrides);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) throw Error(fmt::format("cannot run {}", command), kExitFailure);
+  std::string text;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
+  const int status = ::pclose(pipe);
+  probe.result = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (status != 0 || !probe.result.is_object() || !probe.result.contains("arena_bytes")) {
+    throw Error(fmt::format("measuring this machine's runtime failed: `{}` exited with status {}", command, status),
+                kExitFailure);
+  }
+  // The same config as bench builds it (cmd_bench): micro-batch 4 per rank.
+  config::Overrides set = {{"model.preset", "tiny"},
+                           {"model.n_layers", "1"},
+                           {"train.batch_size", std::to_string(4 * nproc)},
+                           {"train.micro_batch_size", "4"},
+                           {"train.threads", std::to_string(threads)},
+                           {"parallel.nproc", std::to_string(nproc)},
+                           {"parallel.strategy", config::name(strategy)},
+                           {"parallel.param_dtype", config::name(c.parallel.param_dtype)}};
+  probe.config = config::load("", set);
+  return probe;
+}
+
+// The `cpu` hardware for `nproc` local ranks of `threads` threads, measured: calibrate_cpu's
+// kernels and links, and from a probe run the two things only a real run shows: a rank's
+// resident memory besides its arenas (code, libraries, threads, JIT kernels, the MFU
+// calibration's buffers), and its per-step cost per unit beyond the modelled work (collective
+// calls under load, per-unit optimizer and bookkeeping).
 plan::Hardware this_machine(const config::Config& c, int nproc, int threads) {
   plan::Hardware h = plan::calibrate_cpu(nproc, threads, c.model, c.parallel.param_dtype == config::Precision::kBf16);
-  h.reserved_bytes = measure_runtime_baseline(nproc, threads);
+  const ProbeRun probe = run_probe(c, nproc, threads);
+  h.reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(
+      0, probe.result["peak_rss_bytes_per_rank"].get<int64_t>() - probe.result["arena_bytes"].get<int64_t>()));
+  const plan::Cluster one{h, 1, nproc};
+  const plan::Planned modelled = plan::plan_config(probe.config, one, threads);
+  const double units = static_cast<double>(probe.config.model.n_layers + 2);  // embedding, block, head
+  h.unit_overhead = std::max(0.0, probe.result["median_step_s"].get<double>() - modelled.step.step_s) / units;
   return h;
 }
 

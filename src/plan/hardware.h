@@ -33,6 +33,7 @@ struct Hardware {
   double inter_bandwidth = 0.0;       // bytes/s per node, one direction, between nodes (all its NICs)
   double inter_latency = 0.0;         // s per ring step between nodes
   double kernel_overhead = 0.0;       // s per kernel: a GPU's launch, a CPU's fork and join of its threads
+  double unit_overhead = 0.0;         // s per unit and step beyond the modelled work (measured on a CPU)
   bool calibrated = false;            // measured on this machine (the `cpu` preset)
   bool gloo = false;                  // collectives over Gloo (the CPU), else NCCL
   std::string source;                 // where the figures come from

@@ -173,7 +173,8 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
     // norm reads the gradient and the next step zeroes it (8); a bf16 image is rounded (6).
     const double per_element = 36.0 + (bf16 ? 6.0 : 0.0);
     const double optimizer = shard_elements * per_element / h.memory_bandwidth;
-    const double tail = exposed + optimizer;
+    const double runtime = h.unit_overhead * static_cast<double>(w.unit_bytes.size());
+    const double tail = exposed + optimizer + runtime;
     if (w.micro_batch_s() > slowest_mb) {
       slowest_mb = w.micro_batch_s();
       out.slowest_stage = p;
@@ -188,6 +189,7 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
       out.dp_exposed_s = exposed;
       out.dp_comm_s = comm;
       out.optimizer_s = optimizer;
+      out.runtime_s = runtime;
     }
   }
   // The slowest stage sets the pipeline's pace: m micro-batches plus P - 1 slots of bubble.

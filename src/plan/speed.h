@@ -27,6 +27,7 @@ struct StepPlan {
   double compute_s = 0.0;       // GEMMs and attention of every micro-batch (recompute included)
   double memory_bound_s = 0.0;  // norms, RoPE, SwiGLU, the loss's softmax, residuals
   double overhead_s = 0.0;      // per-kernel launch and synchronization
+  double runtime_s = 0.0;       // per-unit runtime costs (Hardware::unit_overhead)
   double optimizer_s = 0.0;     // AdamW, the gradient norm, zeroing
   double dp_comm_s = 0.0;       // FSDP / DDP collectives in all, and the part compute does not hide:
   double dp_exposed_s = 0.0;
