@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -362,23 +363,26 @@ int cmd_plan(const Args& args) {
   }
   const bool search = a.flags.count("--search") > 0, json = a.flags.count("--json") > 0;
   if (!a.flags.count("--hardware")) throw ConfigError(std::string("--hardware is required\n") + kUsage);
-  config::Config c = load_config(a);
   const std::string hardware = a.get("--hardware", "");
   const long long nodes = a.get_int("--nodes", 1);
   if (nodes < 1) throw ConfigError(fmt::format("--nodes {}: must be at least 1", nodes));
-  // On this machine a "device" is a rank: parallel.nproc of them unless --gpus-per-node says.
-  const long long per_node = a.get_int("--gpus-per-node", hardware == "cpu" ? c.parallel.nproc : 0);
-  if (a.flags.count("--gpus-per-node") && per_node < 1) {
-    throw ConfigError(fmt::format("--gpus-per-node {}: must be at least 1", per_node));
+  if (a.flags.count("--gpus-per-node") && a.get_int("--gpus-per-node", 0) < 1) {
+    throw ConfigError(fmt::format("--gpus-per-node {}: must be at least 1", a.get("--gpus-per-node", "")));
   }
+  // The devices per node: --gpus-per-node, else the hardware's; on this machine a device is a
+  // rank, parallel.nproc of them. The config is validated at the cluster's world size.
+  const bool cpu = hardware == "cpu";
+  std::optional<plan::Hardware> table;
+  if (!cpu) table = plan::resolve_hardware(hardware);
+  long long per_node = a.get_int("--gpus-per-node", cpu ? 0 : table->devices_per_node);
+  ParsedArgs with_world = a;
+  if (per_node > 0) with_world.overrides.emplace_back("parallel.nproc", std::to_string(nodes * per_node));
+  config::Config c = load_config(with_world);
+  if (per_node == 0) per_node = c.parallel.nproc;
   // Threads per rank: a GPU rank's host threads do not enter the plan.
-  const int threads = hardware == "cpu" ? rank_threads(c, static_cast<int>(per_node)) : 1;
-  plan::Cluster cluster{
-      hardware == "cpu" ? this_machine(c, static_cast<int>(per_node), threads) : plan::resolve_hardware(hardware), 1,
-      1};
-  if (hardware == "cpu") cluster.hardware.devices_per_node = static_cast<int>(per_node);
-  cluster.nodes = static_cast<int>(nodes);
-  cluster.devices_per_node = per_node > 0 ? static_cast<int>(per_node) : cluster.hardware.devices_per_node;
+  const int threads = cpu ? rank_threads(c, static_cast<int>(per_node)) : 1;
+  plan::Cluster cluster{cpu ? this_machine(c, static_cast<int>(per_node), threads) : *table, static_cast<int>(nodes),
+                        static_cast<int>(per_node)};
   const double tokens = parse_tokens(a.get("--tokens", ""));
   if (search) {
     const std::vector<plan::Candidate> all = plan::search(c, cluster, threads);

@@ -30,7 +30,9 @@ std::vector<Candidate> search(const config::Config& base, const Cluster& cluster
         if (world % (tp * pp) != 0) continue;
         const int dp = world / (tp * pp);
         // hybrid: shard inside a node, replicate across nodes (only where that differs).
-        if (strategy == Strategy::kHybridShard && (G % tp != 0 || dp <= G / tp || dp % (G / tp) != 0)) continue;
+        if (strategy == Strategy::kHybridShard && (G % tp != 0 || G / tp == 1 || dp <= G / tp || dp % (G / tp) != 0)) {
+          continue;
+        }
         for (int64_t mb = 1; mb <= 16; mb *= 2) {
           for (int64_t recompute : {int64_t{0}, int64_t{1}}) {
             config::Config c = base;
