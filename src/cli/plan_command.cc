@@ -197,13 +197,17 @@ void print_plan(const plan::Planned& p, const plan::Cluster& cluster, double tok
                                                    {"activations", m.activations},
                                                    {"reserved (runtime)", m.reserved}};
   for (const auto& [what, bytes] : rows) fmt::print("  {:<28} {:>12}\n", what, plan::format_bytes(bytes));
-  fmt::print("  activations hold {} micro-batch(es) in flight\n", m.activation_slots);
+  fmt::print(
+      "  activations hold {} micro-batch(es) in flight; the arenas, what tessera train allocates at "
+      "start-up: {:.1f} MiB\n",
+      m.activation_slots, static_cast<double>(m.arenas()) / (1 << 20));
   fmt::print("  {:<28} {:>12} of {}: {}\n", "total", plan::format_bytes(m.total()), plan::format_bytes(h.memory_bytes),
              fits ? "fits" : fmt::format("does NOT fit (short by {})", plan::format_bytes(m.total() - h.memory_bytes)));
   const plan::StepPlan& s = p.step;
   fmt::print(
-      "\nstep {:.4g} s: compute {:.4g} s, memory-bound {:.4g} s, kernel overhead {:.4g} s, optimizer {:.4g} s,\n",
-      s.step_s, s.compute_s, s.memory_bound_s, s.overhead_s, s.optimizer_s);
+      "\nstep {:.4g} s: compute {:.4g} s, memory-bound {:.4g} s, kernel overhead {:.4g} s, per-unit runtime {:.4g} s, "
+      "optimizer {:.4g} s,\n",
+      s.step_s, s.compute_s, s.memory_bound_s, s.overhead_s, s.runtime_s, s.optimizer_s);
   fmt::print(
       "  data-parallel communication {:.4g} s ({:.4g} s exposed), tensor-parallel {:.4g} s, pipeline sends "
       "{:.4g} s, bubble {:.4g} s ({:.0f}%)\n",

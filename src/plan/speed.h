@@ -41,8 +41,7 @@ struct StepPlan {
   int slowest_stage = 0;
 };
 
-// The step of `config` as `dims` on `cluster` (dims.world() == cluster.world()), ranks of
-// `threads` threads.
+// The step of `config` as `dims` on `cluster` (dims.world() == cluster.world()).
 StepPlan step_plan(const config::Config& config, const parallel::ParallelDims& dims, const Cluster& cluster);
 
 // Ring collectives over n ranks (NCCL's and Gloo's algorithm for large messages): seconds to

@@ -138,9 +138,16 @@ void log_model_and_batch(const config::Config& config, const parallel::Distribut
                             : "");
   log::info(
       "batch {} sequences = {} tokens/step; {} process(es) x {} thread(s), {} ({} micro-batches of {} per "
-      "data-parallel rank); memory per rank: state {} MB, activations {} MB",
+      "data-parallel rank)",
       config.train.batch_size, config.tokens_per_step(), dist.world_size(), num_threads(), layout,
-      config.accumulation_steps(), config.micro_batch(), trainer.state_bytes() >> 20, trainer.activation_bytes() >> 20);
+      config.accumulation_steps(), config.micro_batch());
+  // The arenas as allocated, which `tessera plan` predicts to the byte (plan_test, FsdpBytes).
+  const Trainer::ArenaBytes a = trainer.arena_bytes();
+  const auto mib = [](uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  log::info(
+      "memory per rank (planned, allocated once): {:.1f} MiB = shards {:.1f} + gathered units {:.1f} + optimizer "
+      "{:.1f} + activations {:.1f} (tessera plan / train --dry-run)",
+      mib(a.total()), mib(a.shards), mib(a.buffers), mib(a.optimizer), mib(a.activations));
   if (const model::PipelineStage& st = trainer.layout().stage(); st.size > 1) {  // each rank, in its log file
     log::info("pipeline stage {} of {}: blocks {}..{}{}{}", st.rank, st.size, st.first_layer,
               st.first_layer + st.layers - 1, st.first() ? ", the embedding" : "", st.last() ? ", the LM head" : "");
