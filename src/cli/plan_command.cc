@@ -23,7 +23,7 @@ constexpr const char* kUsage =
     "                    [--gpus-per-node G] [--tokens N] [--search] [--json]\n"
     "  memory per device and step time of CONFIG's model and layout on N nodes of G devices each\n"
     "  (parallel.nproc becomes N x G); --hardware: a100-40gb, a100-80gb, h100-80gb, h200, cpu (this\n"
-    "  machine, measured in about a second), or a TOML table (docs/plan.md); --tokens: a budget\n"
+    "  machine, measured in a few seconds), or a TOML table (docs/plan.md); --tokens: a budget\n"
     "  (2T, 500B, 1e9) to time; --search: every layout that fits, fastest first\n";
 
 // "2T", "500B", "20M", "1e9" -> tokens.

@@ -189,7 +189,7 @@ Hardware calibrate_cpu(int ranks, int threads, const model::ModelConfig& model, 
   Hardware h;
   h.name = "cpu";
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  h.devices_per_node = std::max(1, cores / std::max(1, threads));
+  h.devices_per_node = ranks;  // a "device" here is a rank, sharing the machine's memory
   h.description = fmt::format("this machine: {} core(s), {} rank(s) of {} thread(s)", cores, ranks, threads);
   h.memory_bytes = mem_total_bytes() / static_cast<uint64_t>(h.devices_per_node);
   const int before = num_threads();

@@ -1,6 +1,6 @@
 // Layer plan: what a run will need and how fast it will go, on any hardware, before running
-// anything (docs/plan.md). It shares the arithmetic that sizes the real arenas (fsdp, optim,
-// model) and the byte counts the communication tests check; it never allocates them.
+// anything (docs/plan.md). It calls the functions that size the real arenas (fsdp, optim, model),
+// never allocating them, and counts collectives' bytes by the formulas the FsdpBytes tests check.
 //
 // The hardware a plan is for: one node's devices, their memory, compute and links. Every figure
 // is a stated assumption with its source (docs/plan.md, "Hardware"); nothing else in the model
@@ -51,14 +51,14 @@ Hardware load_hardware(const std::string& path);
 
 // `cpu`: this machine measured, for ranks of `threads` threads each, with the kernels training
 // runs: the GEMM rate per precision (as the MFU peak is measured) and what the model's GEMM
-// shapes reach of it, the attention kernels' rate at
-// the model's sequence length and head size, AdamW's bytes per second (the memory-bound rate),
+// shapes reach of it, the attention kernels' rate at the model's sequence length and head size,
+// AdamW's bytes per second (the memory-bound rate),
 // the fork and join of the threads, and Gloo's all-gather bandwidth and latency between two ranks
-// over loopback; memory from /proc/meminfo. reserved_bytes is left 0: a process's baseline
-// (code, libraries, threads, JIT kernels, the MFU calibration's buffers) is what a real run
-// measures, which the caller does (`tessera plan` runs a one-layer bench). About two seconds.
-// gemm_efficiency is measured in the plan's precision (bf16 or not) at the model's shapes.
-// `ranks` ranks run at once (the job's ranks on this machine), each measured while the others are.
+// over loopback; memory from /proc/meminfo, shared by the `ranks` ranks (the job's ranks on this
+// machine, which run at once and are measured so). gemm_efficiency is measured in the plan's
+// precision at the model's shapes. reserved_bytes is left 0: a process's baseline (code,
+// libraries, threads, JIT kernels, the MFU calibration's buffers) is what a real run measures,
+// which the caller does (`tessera plan` runs a one-layer bench). About two seconds.
 Hardware calibrate_cpu(int ranks, int threads, const model::ModelConfig& model, bool bf16);
 
 // By name: a preset or a path to a TOML table ("cpu" is calibrate_cpu's). ConfigError (exit 2)

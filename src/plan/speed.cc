@@ -27,7 +27,7 @@ Link link_for(const Cluster& cl, int group_span) {
 struct StageWork {
   double compute_s = 0.0, memory_s = 0.0, overhead_s = 0.0, tp_s = 0.0, pp_s = 0.0;
   std::vector<double> unit_flops;  // forward + backward FLOPs of each unit, embedding first
-  std::vector<double> unit_bytes;  // each unit's padded length
+  std::vector<double> unit_elements;  // each unit's padded length
   double micro_batch_s() const { return compute_s + memory_s + overhead_s + tp_s + pp_s; }
 };
 
@@ -49,7 +49,7 @@ StageWork stage_work(const config::Config& c, const ParallelDims& dims, const Cl
   const double gemm_rate = h.peak(bf16) * h.gemm_efficiency, attention_rate = h.peak(bf16) * h.attention_efficiency;
   const double block_s = (block - attention) / gemm_rate + attention / attention_rate;
   StageWork w;
-  for (int u = 0; u < layout.num_units(); ++u) w.unit_bytes.push_back(static_cast<double>(layout.unit(u).padded));
+  for (int u = 0; u < layout.num_units(); ++u) w.unit_elements.push_back(static_cast<double>(layout.unit(u).padded));
   if (layout.has_embedding()) w.unit_flops.push_back(0.0);  // a lookup
   for (int64_t i = 0; i < layout.num_layers(); ++i) {
     const int64_t k = c.parallel.activation_checkpointing;
@@ -87,8 +87,9 @@ StageWork stage_work(const config::Config& c, const ParallelDims& dims, const Cl
     if (layout.has_head()) w.tp_s += 3.0 * (n / chunk_rows) * 2.0 * (dims.tp - 1) * l.latency;
   }
   if (dims.pp > 1) {
-    // Activations to the next stage, their gradient back: (R, C) each way, one hop.
-    const Link l = link_for(cl, dims.world());
+    // Activations to the next stage, their gradient back: (R, C) each way, one hop to the rank
+    // tp x dp places away (pp is the outermost dimension).
+    const Link l = link_for(cl, 2 * dims.tp * dims.dp());
     const double bytes = 4.0 * n * residual;
     const int neighbours = (stage > 0 ? 1 : 0) + (stage + 1 < dims.pp ? 1 : 0);
     w.pp_s = neighbours * (bytes / l.bandwidth + l.latency);
@@ -144,8 +145,8 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
     for (double f : w.unit_flops) total_flops += f;
     std::vector<double> gather, rs, fwd, bwd;
     double shard_elements = 0.0;
-    for (size_t u = 0; u < w.unit_bytes.size(); ++u) {
-      const double L = w.unit_bytes[u], share = total_flops > 0 ? w.unit_flops[u] / total_flops : 0.0;
+    for (size_t u = 0; u < w.unit_elements.size(); ++u) {
+      const double L = w.unit_elements[u], share = total_flops > 0 ? w.unit_flops[u] / total_flops : 0.0;
       shard_elements += L / S;
       gather.push_back(S > 1 ? ring_gather_seconds(L * pbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
       rs.push_back(S > 1 ? ring_gather_seconds(L * rbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
@@ -173,7 +174,7 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
     // norm reads the gradient and the next step zeroes it (8); a bf16 image is rounded (6).
     const double per_element = 36.0 + (bf16 ? 6.0 : 0.0);
     const double optimizer = shard_elements * per_element / h.memory_bandwidth;
-    const double runtime = h.unit_overhead * static_cast<double>(w.unit_bytes.size());
+    const double runtime = h.unit_overhead * static_cast<double>(w.unit_elements.size());
     const double tail = exposed + optimizer + runtime;
     if (w.micro_batch_s() > slowest_mb) {
       slowest_mb = w.micro_batch_s();
