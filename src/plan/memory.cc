@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/process_group.h"
+#include "core/check.h"
 #include "fsdp/sharded_params.h"
 #include "model/layout.h"
 #include "model/llama.h"
@@ -33,16 +34,12 @@ uint64_t gloo_workspace(const config::Config& c, const parallel::ParallelDims& d
 
 std::vector<MemoryPlan> memory_plans(const config::Config& c, const parallel::ParallelDims& dims, int threads,
                                      const Hardware& hardware) {
-  const int64_t dp = dims.dp();
-  const int64_t micro_batch = c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.batch_size / dp;
-  const int64_t accumulation = std::max<int64_t>(1, c.train.batch_size / (dp * micro_batch));
+  CHECK_MSG(c.parallel.nproc == dims.world(), "a memory plan's config must have parallel.nproc = dims.world()");
+  const int64_t micro_batch = c.micro_batch(), accumulation = c.accumulation_steps();
   const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
   std::vector<MemoryPlan> plans;
   for (int p = 0; p < dims.pp; ++p) {
-    // Every tp rank's blocks are the same size: tp rank 0 stands for them.
-    const model::ModelLayout layout(c.model, 16 * dims.dp_shard,
-                                    {dims.tp, 0, c.parallel.sequence_parallel && dims.tp > 1},
-                                    model::pipeline_stage(c.model, dims.pp, p, c.parallel.pipeline_layers));
+    const model::ModelLayout layout = stage_layout(c, dims, p);
     const fsdp::ArenaBytes shards =
         fsdp::ShardedParams::planned_bytes(layout, c.parallel.strategy, dims.dp_shard, accumulation,
                                            dtype_of(c.parallel.param_dtype), dtype_of(c.parallel.reduce_dtype));
@@ -63,6 +60,11 @@ std::vector<MemoryPlan> memory_plans(const config::Config& c, const parallel::Pa
     plans.push_back(m);
   }
   return plans;
+}
+
+model::ModelLayout stage_layout(const config::Config& c, const parallel::ParallelDims& dims, int stage) {
+  return model::ModelLayout(c.model, 16 * dims.dp_shard, {dims.tp, 0, c.sequence_parallel()},
+                            model::pipeline_stage(c.model, dims.pp, stage, c.parallel.pipeline_layers));
 }
 
 MemoryPlan peak_memory_plan(const std::vector<MemoryPlan>& plans) {

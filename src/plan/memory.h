@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/layout.h"
 #include "parallel/parallel_dims.h"
 #include "plan/hardware.h"
 
@@ -28,11 +29,15 @@ struct MemoryPlan {
   uint64_t total() const { return arenas() + comm_workspace + reserved; }
 };
 
-// One plan per pipeline stage for `config` laid out as `dims` (config.parallel.nproc is ignored:
-// dims.world() ranks) on `hardware`, ranks of `threads` threads (the CPU attention workspace is
-// per thread).
+// One plan per pipeline stage for `config` laid out as `dims` (config.parallel.nproc must be
+// dims.world(): the micro-batch and accumulation are the config's) on `hardware`, ranks of
+// `threads` threads (the CPU attention workspace is per thread).
 std::vector<MemoryPlan> memory_plans(const config::Config& config, const parallel::ParallelDims& dims, int threads,
                                      const Hardware& hardware);
+// The layout a rank of pipeline stage `stage` trains with, as the Trainer builds it (tp rank 0:
+// every tp rank's blocks are the same size).
+model::ModelLayout stage_layout(const config::Config& config, const parallel::ParallelDims& dims, int stage);
+
 // The stage that needs the most.
 MemoryPlan peak_memory_plan(const std::vector<MemoryPlan>& plans);
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/check.h"
 #include "model/layout.h"
 #include "model/model_config.h"
+#include "plan/memory.h"
 
 namespace tessera::plan {
 namespace {
@@ -36,9 +38,8 @@ StageWork stage_work(const config::Config& c, const ParallelDims& dims, const Cl
   const model::ModelConfig& m = c.model;
   const Hardware& h = cl.hardware;
   const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
-  const bool sp = c.parallel.sequence_parallel && dims.tp > 1;
-  const model::ModelLayout layout(m, 16 * dims.dp_shard, {dims.tp, 0, sp},
-                                  model::pipeline_stage(m, dims.pp, stage, c.parallel.pipeline_layers));
+  const bool sp = c.sequence_parallel();
+  const model::ModelLayout layout = stage_layout(c, dims, stage);
   const double n = static_cast<double>(micro_batch * m.seq_len), tp = dims.tp;
   const double C = static_cast<double>(m.dim), F = static_cast<double>(m.ffn_hidden),
                V = static_cast<double>(m.vocab_size),
@@ -129,9 +130,8 @@ double ring_all_reduce_seconds(double bytes, int n, double bandwidth, double lat
 
 StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Cluster& cl) {
   const Hardware& h = cl.hardware;
-  const int64_t dp = dims.dp();
-  const int64_t micro_batch = c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.batch_size / dp;
-  const int64_t m = std::max<int64_t>(1, c.train.batch_size / (dp * micro_batch));
+  CHECK_MSG(c.parallel.nproc == dims.world(), "a step plan's config must have parallel.nproc = dims.world()");
+  const int64_t micro_batch = c.micro_batch(), m = c.accumulation_steps();
   const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
   const double pbytes = bf16 ? 2.0 : 4.0, rbytes = c.parallel.reduce_dtype == config::Precision::kBf16 ? 2.0 : 4.0;
   const int S = dims.dp_shard, R = dims.dp_replicate;

@@ -41,7 +41,8 @@ struct StepPlan {
   int slowest_stage = 0;
 };
 
-// The step of `config` as `dims` on `cluster` (dims.world() == cluster.world()).
+// The step of `config` as `dims` on `cluster` (config.parallel.nproc == dims.world() ==
+// cluster.world(); the micro-batch and accumulation are the config's).
 StepPlan step_plan(const config::Config& config, const parallel::ParallelDims& dims, const Cluster& cluster);
 
 // Ring collectives over n ranks (NCCL's and Gloo's algorithm for large messages): seconds to
