@@ -277,7 +277,7 @@ int rank_threads(const config::Config& c, int ranks) {
 }
 
 // A short real run on this machine: `tessera bench` of a one-layer model at the plan's process
-// and thread counts and strategy, ten timed steps.
+// and thread counts and strategy, the median of 30 timed steps.
 struct ProbeRun {
   config::Config config;  // what it ran
   nlohmann::json result;  // its JSON line
@@ -293,7 +293,7 @@ ProbeRun run_probe(const config::Config& c, int nproc, int threads) {
       threads, config::name(strategy), config::name(c.parallel.param_dtype));
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();  // (popen runs sh)
   const std::string command =
-      fmt::format("'{}' bench --preset tiny --steps 12 --nproc {} {} 2>/dev/null", self, nproc, overrides);
+      fmt::format("'{}' bench --preset tiny --steps 32 --nproc {} {} 2>/dev/null", self, nproc, overrides);
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw Error(fmt::format("cannot run {}", command), kExitFailure);
   std::string text;
