@@ -14,6 +14,7 @@ packages=(
   libgloo-dev  # CPU collectives (comm/gloo)
   libcurl4-openssl-dev  # the etcd store speaks to etcd's v3 JSON gateway over HTTP
   libssl-dev  # libcrypto: the stores' HMAC proofs of the job token
+  libtinyxml2-dev  # the object-store client's XML replies (ListObjectsV2, multipart, errors)
   etcd-server  # /usr/bin/etcd for the etcd store's tests (they start their own on free ports)
   python3 python3-torch python3-numpy python3-yaml  # python3-yaml: tests/deploy_test.py
   libopenblas0-pthread  # the BLAS the PyTorch peer is measured with (Debian defaults to the slow reference BLAS)
@@ -24,6 +25,23 @@ packages=(
   chromium fonts-dejavu-core  # the run report page's test (headless screenshot and DOM)
 )
 
+# s3rver: a real S3-compatible server (SigV4 access keys, multipart uploads, ranged GETs,
+# ListObjectsV2) for the object-store tests, from the npm registry into build/tools (ignored).
+install_s3rver() {
+  local prefix
+  prefix="$(cd "$(dirname "$0")/.." && pwd)/build/tools"
+  [[ -x $prefix/node_modules/.bin/s3rver ]] && return 0
+  if ! command -v npm >/dev/null; then
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+  fi
+  echo "setup: installing s3rver into $prefix"
+  mkdir -p "$prefix"
+  npm install --prefix "$prefix" --no-save --no-audit --no-fund --loglevel=error s3rver@3.7.1
+}
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -33,12 +51,12 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
+  install_s3rver
   exit 0
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_s3rver
