@@ -169,9 +169,15 @@ TEST(S3ClientRetry, SlowDownIsRetriedWithBackoff) {
   o.access_key = o.secret_key = "k";
   o.backoff_ms = 10;
   S3Client s3(o);
-  s3.put({"bucket", "key"}, "payload");
+  std::string error;
+  try {
+    s3.put({"bucket", "key"}, "payload");
+  } catch (const Error& e) {
+    error = e.what();
+  }
   server.stop();
   serve.join();
+  EXPECT_EQ(error, "");
   EXPECT_EQ(calls.load(), 3);
   EXPECT_EQ(stored, "payload");
   EXPECT_EQ(s3.counts().retries, 2);
