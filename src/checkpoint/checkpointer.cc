@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/object_tier.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -21,6 +22,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "parallel/job.h"
+#include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -80,6 +82,11 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   }
   if (dist_.world() != nullptr) {  // no rank writes a checkpoint before the cleanup is done
     dist_.world()->barrier({comm::Millis(config_.parallel.timeout_ms)})->wait();
+  }
+  const int per_node = dist_.ranks_per_node;
+  node_of_file_.assign(static_cast<size_t>(files()), 0);
+  for (int r = 0; r < dist_.world_size(); ++r) {
+    if (const int f = file_of_rank(r); f >= 0 && per_node > 0) node_of_file_[static_cast<size_t>(f)] = r / per_node;
   }
   writer_ = std::thread([this] { writer_loop(); });
   if (dist_.rank() == 0 && !mirror_root_.empty()) {
@@ -433,11 +440,27 @@ void Checkpointer::mirror_loop() {
       mirror_queue_.clear();
     }
     const double t0 = now_seconds();
+    const int keep = static_cast<int>(config_.checkpoint.keep);
+    if (!storage::is_s3(mirror_root_)) {
+      try {
+        mirror_checkpoint(root_, step, mirror_root_, keep);
+        log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
+      } catch (const Error& e) {
+        log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+      }
+      continue;
+    }
     try {
-      mirror_checkpoint(root_, step, mirror_root_, static_cast<int>(config_.checkpoint.keep));
-      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
+      upload_checkpoint(storage::default_s3_client(), root_, step, mirror_root_,
+                        {keep, static_cast<int>(config_.checkpoint.s3_prefixes), node_of_file_});
+      log::info("checkpoint step {} uploaded to {} in {:.2f}s", step, mirror_root_, now_seconds() - t0);
     } catch (const Error& e) {
-      log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+      // The durable tier lacks this step: with on_failure = stop every rank learns it before its
+      // next step (asks()), and the run ends with exit 10; the next commit is uploaded otherwise.
+      log::error("checkpoint step {} could not be uploaded to {}: {}", step, mirror_root_, e.what());
+      std::lock_guard<std::mutex> lock(mu_);
+      ++upload_failures_;
+      failed_ = true;
     }
   }
 }

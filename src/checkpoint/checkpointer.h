@@ -72,6 +72,11 @@ class Checkpointer {
   // The step of the newest save this process started, or -1.
   int64_t last_saved_step() const { return last_started_; }
   const std::string& root() const { return root_; }
+  // Uploads to the object-store tier that failed for good (rank 0; 0 elsewhere).
+  int64_t upload_failures() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return upload_failures_;
+  }
 
  private:
   struct Pending {
@@ -120,6 +125,8 @@ class Checkpointer {
   bool failed_ = false;  // a save failed since take_failure()
   bool stop_ = false;
   std::deque<int64_t> mirror_queue_;
+  std::vector<int> node_of_file_;  // by shard file number: the node of the rank that writes it
+  int64_t upload_failures_ = 0;    // object-store uploads that failed for good
   std::thread writer_, mirror_;  // last: they start after everything above
 };
 

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/object_tier.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
 #include "parallel/shard_range.h"
+#include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -159,6 +161,16 @@ void remove_newer(const std::string& root, int64_t step) {
   }
 }
 
+std::unique_ptr<ShardFile> open_shard(const std::string& step_dir, const ManifestFile& f) {
+  if (!storage::is_s3(step_dir)) return std::make_unique<ShardFile>(step_dir + "/" + f.name);
+  const storage::ObjectUrl dir = storage::parse_s3(step_dir, "checkpoint");
+  if (f.object.empty()) throw DataError(fmt::format("{}/manifest.json names no object for {}", step_dir, f.name));
+  const storage::ObjectUrl object{dir.bucket, f.object};
+  return std::make_unique<ShardFile>(
+      fmt::format("{} (bytes {} to {} of {})", f.name, f.object_offset, f.object_offset + f.bytes, object.str()),
+      storage::object_slice(storage::default_s3_client(), object, f.object_offset, f.bytes));
+}
+
 std::vector<std::string> verify(const std::string& step_dir) {
   std::vector<std::string> problems;
   Manifest m;
@@ -170,7 +182,9 @@ std::vector<std::string> verify(const std::string& step_dir) {
   for (const ManifestFile& f : m.files) {
     const std::string path = step_dir + "/" + f.name;
     try {
-      const FileDigest d = digest_file(path);
+      std::unique_ptr<ShardFile> opened = open_shard(step_dir, f);
+      ShardFile& shard = *opened;
+      const FileDigest d = storage::is_s3(step_dir) ? digest_file(shard.file(), path) : digest_file(path);
       if (d.bytes != f.bytes) {
         problems.push_back(fmt::format("{}: {} bytes, the manifest records {}", path, d.bytes, f.bytes));
       } else if (d.xxh64 != f.xxh64) {
@@ -178,7 +192,6 @@ std::vector<std::string> verify(const std::string& step_dir) {
                                        hex64(f.xxh64)));
       }
       // Name the damaged tensors too (the file checksum only says that something is wrong).
-      ShardFile shard(path);
       std::vector<float> buffer;
       for (const ManifestUnit& u : m.units) {
         if (u.pp_rank != f.pp_rank) continue;  // another stage's
@@ -211,8 +224,8 @@ CheckpointReader::~CheckpointReader() = default;
 ShardFile& CheckpointReader::shard(int pp_rank, int tp_rank, int shard_rank) {
   auto& slot = shards_[file_number({pp_rank, tp_rank, shard_rank}, manifest_.tensor_parallel, manifest_.shard_size)];
   if (!slot) {
-    const ManifestFile* f = manifest_.file_of(pp_rank, tp_rank, shard_rank);
-    slot = std::make_unique<ShardFile>(dir_ + "/" + f->name);  // parse_manifest checked it exists
+    const ManifestFile* f = manifest_.file_of(pp_rank, tp_rank, shard_rank);  // parse_manifest checked it exists
+    slot = open_shard(dir_, *f);
   }
   return *slot;
 }
@@ -361,6 +374,7 @@ std::string mirror_root(const std::string& mirror_dir, const std::string& root) 
         "checkpoint.mirror_dir: the run directory {} has no name to file its mirror under; use a named --run-dir",
         run.string()));
   }
+  if (storage::is_s3(mirror_dir)) return storage::parse_s3(mirror_dir, "checkpoint.mirror_dir").child(name).str();
   return (fs::path(mirror_dir) / name).string();
 }
 
@@ -368,8 +382,12 @@ void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::st
   const std::string root = run_dir + "/checkpoints";
   for (const std::string& dir : {root, mirror_root(mirror_dir, root)}) {
     if (dir.empty()) continue;
-    int64_t found = read_latest(dir);
-    if (const auto steps = committed_steps(dir); found < 0 && !steps.empty()) found = steps.back();
+    const bool tier = storage::is_s3(dir);
+    storage::S3Client* s3 = tier ? &storage::default_s3_client() : nullptr;
+    int64_t found = tier ? tier_read_latest(*s3, dir) : read_latest(dir);
+    if (const auto steps = tier ? tier_committed_steps(*s3, dir) : committed_steps(dir); found < 0 && !steps.empty()) {
+      found = steps.back();
+    }
     if (found < 0) continue;
     throw ConfigError(
         fmt::format("{} already holds checkpoints (latest: {}){}; continue it with --resume auto, or "

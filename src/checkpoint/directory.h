@@ -54,6 +54,10 @@ void refuse_fresh_run_over_checkpoints(const std::string& run_dir, const std::st
 // abandoned timeline (e.g. a commit whose `latest` update was cut short) and would be overwritten.
 void remove_newer(const std::string& root, int64_t step);
 
+// Shard file `f` of the committed checkpoint step_dir (a directory, or an s3:// step URL whose
+// manifest places each file in an object).
+std::unique_ptr<ShardFile> open_shard(const std::string& step_dir, const ManifestFile& f);
+
 // Checks a committed checkpoint: the manifest parses, every file has the recorded size and
 // checksum, every tensor its own checksum. Returns one line per problem, naming the file and
 // tensor; empty when the checkpoint is sound.

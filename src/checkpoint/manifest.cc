@@ -11,6 +11,7 @@
 
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
+#include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -121,12 +122,14 @@ std::string to_json(const Manifest& m) {
         {{"name", u.name}, {"pp_rank", u.pp_rank}, {"numel", u.numel}, {"padded", u.padded}, {"tensors", tensors}});
   }
   for (const auto& f : m.files) {
-    files.push_back({{"name", f.name},
-                     {"pp_rank", f.pp_rank},
-                     {"tp_rank", f.tp_rank},
-                     {"shard_rank", f.shard_rank},
-                     {"bytes", f.bytes},
-                     {"xxh64", hex64(f.xxh64)}});
+    nlohmann::ordered_json file = {{"name", f.name},       {"pp_rank", f.pp_rank},
+                                   {"tp_rank", f.tp_rank}, {"shard_rank", f.shard_rank},
+                                   {"bytes", f.bytes},     {"xxh64", hex64(f.xxh64)}};
+    if (!f.object.empty()) {
+      file["object"] = f.object;
+      file["object_offset"] = f.object_offset;
+    }
+    files.push_back(std::move(file));
   }
   const nlohmann::ordered_json j = {
       {"format", "tessera-checkpoint"},
@@ -211,6 +214,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
     seen[index] = true;
     file.bytes = f.unsigned_integer("bytes");
     file.xxh64 = f.hex("xxh64");
+    if (files[i].contains("object")) {
+      file.object = f.string("object");
+      file.object_offset = f.unsigned_integer("object_offset");
+    }
     m.files.push_back(std::move(file));
   }
   for (size_t i = 0; i < seen.size(); ++i) {
@@ -257,6 +264,17 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
 
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = step_dir + "/manifest.json";
+  if (storage::is_s3(step_dir)) {
+    const storage::ObjectUrl url = storage::parse_s3(path, "checkpoint");
+    std::string text;
+    try {
+      text = storage::default_s3_client().get(url, kMaxManifestBytes);
+    } catch (const storage::S3Error& e) {
+      if (e.status() == 404 && e.code() == "NoSuchKey") throw DataError(fmt::format("{} is missing", path));
+      throw;
+    }
+    return parse_manifest(text, path);
+  }
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in && errno == ENOENT) throw DataError(fmt::format("{} is missing", path));
   if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));  // may be sound

@@ -44,6 +44,11 @@ struct ManifestFile {
   int shard_rank = 0;
   uint64_t bytes = 0;
   uint64_t xxh64 = 0;
+  // In an object-store copy (checkpoint/object_tier.h) the file is bytes [object_offset,
+  // object_offset + bytes) of the object `object` (a key in the bucket of the step's URL); "" in
+  // a directory.
+  std::string object{};
+  uint64_t object_offset = 0;
 };
 
 struct Manifest {
@@ -81,7 +86,8 @@ std::string to_json(const Manifest& manifest);
 // Parses and checks the manifest (types, ranges, one file per shard rank, tensors inside their
 // units); throws DataError naming `origin` and the key.
 Manifest parse_manifest(const std::string& text, const std::string& origin);
-// Reads DIR/manifest.json; throws DataError (IoError when unreadable) naming the file.
+// Reads DIR/manifest.json (DIR a directory or an s3:// step URL); throws DataError (IoError when
+// unreadable) naming the file.
 Manifest read_manifest(const std::string& step_dir);
 
 }  // namespace tessera::checkpoint

@@ -10,10 +10,12 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/object_tier.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
 
@@ -23,8 +25,9 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
                                            const std::string& spec) {
   auto from_root = [&](const std::string& r) {
     std::vector<std::string> out;
-    std::vector<int64_t> steps = committed_steps(r);
-    const int64_t latest = read_latest(r);
+    const bool tier = storage::is_s3(r);
+    std::vector<int64_t> steps = tier ? tier_committed_steps(storage::default_s3_client(), r) : committed_steps(r);
+    const int64_t latest = tier ? tier_read_latest(storage::default_s3_client(), r) : read_latest(r);
     if (latest >= 0 && std::find(steps.begin(), steps.end(), latest) != steps.end()) {
       out.push_back(r + "/" + step_dir_name(latest));
     } else if (latest >= 0) {
@@ -41,6 +44,7 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
   if (spec != "auto") {
     std::error_code ec;
     if (fs::exists(fs::path(spec) / "manifest.json", ec)) return {spec};
+    if (storage::is_s3(spec) && storage::parse_s3(spec, "--resume").name().rfind("step_", 0) == 0) return {spec};
     std::vector<std::string> out = from_root(spec);
     if (out.empty()) throw DataError(fmt::format("--resume {}: no committed checkpoint there", spec));
     return out;

@@ -35,21 +35,43 @@ struct Hasher {
   uint64_t digest() const { return XXH64_digest(state); }
 };
 
-// pread of exactly n bytes at offset; false at end of file. A failed read (EIO, ESTALE) throws
-// IoError naming `path`: the file may well be sound, so it is not reported as damage.
-bool read_at(int fd, void* out, uint64_t n, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError(fmt::format("cannot read checkpoint shard {}: {}", path, std::strerror(errno)));
-    if (r == 0) return false;
-    p += r;
-    n -= static_cast<uint64_t>(r);
-    offset += static_cast<uint64_t>(r);
+// A local shard file read with pread. A failed read (EIO, ESTALE) throws IoError naming `path`:
+// the file may well be sound, so it is not reported as damage.
+class LocalFile : public storage::ReadableFile {
+ public:
+  explicit LocalFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0 && errno == ENOENT) throw DataError(fmt::format("checkpoint shard {} is missing", path));
+    if (fd_ < 0) throw IoError(fmt::format("cannot open checkpoint shard {}: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw IoError(fmt::format("cannot stat checkpoint shard {}: {}", path, std::strerror(err)));
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
   }
-  return true;
-}
+  ~LocalFile() override { ::close(fd_); }
+  uint64_t size() const override { return size_; }
+  bool read_at(uint64_t offset, uint64_t n, void* out) const override {
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError(fmt::format("cannot read checkpoint shard {}: {}", path_, std::strerror(errno)));
+      if (r == 0) return false;
+      p += r;
+      n -= static_cast<uint64_t>(r);
+      offset += static_cast<uint64_t>(r);
+    }
+    return true;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
 
 }  // namespace
 
@@ -124,17 +146,13 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
   return {written, file_hash.digest()};
 }
 
-ShardFile::ShardFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0 && errno == ENOENT) throw DataError(fmt::format("checkpoint shard {} is missing", path));
-  if (fd_ < 0) throw IoError(fmt::format("cannot open checkpoint shard {}: {}", path, std::strerror(errno)));
-  try {
-    parse_header();
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
+ShardFile::ShardFile(const std::string& path) : path_(path), file_(std::make_unique<LocalFile>(path)) {
+  parse_header();
+}
+
+ShardFile::ShardFile(std::string name, std::unique_ptr<storage::ReadableFile> file)
+    : path_(std::move(name)), file_(std::move(file)) {
+  parse_header();
 }
 
 void ShardFile::parse_header() {
@@ -142,12 +160,9 @@ void ShardFile::parse_header() {
   auto bad = [&](const std::string& why) {
     return DataError(fmt::format("checkpoint shard {} is damaged: {}", path, why));
   };
-  struct stat st{};
-  if (::fstat(fd_, &st) != 0)
-    throw IoError(fmt::format("cannot stat checkpoint shard {}: {}", path, std::strerror(errno)));
-  const auto size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = file_->size();
   char prefix[kPrefix];
-  if (size < kPrefix || !read_at(fd_, prefix, kPrefix, 0, path)) {
+  if (size < kPrefix || !file_->read_at(0, kPrefix, prefix)) {
     throw bad(fmt::format("{} bytes, shorter than the {}-byte prefix", size, kPrefix));
   }
   if (std::memcmp(prefix, kMagic, 8) != 0) throw bad("not a Tessera shard file (bad magic)");
@@ -161,7 +176,7 @@ void ShardFile::parse_header() {
     throw bad(fmt::format("header of {} bytes does not fit in the file of {} bytes", header_size, size));
   }
   std::string header(header_size, '\0');
-  if (!read_at(fd_, header.data(), header_size, kPrefix, path)) throw bad("truncated header");
+  if (!file_->read_at(kPrefix, header_size, header.data())) throw bad("truncated header");
   if (XXH64(header.data(), header.size(), 0) != header_sum) throw bad("header checksum mismatch");
   data_begin_ = align_up(kPrefix + header_size);
   const uint64_t data_size = size >= data_begin_ ? size - data_begin_ : 0;
@@ -195,9 +210,7 @@ void ShardFile::parse_header() {
   }
 }
 
-ShardFile::~ShardFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
+ShardFile::~ShardFile() = default;
 
 const ShardEntry* ShardFile::find(const std::string& name) const {
   for (const auto& e : entries_) {
@@ -207,7 +220,7 @@ const ShardEntry* ShardFile::find(const std::string& name) const {
 }
 
 void ShardFile::read(const ShardEntry& entry, float* out) const {
-  if (!read_at(fd_, out, entry.bytes, data_begin_ + entry.offset, path_)) {
+  if (!file_->read_at(data_begin_ + entry.offset, entry.bytes, out)) {
     throw DataError(fmt::format("checkpoint shard {}: tensor {} is truncated", path_, entry.name));
   }
   if (XXH64(out, entry.bytes, 0) != entry.xxh64) {
@@ -237,6 +250,20 @@ FileDigest digest_file(const std::string& path) {
   ::close(fd);
   d.xxh64 = h.digest();
   return d;
+}
+
+FileDigest digest_file(const storage::ReadableFile& file, const std::string& name) {
+  constexpr uint64_t kChunk = 8ull << 20;  // ranged GETs of an object copy: few and large
+  Hasher h;
+  std::vector<char> buffer;
+  const uint64_t size = file.size();
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const uint64_t n = std::min(kChunk, size - at);
+    buffer.resize(n);
+    if (!file.read_at(at, n, buffer.data())) throw IoError(fmt::format("cannot read {}: it ends early", name));
+    h.add(buffer.data(), n);
+  }
+  return {size, h.digest()};
 }
 
 }  // namespace tessera::checkpoint

@@ -13,8 +13,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "storage/readable_file.h"
 
 namespace tessera::checkpoint {
 
@@ -51,11 +54,14 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
 class ShardFile {
  public:
   explicit ShardFile(const std::string& path);
+  // The same read from `file` (an object-store copy), called `name` in messages.
+  ShardFile(std::string name, std::unique_ptr<storage::ReadableFile> file);
   ~ShardFile();
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
 
   const std::string& path() const { return path_; }
+  const storage::ReadableFile& file() const { return *file_; }
   const std::vector<ShardEntry>& entries() const { return entries_; }
   // The entry called `name`, or null.
   const ShardEntry* find(const std::string& name) const;
@@ -67,13 +73,15 @@ class ShardFile {
   void parse_header();
 
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<storage::ReadableFile> file_;
   uint64_t data_begin_ = 0;
   std::vector<ShardEntry> entries_;
 };
 
 // Streams the whole file; throws IoError naming it when it cannot be read.
 FileDigest digest_file(const std::string& path);
+// The same for a file read at offsets (an object-store copy), `name` in messages.
+FileDigest digest_file(const storage::ReadableFile& file, const std::string& name);
 
 // "%016x" and back; parse_hex64 returns false on anything but 1 to 16 hex digits.
 std::string hex64(uint64_t value);

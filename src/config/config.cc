@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "storage/object_url.h"
 
 namespace tessera::config {
 namespace {
@@ -321,6 +322,7 @@ const std::vector<Key>& schema() {
       KEY(checkpoint, keep, gt(0)),
       KEY(checkpoint, fallback),
       KEY(checkpoint, mirror_dir),
+      KEY(checkpoint, s3_prefixes, closed(1, 256)),
       KEY(checkpoint, on_failure),
       KEY(metrics, log_level),
       KEY(metrics, log_interval, gt(0)),
@@ -596,6 +598,8 @@ void validate(const Config& c) {
   const TrainConfig& t = c.train;
   require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
           fmt::format("must be in [0, train.lr = {}]", t.lr));
+  storage::check_location(c.checkpoint.mirror_dir, "checkpoint.mirror_dir");
+  storage::check_location(c.data.dataset, "data.dataset");
   require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",
           "name a prepared dataset directory, \"bundled\", or set data.synthetic = true");
   require(!c.metrics.prometheus_host.empty(), "metrics.prometheus_host", "\"\"",

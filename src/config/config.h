@@ -121,7 +121,11 @@ struct CheckpointConfig {
   double interval_minutes = 30;         // 0: no time interval; with both 0, only SIGTERM saves
   int64_t keep = 3;                     // committed checkpoints kept; the newest is never deleted
   bool fallback = true;                 // resume skips a damaged checkpoint for the previous committed one
-  std::string mirror_dir;               // after each commit, copied (and verified) here in the background
+  // After each commit, copied here in the background: a directory (a verified copy), or
+  // s3://BUCKET/PREFIX, the durable object-store tier (checkpoint/object_tier.h). Either way
+  // under the run directory's name.
+  std::string mirror_dir;
+  int64_t s3_prefixes = 1;  // hashed key prefixes the tier spreads objects over (S3's per-prefix request rates)
   OnFailure on_failure = OnFailure::kContinue;  // a failed save: continue training or stop (exit 10)
   bool enabled() const { return interval_steps > 0 || interval_minutes > 0; }
 };

@@ -277,6 +277,7 @@ void Agent::start_workers(const Round& round, int restart_count) {
     const std::vector<std::pair<std::string, std::string>> vars = {
         {"TESSERA_RANK", std::to_string(w.rank)},
         {"TESSERA_LOCAL_RANK", std::to_string(local)},
+        {"TESSERA_LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
         {"TESSERA_WORLD_SIZE", std::to_string(world)},
         {"TESSERA_NODE_RANK", std::to_string(round.node_rank)},
         {"TESSERA_RDZV", o_.rdzv},

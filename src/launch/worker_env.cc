@@ -47,6 +47,9 @@ bool worker_env(WorkerEnv* out) {
   job.world = env_int(world_var, 1, 1 << 20);
   job.rank = env_int(rank_var, 0, job.world - 1);
   e.local_rank = std::getenv(local_var) != nullptr ? env_int(local_var, 0, job.world - 1) : 0;
+  for (const char* v : {"TESSERA_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"}) {
+    if (std::getenv(v) != nullptr && job.ranks_per_node == 0) job.ranks_per_node = env_int(v, 1, job.world);
+  }
   e.restart_count = std::getenv("TESSERA_RESTART_COUNT") != nullptr ? env_int("TESSERA_RESTART_COUNT", 0, 1 << 20) : 0;
   // torchrun-style without TESSERA_RDZV: rank 0 serves a TCP store at MASTER_ADDR:MASTER_PORT.
   job.store = env_or("TESSERA_RDZV", std::getenv("MASTER_ADDR") == nullptr

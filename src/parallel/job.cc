@@ -6,7 +6,8 @@
 
 namespace tessera::parallel {
 
-Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout) {
+Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout)
+    : ranks_per_node_(address.ranks_per_node) {
   CHECK_MSG(dims.world() == address.world, "the layout's world size must be the job's");
   if (dims.world() == 1) {
     mesh_ = std::make_unique<Mesh>();

@@ -20,6 +20,9 @@ struct JobAddress {
   std::string round = "0";  // the rendezvous round the job's keys live under
   int rank = 0, world = 1;
   std::string host = "127.0.0.1";  // this node's address for collectives
+  // Ranks per node, nodes holding contiguous ranks (node k: [k x n, (k + 1) x n)); 0: unknown,
+  // taken as one node. The object-store checkpoint tier gathers each node's shards in one object.
+  int ranks_per_node = 0;
 };
 
 // A rank's place in its job: the mesh (its coordinate, size and process group in each parallel
@@ -32,6 +35,7 @@ struct Distributed {
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
   // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
   std::string attempt;
+  int ranks_per_node = 0;  // JobAddress::ranks_per_node
 
   // The whole job: global rank, world size, the group of all ranks (null in a single process).
   int rank() const { return mesh->rank(); }
@@ -50,12 +54,13 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
-  Distributed view() const { return {mesh_.get(), checkpoint_store_.get(), attempt_}; }
+  Distributed view() const { return {mesh_.get(), checkpoint_store_.get(), attempt_, ranks_per_node_}; }
 
  private:
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<comm::Store> checkpoint_store_;  // used by the checkpoint writer thread only
   std::string attempt_;                            // Distributed::attempt
+  int ranks_per_node_ = 0;
 };
 
 }  // namespace tessera::parallel

@@ -197,7 +197,10 @@ RequestCounts S3Client::counts() const {
 
 namespace {
 
+constexpr uint64_t kMaxErrorBody = 64 << 10;
+
 struct Transfer {
+  CURL* curl;
   const char* body;
   uint64_t body_bytes, sent = 0;
   char* out;
@@ -211,6 +214,12 @@ struct Transfer {
 size_t on_write(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const uint64_t bytes = size * n;
+  long status = 0;
+  curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status >= 300) {  // an error reply: its XML goes to the text, never into the caller's buffer
+    if (t->text->size() + bytes <= kMaxErrorBody) t->text->append(data, bytes);
+    return bytes;
+  }
   const uint64_t cap = t->out != nullptr ? t->out_bytes : t->max_body;
   if (t->received + bytes > cap) {
     t->overflow = true;
@@ -276,8 +285,9 @@ S3Client::Response S3Client::send(Request& r) {
     }
     if (r.counter != nullptr) ++*r.counter;
     Response res;
-    Transfer t{r.body, r.body_bytes, 0, r.out, r.out_bytes, r.max_body, &res.body, 0, false, &res.etag};
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
+    CURL* c = curl.get();
+    Transfer t{c, r.body, r.body_bytes, 0, r.out, r.out_bytes, r.max_body, &res.body, 0, false, &res.etag};
     curl_slist* headers = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
     headers = curl_slist_append(headers, "Expect:");
     if (!options_.session_token.empty()) {
@@ -285,7 +295,6 @@ S3Client::Response S3Client::send(Request& r) {
     }
     for (const std::string& h : r.headers) headers = curl_slist_append(headers, h.c_str());
     std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> header_list(headers, &curl_slist_free_all);
-    CURL* c = curl.get();
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method);
     curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
