@@ -451,9 +451,11 @@ void Checkpointer::mirror_loop() {
       continue;
     }
     try {
-      upload_checkpoint(storage::default_s3_client(), root_, step, mirror_root_,
-                        {keep, static_cast<int>(config_.checkpoint.s3_prefixes), node_of_file_});
-      log::info("checkpoint step {} uploaded to {} in {:.2f}s", step, mirror_root_, now_seconds() - t0);
+      const TierUploadStats sent =
+          upload_checkpoint(storage::default_s3_client(), root_, step, mirror_root_,
+                            {keep, static_cast<int>(config_.checkpoint.s3_prefixes), node_of_file_});
+      log::info("checkpoint step {} uploaded to {} in {:.2f}s: {} node object(s), {} bytes, {} PUT request(s)", step,
+                mirror_root_, now_seconds() - t0, sent.objects, sent.bytes, sent.puts);
     } catch (const Error& e) {
       // The durable tier lacks this step: with on_failure = stop every rank learns it before its
       // next step (asks()), and the run ends with exit 10; the next commit is uploaded otherwise.

@@ -91,6 +91,11 @@ void write_latest(const std::string& root, int64_t step) {
 }
 
 std::string checkpoint_in(const std::string& path) {
+  if (storage::is_s3(path)) {  // a step URL, or a tier root (MIRROR_DIR/RUN) whose `latest` names one
+    if (storage::parse_s3(path, "checkpoint").name().rfind("step_", 0) == 0) return path;
+    const int64_t latest = tier_read_latest(storage::default_s3_client(), path);
+    return latest < 0 ? "" : storage::parse_s3(path, "checkpoint").child(step_dir_name(latest)).str();
+  }
   std::error_code ec;
   if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
   for (const fs::path& root : {fs::path(path), fs::path(path) / "checkpoints"}) {

@@ -30,7 +30,8 @@ int64_t read_latest(const std::string& root);
 // Replaces ROOT/latest atomically (temporary file, fsync, rename, fsync of the directory).
 void write_latest(const std::string& root, int64_t step);
 // The committed checkpoint `path` names: itself when it holds a manifest, else the one `latest`
-// names in path or path/checkpoints (a checkpoint root or a run directory); "" when none.
+// names in path or path/checkpoints (a checkpoint root or a run directory); "" when none. An
+// s3:// URL names a step (s3://B/P/RUN/step_N) or a tier root (s3://B/P/RUN).
 std::string checkpoint_in(const std::string& path);
 // Removes step directories that hold no manifest (a save that never committed), except the one
 // of step `in_progress`, and stray temporary files. Returns the bytes freed.

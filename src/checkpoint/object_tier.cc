@@ -30,8 +30,10 @@ std::string tier_object_key(const std::string& mirror, int64_t step, int node, i
   return fmt::format("{}{:02x}/{}", base, h, name);
 }
 
-void upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step, const std::string& mirror,
-                       const TierUpload& how) {
+TierUploadStats upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step,
+                                  const std::string& mirror, const TierUpload& how) {
+  TierUploadStats stats;
+  const int64_t puts_before = s3.counts().puts();
   const std::string dir = root + "/" + step_dir_name(step);
   Manifest m = read_manifest(dir);
   const storage::ObjectUrl base = url_of(mirror);
@@ -54,6 +56,8 @@ void upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t s
       offset += f.bytes;
     }
     s3.upload(object, slices);
+    ++stats.objects;
+    stats.bytes += offset;
     const std::optional<uint64_t> stored = s3.head(object);
     if (stored != offset) {
       throw IoError(fmt::format("{} holds {} bytes after its upload, {} were sent", object.str(),
@@ -62,7 +66,9 @@ void upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t s
   }
   s3.put(base.child(step_dir_name(step) + "/manifest.json"), to_json(m));  // the commit
   s3.put(base.child("latest"), std::to_string(step) + "\n");
+  stats.puts = s3.counts().puts() - puts_before;
   tier_prune(s3, mirror, how.keep);
+  return stats;
 }
 
 std::vector<int64_t> tier_committed_steps(storage::S3Client& s3, const std::string& mirror) {

@@ -34,11 +34,18 @@ struct TierUpload {
   std::vector<int> node_of_file;  // by file number (manifest order): the node whose ranks wrote it
 };
 
+// What one upload sent.
+struct TierUploadStats {
+  int objects = 0;     // node objects
+  uint64_t bytes = 0;  // of the node objects
+  int64_t puts = 0;    // PUT requests (objects and parts; the manifest and `latest` included)
+};
+
 // Uploads the committed checkpoint ROOT/step_N to the tier at `mirror` (an s3:// URL), then
 // replaces `latest` and prunes to `keep`. Throws S3Error or IoError naming the object; what it
 // uploaded is then not visible as a checkpoint (no manifest).
-void upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step, const std::string& mirror,
-                       const TierUpload& how);
+TierUploadStats upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step,
+                                  const std::string& mirror, const TierUpload& how);
 
 // The tier's committed steps (those with a manifest), ascending, and the step `latest` names (-1
 // when there is none).

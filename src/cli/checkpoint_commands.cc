@@ -8,6 +8,7 @@
 
 #include "checkpoint/directory.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/object_tier.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "cli/args.h"
@@ -17,6 +18,7 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
+#include "storage/s3_client.h"
 #include "train/run.h"
 
 namespace tessera::cli {
@@ -142,6 +144,16 @@ int import_command(const ParsedArgs& a) {
 // The step directories DIR names: itself when it holds a manifest, else every committed one in
 // DIR or DIR/checkpoints.
 std::vector<std::string> step_dirs(const std::string& dir) {
+  if (storage::is_s3(dir)) {  // a step URL, or a tier root (s3://BUCKET/PREFIX/RUN)
+    const storage::ObjectUrl url = storage::parse_s3(dir, "checkpoint");
+    if (url.name().rfind("step_", 0) == 0) return {dir};
+    std::vector<std::string> out;
+    for (const int64_t step : checkpoint::tier_committed_steps(storage::default_s3_client(), dir)) {
+      out.push_back(url.child(checkpoint::step_dir_name(step)).str());
+    }
+    if (out.empty()) throw DataError(fmt::format("{}: no committed checkpoint (no manifest.json) there", dir));
+    return out;
+  }
   std::error_code ec;
   if (fs::exists(fs::path(dir) / "manifest.json", ec)) return {dir};
   for (const fs::path& root : {fs::path(dir), fs::path(dir) / "checkpoints"}) {

@@ -151,6 +151,19 @@ S3Options s3_options_from_environment() {
     o.region = read_ini(config)[profile]["region"];
   }
   if (o.region.empty()) o.region = "us-east-1";
+  // Tessera's own knobs: the multipart part size (S3 requires 5 MiB or more but for the last
+  // part) and the tries of one request.
+  if (const std::string part = env("TESSERA_S3_PART_MIB"); !part.empty()) {
+    const double mib = std::strtod(part.c_str(), nullptr);
+    if (!(mib > 0 && mib <= 5 * 1024))
+      throw ConfigError(fmt::format("TESSERA_S3_PART_MIB = \"{}\" is not in (0, 5120]", part));
+    o.part_bytes = static_cast<uint64_t>(mib * (1 << 20));
+  }
+  if (const std::string tries = env("TESSERA_S3_ATTEMPTS"); !tries.empty()) {
+    o.attempts = std::atoi(tries.c_str());
+    if (o.attempts < 1 || o.attempts > 100)
+      throw ConfigError(fmt::format("TESSERA_S3_ATTEMPTS = \"{}\" is not in [1, 100]", tries));
+  }
   o.endpoint = !env("AWS_ENDPOINT_URL_S3").empty() ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
   while (!o.endpoint.empty() && o.endpoint.back() == '/') o.endpoint.pop_back();
   return o;
@@ -339,7 +352,8 @@ S3Client::Response S3Client::send(Request& r) {
     last_error = message.empty() ? last_code : fmt::format("{} {} ({})", res.status, code, message);
     // 2xx with an <Error> body: CompleteMultipartUpload's way of failing after it started; retry.
     if (res.status >= 500 || res.status == 429 || (res.status >= 200 && res.status < 300)) continue;
-    throw S3Error(fmt::format("{}: {}", what, last_error), res.status, last_code);
+    const char* hint = res.status == 403 ? "; check the object-store credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)" : "";
+    throw S3Error(fmt::format("{}: {}{}", what, last_error, hint), res.status, last_code);
   }
   throw S3Error(fmt::format("{}: {} (gave up after {} tries)", what, last_error, options_.attempts), last_status,
                 last_code);

@@ -36,7 +36,8 @@ struct S3Options {
 // the profile AWS_PROFILE ("default") of AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials);
 // AWS_REGION or AWS_DEFAULT_REGION, else the profile's region in AWS_CONFIG_FILE (~/.aws/config),
 // else us-east-1; AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL. Throws ConfigError when no credentials
-// are found, naming where it looked.
+// are found, naming where it looked. TESSERA_S3_PART_MIB sets part_bytes, TESSERA_S3_ATTEMPTS
+// attempts.
 S3Options s3_options_from_environment();
 
 // An S3 reply other than success, or a request that failed every try. Exit 10 (kExitIo).

@@ -28,6 +28,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/bundled.h"
+#include "storage/object_url.h"
 #include "tessera/build_config.h"
 #include "train/health.h"
 #include "train/loop.h"
@@ -49,9 +50,10 @@ std::string resolve_dataset(const config::Config& config) {
 TrainedModel load_trained(const std::string& checkpoint, const std::string& tokenizer) {
   TrainedModel out;
   const fs::path path(checkpoint);
-  const bool is_dir = fs::is_directory(path);
+  const bool is_dir = fs::is_directory(path) || storage::is_s3(checkpoint);  // an object-store tier: its checkpoints
   const std::string weights = is_dir ? (path / "model.safetensors").string() : checkpoint;
-  const std::string sharded = is_dir && !fs::exists(weights) ? checkpoint::checkpoint_in(checkpoint) : "";
+  const std::string sharded =
+      is_dir && (storage::is_s3(checkpoint) || !fs::exists(weights)) ? checkpoint::checkpoint_in(checkpoint) : "";
   std::string config_text;
   fs::path dir = is_dir ? path : path.parent_path();
   if (!sharded.empty()) {

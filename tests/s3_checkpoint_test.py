@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The object-store checkpoint tier end to end, against a real S3-compatible server (s3rver,
+installed by scripts/setup.sh into build/tools):
+
+1. mirror to the bucket at 2 ranks on one node (their 2 shard files gathered in one node object,
+   multipart), PUTs per checkpoint equal to the plan; delete the local checkpoints; resume from the bucket alone
+   at 1 rank: the final checkpoint bitwise equal to a resume from the same step on local disk;
+   `tessera checkpoint verify` and `export` read the bucket;
+2. the server killed mid-upload and restarted: the run goes on, a later upload completes, every
+   manifest in the bucket has its objects (verify), `latest` names the last step;
+3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10;
+4. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
+   URL scheme: exit 2 naming the key.
+
+usage: s3_checkpoint_test.py TESSERA"""
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+S3RVER = ROOT / "build/tools/node_modules/.bin/s3rver"
+BUCKET = "tessera-test"
+PART_MIB = 1 / 32  # 32 KiB parts: the tiny model's node objects take several
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, work):
+        self.dir, self.port, self.proc = work / "s3rver", free_port(), None
+
+    def start(self):
+        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")  # its list tokens use DES
+        self.proc = subprocess.Popen(
+            [str(S3RVER), "-d", str(self.dir), "-a", "127.0.0.1", "-p", str(self.port), "--silent",
+             "--configure-bucket", BUCKET], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(300):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        sys.exit(f"s3rver not listening on {self.port} after 15 s")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def run(tessera, args, env, cwd, **kw):
+    p = subprocess.run([tessera] + args, env=env, cwd=cwd, capture_output=True, text=True, **kw)
+    return p.returncode, p.stdout + p.stderr
+
+
+def shard_bytes(step_dir):
+    return sum(f.stat().st_size for f in Path(step_dir).glob("*.bin"))
+
+
+def uploads(log):
+    """(step, objects, bytes, puts) of every "uploaded" line."""
+    pat = r"checkpoint step (\d+) uploaded to \S+ in \S+: (\d+) node object\(s\), (\d+) bytes, (\d+) PUT"
+    return [tuple(int(g) for g in m.groups()) for m in re.finditer(pat, log)]
+
+
+def losses(run_dir, after):
+    rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r and r.get("step", 0) > after]
+
+
+def main():
+    tessera = os.path.abspath(sys.argv[1])
+    if not S3RVER.exists():
+        sys.exit(f"{S3RVER} is missing: run scripts/setup.sh (it installs s3rver)")
+    work = Path(tempfile.mkdtemp(prefix="tessera_s3_test_"))
+    server = Server(work)
+    server.start()
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.port}", AWS_REGION="us-east-1",
+               TESSERA_S3_PART_MIB=str(PART_MIB))
+    for v in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        env.pop(v, None)
+    config = str(ROOT / "configs/tiny.toml")
+    common = ["--set", "train.eval_interval=0", "--set", "checkpoint.save_final=false"]
+    try:
+        # 1. Two ranks on one node: one node object per checkpoint (src/checkpoint's ObjectTier
+        # test uploads two nodes' objects under hashed prefixes).
+        mirror = f"s3://{BUCKET}/ckpt"
+        rc, log = run(tessera, ["train", config, "--run-dir", "runs/a", "--set", "parallel.nproc=2",
+                                "--set", "checkpoint.interval_steps=5", "--set", "train.max_steps=10",
+                                "--set", f"checkpoint.mirror_dir={mirror}", "--set", "checkpoint.s3_prefixes=4"]
+                      + common, env, work)
+        check(rc == 0, f"training mirrored to {mirror} (exit {rc})")
+        ups = uploads(log)
+        check([u[0] for u in ups] == [5, 10], f"uploads of steps 5 and 10 logged: {[u[0] for u in ups]}")
+        part = int(PART_MIB * (1 << 20))
+        for step, objects, nbytes, puts in ups:
+            step_dir = work / f"runs/a/checkpoints/step_{step:08d}"
+            total = shard_bytes(step_dir)
+            planned = math.ceil(total / part) if total > part else 1
+            check(objects == 1 and nbytes == total,
+                  f"step {step}: 1 node object of the 2 shards' {total} bytes ({objects}, {nbytes})")
+            check(puts == planned + 2, f"step {step}: {puts} PUTs = {planned} parts + manifest + latest")
+        shutil.copytree(work / "runs/a", work / "runs/twin")
+        shutil.rmtree(work / "runs/a/checkpoints")
+        rc, log = run(tessera, ["train", config, "--run-dir", "runs/a", "--resume", "auto", "--set",
+                                "checkpoint.interval_steps=5", "--set", "train.max_steps=20", "--set",
+                                f"checkpoint.mirror_dir={mirror}"] + common, env, work)
+        check(rc == 0 and "resuming from the mirror s3://" in log and "resumed from s3://" in log,
+              f"resumed at 1 rank from the bucket alone (exit {rc})")
+        rc2, _ = run(tessera, ["train", config, "--run-dir", "runs/twin", "--resume", "auto", "--set",
+                               "checkpoint.interval_steps=5", "--set", "train.max_steps=20"] + common, env, work)
+        a, b = work / "runs/a/checkpoints/step_00000020", work / "runs/twin/checkpoints/step_00000020"
+        same = rc2 == 0 and all((a / f.name).read_bytes() == f.read_bytes() for f in b.glob("*.bin"))
+        check(same and losses(work / "runs/a", 10) == losses(work / "runs/twin", 10),
+              "resumed from the bucket == resumed from local disk: losses and step-20 shards bitwise")
+        rc, out = run(tessera, ["checkpoint", "verify", f"{mirror}/a"], env, work)
+        check(rc == 0 and out.count("ok ") == 3, f"checkpoint verify reads the bucket's 3 checkpoints (exit {rc})")
+        rc, out = run(tessera, ["checkpoint", "export", "--format", "hf", f"{mirror}/a", "hf"], env, work)
+        check(rc == 0 and (work / "hf/model.safetensors").exists(), f"checkpoint export from the bucket (exit {rc})")
+
+        # 2. The server killed mid-upload and restarted: the run goes on, a later upload lands.
+        mirror2 = f"s3://{BUCKET}/ckpt2"
+        proc = subprocess.Popen([tessera, "train", config, "--run-dir", "runs/k", "--set",
+                                 "checkpoint.interval_steps=2", "--set", "train.max_steps=400", "--set",
+                                 f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.keep=2"] + common,
+                                env=dict(env, TESSERA_S3_ATTEMPTS="2"), cwd=work, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        log = ""
+        for line in proc.stdout:
+            log += line
+            if "uploaded to" in line:
+                break
+        server.kill()
+        time.sleep(1.5)
+        server.start()
+        log += proc.stdout.read()
+        rc = proc.wait()
+        ups = uploads(log)
+        failed = [int(s) for s in re.findall(r"checkpoint step (\d+) could not be uploaded", log)]
+        check(rc == 0, f"the run went on through the outage (exit {rc})")
+        check(failed and ups and ups[-1][0] > max(failed),
+              f"uploads failed during the outage ({len(failed)}) and a later one completed (last {ups[-1][0] if ups else None})")
+        rc, out = run(tessera, ["checkpoint", "verify", f"{mirror2}/k"], env, work)
+        check(rc == 0 and "DAMAGED" not in out, f"every manifest in the bucket has its objects (verify exit {rc})")
+        rc, latest = 0, (server.dir / BUCKET / "ckpt2/k/latest._S3rver_object").read_text().strip()
+        check(latest == "400", f"the bucket's latest names the last step ({latest})")
+
+        # 3. on_failure = stop: a lost server stops the run with exit 10.
+        proc = subprocess.Popen([tessera, "train", config, "--run-dir", "runs/s", "--set",
+                                 "checkpoint.interval_steps=2", "--set", "train.max_steps=100000", "--set",
+                                 f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.on_failure=stop"] + common,
+                                env=dict(env, TESSERA_S3_ATTEMPTS="1"), cwd=work, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            if "uploaded to" in line:
+                break
+        server.kill()
+        out = proc.stdout.read()
+        rc = proc.wait(timeout=120)
+        server.start()
+        check(rc == 10 and "on_failure = stop" in out, f"on_failure = stop ends the run at a failed upload (exit {rc})")
+
+        # 4. Credentials, buckets, schemes.
+        bad = dict(env, AWS_ACCESS_KEY_ID="NOT-A-KEY", AWS_SECRET_ACCESS_KEY="topsecret-do-not-print")
+        rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set", f"checkpoint.mirror_dir={mirror}"]
+                      + common, bad, work)
+        check(rc == 10 and f"s3://{BUCKET}/ckpt/w" in out and "topsecret" not in out and "InvalidAccessKeyId" in out,
+              f"wrong credentials: exit 10 naming the bucket, not the secret (exit {rc}): {out.strip()[-200:]}")
+        rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set",
+                                "checkpoint.mirror_dir=s3://no-such-bucket/x"] + common, env, work)
+        check(rc == 10 and "no-such-bucket" in out and "NoSuchBucket" in out, f"a missing bucket: exit 10 naming it ({rc})")
+        rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set",
+                                "checkpoint.mirror_dir=gs://bucket/x"] + common, env, work)
+        check(rc == 2 and "checkpoint.mirror_dir" in out, f"gs:// refused: exit 2 naming the key ({rc})")
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
