@@ -1,16 +1,21 @@
 // The data subcommands: `tessera tokenizer train` and `tessera prepare`.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <limits>
+#include <memory>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "data/dataset.h"
+#include "data/object_cache.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "storage/s3_client.h"
 
 namespace tessera::cli {
 namespace {
@@ -66,6 +71,25 @@ int cmd_tokenizer(const Args& args) {
   return kExitOk;
 }
 
+namespace {
+
+// A directory under $TMPDIR (or /tmp), removed with everything in it.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& stem) {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = fmt::format("{}/{}_XXXXXX", base != nullptr ? base : "/tmp", stem);
+    if (::mkdtemp(pattern.data()) == nullptr) throw IoError(fmt::format("cannot create {}", pattern));
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
 int cmd_prepare(const Args& args) {
   const ParsedArgs a = parse_args(
       args, {"--tokenizer", "--out", "--workers", "--val-fraction", "--shard-tokens", "--seed"}, {"--input"});
@@ -90,6 +114,17 @@ int cmd_prepare(const Args& args) {
   if (seed < 0) throw ConfigError(fmt::format("--seed {}: must be >= 0", seed));
   o.seed = static_cast<uint64_t>(seed);
 
+  // To an object store: prepared in a local staging directory, then uploaded (manifest last).
+  const std::string destination = o.out;
+  std::unique_ptr<TempDir> staging;
+  if (storage::is_s3(destination)) {
+    const storage::ObjectUrl url = storage::parse_s3(destination, "--out");
+    if (storage::default_s3_client().head(url.child("manifest.json"))) {
+      throw ConfigError(fmt::format("--out {}: a dataset is already there; prepare into another prefix", destination));
+    }
+    staging = std::make_unique<TempDir>("tessera_prepare");
+    o.out = staging->path + "/dataset";
+  }
   const data::PrepareStats s = data::prepare(o);
   const double secs = s.seconds > 0 ? s.seconds : 1e-9;
   const uint64_t tokens = s.train_tokens + s.val_tokens;
@@ -102,6 +137,12 @@ int cmd_prepare(const Args& args) {
       "  train: {} tokens, {} documents\n  val:   {} tokens, {} documents\n  {} shard(s), unigram entropy {:.3f} "
       "nats\n",
       m.train.tokens, m.train.documents, m.val.tokens, m.val.documents, s.shards, m.unigram_entropy);
+  if (staging) {
+    const double t0 = now_seconds();
+    const int64_t puts =
+        data::upload_dataset(storage::default_s3_client(), o.out, storage::parse_s3(destination, "--out"));
+    fmt::print("uploaded to {} in {:.2f} s ({} PUT requests)\n", destination, now_seconds() - t0, puts);
+  }
   return kExitOk;
 }
 

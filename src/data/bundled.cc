@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "storage/object_url.h"
 
 namespace tessera::data {
 
@@ -71,6 +72,7 @@ std::string resolve_dataset(bool synthetic, const std::string& dataset, const st
                             int64_t vocab_size) {
   if (synthetic) return "";
   if (dataset == "bundled") return ensure_bundled_dataset(cache_dir, vocab_size);
+  if (storage::is_s3(dataset)) return dataset;  // its manifest is read (and checked) when opened
   if (!std::filesystem::exists(std::filesystem::path(dataset) / "manifest.json")) {
     throw DataError(
         fmt::format("data.dataset = {}: no manifest.json there (prepare one with `tessera prepare`)", dataset));

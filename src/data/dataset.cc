@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -16,6 +17,9 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/log.h"
+#include "data/object_cache.h"
+#include "storage/s3_client.h"
 
 namespace tessera::data {
 namespace {
@@ -119,11 +123,22 @@ nlohmann::ordered_json split_json(const SplitManifest& s) {
 
 DatasetManifest read_manifest(const std::string& dir) {
   const std::string file = manifest_path(dir);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw DataError(fmt::format("cannot open {}: {} (not a prepared dataset?)", file, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  if (storage::is_s3(dir)) {
+    try {
+      text = storage::default_s3_client().get(storage::parse_s3(file, "data.dataset"));
+    } catch (const storage::S3Error& e) {
+      if (e.code() == "NoSuchKey") throw DataError(fmt::format("{} is missing (not a prepared dataset?)", file));
+      throw;
+    }
+  } else {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw DataError(fmt::format("cannot open {}: {} (not a prepared dataset?)", file, std::strerror(errno)));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));
   const Reader r(file);
   if (r.str(j, "format", "") != kFormat) throw r.fail("format", fmt::format("want \"{}\"", kFormat));
@@ -171,32 +186,93 @@ void write_manifest(const std::string& dir, const DatasetManifest& m) {
   write_file_atomic(manifest_path(dir), j.dump(2) + "\n");
 }
 
-TokenStream::TokenStream(const std::string& dir, const std::string& split) : manifest_(read_manifest(dir)) {
+TokenStream::TokenStream(const std::string& dir, const std::string& split, const std::string& cache_dir)
+    : manifest_(read_manifest(dir)), dir_(dir), cache_dir_(cache_dir) {
   if (split != "train" && split != "val") throw ConfigError(fmt::format("unknown split \"{}\" (train or val)", split));
-  const SplitManifest& s = split == "train" ? manifest_.train : manifest_.val;
-  for (const ShardEntry& e : s.shards) {
-    Shard shard = Shard::open(dir + "/" + e.file);
-    const ShardInfo& info = shard.info();
-    auto disagree = [&](const char* what, const std::string& got, const std::string& want) {
-      return DataError(
-          fmt::format("shard {}: {} {} disagrees with {} ({})", shard.path(), what, got, manifest_path(dir), want));
-    };
-    if (info.payload_checksum != e.checksum)
-      throw disagree("checksum", hex16(info.payload_checksum), hex16(e.checksum));
-    if (info.tokens != e.tokens) throw disagree("token count", std::to_string(info.tokens), std::to_string(e.tokens));
-    if (info.documents != e.documents) {
-      throw disagree("document count", std::to_string(info.documents), std::to_string(e.documents));
-    }
-    if (info.tokenizer_hash != manifest_.tokenizer_hash) {
-      throw disagree("tokenizer hash", hex16(info.tokenizer_hash), hex16(manifest_.tokenizer_hash));
-    }
-    if (static_cast<int64_t>(info.vocab_size) != manifest_.vocab_size) {
-      throw disagree("vocab size", std::to_string(info.vocab_size), std::to_string(manifest_.vocab_size));
-    }
+  entries_ = (split == "train" ? manifest_.train : manifest_.val).shards;
+  for (const ShardEntry& e : entries_) {
     starts_.push_back(total_);
-    total_ += info.tokens;
-    shards_.push_back(std::move(shard));
+    total_ += e.tokens;
   }
+  shards_.resize(entries_.size());
+  if (!storage::is_s3(dir_)) {
+    for (size_t i = 0; i < entries_.size(); ++i) shard(i);  // every shard validated up front
+  }
+}
+
+TokenStream::~TokenStream() {
+  if (read_ahead_.joinable()) read_ahead_.join();
+}
+
+void TokenStream::check_against_manifest(const Shard& shard, const ShardEntry& e) const {
+  const ShardInfo& info = shard.info();
+  auto disagree = [&](const char* what, const std::string& got, const std::string& want) {
+    return DataError(
+        fmt::format("shard {}: {} {} disagrees with {} ({})", shard.path(), what, got, manifest_path(dir_), want));
+  };
+  if (info.payload_checksum != e.checksum) throw disagree("checksum", hex16(info.payload_checksum), hex16(e.checksum));
+  if (info.tokens != e.tokens) throw disagree("token count", std::to_string(info.tokens), std::to_string(e.tokens));
+  if (info.documents != e.documents) {
+    throw disagree("document count", std::to_string(info.documents), std::to_string(e.documents));
+  }
+  if (info.tokenizer_hash != manifest_.tokenizer_hash) {
+    throw disagree("tokenizer hash", hex16(info.tokenizer_hash), hex16(manifest_.tokenizer_hash));
+  }
+  if (static_cast<int64_t>(info.vocab_size) != manifest_.vocab_size) {
+    throw disagree("vocab size", std::to_string(info.vocab_size), std::to_string(manifest_.vocab_size));
+  }
+}
+
+const Shard& TokenStream::shard(size_t i) const {
+  if (shards_[i]) return *shards_[i];
+  const ShardEntry& e = entries_[i];
+  if (!storage::is_s3(dir_)) {
+    shards_[i] = std::make_unique<Shard>(Shard::open(dir_ + "/" + e.file));
+    check_against_manifest(*shards_[i], e);
+    return *shards_[i];
+  }
+  const std::string path = fetch(i);
+  try {
+    auto opened = std::make_unique<Shard>(Shard::open(path));
+    check_against_manifest(*opened, e);
+    shards_[i] = std::move(opened);
+  } catch (const DataError& bad) {  // a damaged cached copy is fetched again, once
+    log::warn("{}; fetching it again", bad.what());
+    std::filesystem::remove(path);
+    auto opened = std::make_unique<Shard>(Shard::open(fetch(i)));
+    check_against_manifest(*opened, e);
+    shards_[i] = std::move(opened);
+  }
+  // Read-ahead: the next shard is fetched while this one is read.
+  if (i + 1 < entries_.size() && !shards_[i + 1]) {
+    if (read_ahead_.joinable()) read_ahead_.join();
+    read_ahead_ = std::thread([this, next = i + 1] {
+      try {
+        fetch(next);
+      } catch (const Error& err) {  // the reader fetches it again and reports the failure
+        log::warn("read-ahead of {}: {}", entries_[next].file, err.what());
+      }
+    });
+  }
+  return *shards_[i];
+}
+
+std::string TokenStream::fetch(size_t i) const {
+  const storage::ObjectUrl url = storage::parse_s3(dir_ + "/" + entries_[i].file, "data.dataset");
+  const std::string path = cache_path(cache_dir_, url);
+  const uint64_t bytes =
+      kShardHeaderBytes + entries_[i].tokens * token_bytes_for(static_cast<uint64_t>(manifest_.vocab_size));
+  const FetchStats f = fetch_to_cache(storage::default_s3_client(), url, bytes, path);
+  std::lock_guard<std::mutex> lock(fetched_mu_);
+  fetched_.gets += f.gets;
+  fetched_.bytes += f.bytes;
+  fetched_.seconds += f.seconds;
+  return path;
+}
+
+FetchStats TokenStream::fetched() const {
+  std::lock_guard<std::mutex> lock(fetched_mu_);
+  return fetched_;
 }
 
 void TokenStream::read(uint64_t begin, uint64_t n, int32_t* out) const {
@@ -206,8 +282,8 @@ void TokenStream::read(uint64_t begin, uint64_t n, int32_t* out) const {
   i = i == 0 ? 0 : i - 1;
   while (n > 0) {
     const uint64_t offset = begin - starts_[i];
-    const uint64_t take = std::min(n, shards_[i].info().tokens - offset);
-    shards_[i].read(offset, take, out);
+    const uint64_t take = std::min(n, entries_[i].tokens - offset);
+    if (take > 0) shard(i).read(offset, take, out);
     out += take;
     begin += take;
     n -= take;

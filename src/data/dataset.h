@@ -15,10 +15,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "data/object_cache.h"
 #include "data/shard.h"
 
 namespace tessera::data {
@@ -52,21 +56,42 @@ DatasetManifest read_manifest(const std::string& dir);
 // Writes DIR/manifest.json atomically (temporary file, fsync, rename). Throws IoError.
 void write_manifest(const std::string& dir, const DatasetManifest& manifest);
 
-// One split of a dataset as a single token stream (its shards in manifest order). Opening
-// validates every shard (header, checksums, and agreement with the manifest).
+// One split of a dataset as a single token stream (its shards in manifest order). A local
+// dataset's shards are all validated on opening (header, checksums, agreement with the
+// manifest). A dataset at s3://BUCKET/PREFIX is read through a cache under cache_dir: each shard
+// fetched whole on first use (object_cache.h: large ranged GETs, once per node), validated the
+// same way, the next one fetched in the background meanwhile; a later epoch or run reads the
+// cache.
 class TokenStream {
  public:
-  TokenStream(const std::string& dir, const std::string& split);  // split: "train" or "val"
+  // split: "train" or "val"
+  TokenStream(const std::string& dir, const std::string& split, const std::string& cache_dir = "runs/cache");
+  ~TokenStream();
+  TokenStream(const TokenStream&) = delete;
+  TokenStream& operator=(const TokenStream&) = delete;
+
   const DatasetManifest& manifest() const { return manifest_; }
   uint64_t size() const { return total_; }
-  // Tokens [begin, begin + n) of the stream, across shard boundaries; begin + n <= size().
+  // Tokens [begin, begin + n) of the stream, across shard boundaries; begin + n <= size(). From
+  // one thread at a time.
   void read(uint64_t begin, uint64_t n, int32_t* out) const;
+  // What was fetched from the object store so far (zero for a local dataset).
+  FetchStats fetched() const;
 
  private:
+  const Shard& shard(size_t i) const;  // opened (and for s3://, fetched) on first use
+  std::string fetch(size_t i) const;   // s3://: into the cache; its path
+  void check_against_manifest(const Shard& shard, const ShardEntry& e) const;
+
   DatasetManifest manifest_;
-  std::vector<Shard> shards_;
+  std::string dir_, cache_dir_;
+  std::vector<ShardEntry> entries_;
+  mutable std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<uint64_t> starts_;  // first stream index of each shard
   uint64_t total_ = 0;
+  mutable std::mutex fetched_mu_;
+  mutable FetchStats fetched_;
+  mutable std::thread read_ahead_;  // fetching the shard after the last one opened
 };
 
 }  // namespace tessera::data

@@ -46,7 +46,7 @@ T get(const uint8_t* h, size_t off) {
 ShardWriter::ShardWriter(std::string path, uint32_t vocab_size, uint64_t tokenizer_hash, int32_t eos_id)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), eos_(eos_id) {
   CHECK_MSG(vocab_size > 0 && eos_id >= 0 && static_cast<uint32_t>(eos_id) < vocab_size, "EOS outside the vocabulary");
-  info_.token_bytes = vocab_size <= (1u << 16) ? 2 : 4;
+  info_.token_bytes = token_bytes_for(vocab_size);
   info_.vocab_size = vocab_size;
   info_.tokenizer_hash = tokenizer_hash;
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -19,6 +19,9 @@ inline constexpr char kShardMagic[8] = {'T', 'S', 'R', 'A', 'T', 'O', 'K', 'S'};
 inline constexpr uint32_t kShardVersion = 1;
 inline constexpr size_t kShardHeaderBytes = 64;
 
+// Bytes per token in a shard of a vocabulary of vocab_size: 2 when ids fit in 16 bits, else 4.
+inline uint32_t token_bytes_for(uint64_t vocab_size) { return vocab_size <= (1u << 16) ? 2 : 4; }
+
 struct ShardInfo {
   uint32_t token_bytes = 0;
   uint32_t vocab_size = 0;

@@ -28,7 +28,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/bundled.h"
-#include "storage/object_url.h"
+#include "storage/s3_client.h"
 #include "tessera/build_config.h"
 #include "train/health.h"
 #include "train/loop.h"
@@ -163,13 +163,16 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                                     const Trainer& trainer, const metrics::Peak& peak) {
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
   if (const data::DatasetManifest* manifest = trainer.dataset(); manifest != nullptr) {
-    const fs::path tokenizer = fs::path(dataset) / manifest->tokenizer_file;
+    const std::string tokenizer = dataset + "/" + manifest->tokenizer_file;
     std::error_code ec;
-    if (dist.rank() == 0) {
+    if (dist.rank() == 0 && storage::is_s3(dataset)) {
+      write_file_atomic((fs::path(run_dir) / "tokenizer.model").string(),
+                        storage::default_s3_client().get(storage::parse_s3(tokenizer, "data.dataset")));
+    } else if (dist.rank() == 0) {
       fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
     }
-    if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.string(), run_dir, ec.message()));
-    run_info["dataset"] = fs::absolute(dataset).string();
+    if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer, run_dir, ec.message()));
+    run_info["dataset"] = storage::is_s3(dataset) ? dataset : fs::absolute(dataset).string();
     run_info["tokenizer"] = "tokenizer.model";
     log::info("data: {} ({} train / {} validation tokens); unigram entropy {:.4f} nats/token", dataset,
               format_count(static_cast<double>(manifest->train.tokens)),

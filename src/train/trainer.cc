@@ -18,9 +18,9 @@
 namespace tessera::train {
 namespace {
 
-std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char* split) {
+std::unique_ptr<data::TokenStream> open_split(const std::string& dir, const char* split, const std::string& cache) {
   if (dir.empty()) return nullptr;
-  return std::make_unique<data::TokenStream>(dir, split);
+  return std::make_unique<data::TokenStream>(dir, split, cache);
 }
 
 // Each data-parallel rank reads its slice of the global batch (tensor-parallel ranks of one dp
@@ -54,11 +54,10 @@ int configure_threads(const config::Config& config) {
 Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist)
     : config_(config),
       dist_(dist),
-      layout_(
-          config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
-          {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.sequence_parallel()},
-          model::pipeline_stage(config.model, dist.mesh->size(parallel::Dim::kPp), dist.mesh->rank(parallel::Dim::kPp),
-                                config.parallel.pipeline_layers)),
+      layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
+              {dist.mesh->size(parallel::Dim::kTp), dist.mesh->rank(parallel::Dim::kTp), config.sequence_parallel()},
+              model::pipeline_stage(config.model, dist.mesh->size(parallel::Dim::kPp),
+                                    dist.mesh->rank(parallel::Dim::kPp), config.parallel.pipeline_layers)),
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
@@ -69,8 +68,8 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
           config.parallel.param_dtype == config::Precision::kBf16, config.parallel.pipeline_schedule,
           static_cast<int>(config.accumulation_steps()), dist.mesh->group(parallel::Dim::kPp),
           comm::Millis(config.parallel.timeout_ms))),
-      train_stream_(open_split(dataset_dir, "train")),
-      val_stream_(open_split(dataset_dir, "val")),
+      train_stream_(open_split(dataset_dir, "train", config.data.cache_dir)),
+      val_stream_(open_split(dataset_dir, "val", config.data.cache_dir)),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
       synthetic_val_(static_cast<uint64_t>(config.train.seed) + 1, config.model.vocab_size),
       train_reader_(train_stream_

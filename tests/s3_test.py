@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The object-store checkpoint tier end to end, against a real S3-compatible server (s3rver,
+"""The object store end to end (checkpoint tier and datasets), against a real S3-compatible server (s3rver,
 installed by scripts/setup.sh into build/tools):
 
 1. mirror to the bucket at 2 ranks on one node (their 2 shard files gathered in one node object,
@@ -10,9 +10,12 @@ installed by scripts/setup.sh into build/tools):
    manifest in the bucket has its objects (verify), `latest` names the last step;
 3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10;
 4. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
-   URL scheme: exit 2 naming the key.
+   URL scheme: exit 2 naming the key;
+5. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
+   of the same dataset on local disk; every shard fetched once per node in ranged GETs of the
+   planned count (none per sample), a second run from the cache fetches nothing.
 
-usage: s3_checkpoint_test.py TESSERA"""
+usage: s3_test.py TESSERA"""
 import json
 import math
 import os
@@ -191,6 +194,37 @@ def main():
         rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set",
                                 "checkpoint.mirror_dir=gs://bucket/x"] + common, env, work)
         check(rc == 2 and "checkpoint.mirror_dir" in out, f"gs:// refused: exit 2 naming the key ({rc})")
+        # 5. A dataset on the object store.
+        prep = ["prepare", "--input", str(ROOT / "data/kjv.txt.zst"), "--tokenizer", "tok.model", "--val-fraction",
+                "0.02", "--shard-tokens", "200000"]
+        rc, log = run(tessera, ["tokenizer", "train", "--input", str(ROOT / "data/kjv.txt.zst"), "--vocab-size", "512",
+                                "--out", "tok.model"], env, work)
+        check(rc == 0, f"tokenizer trained (exit {rc})")
+        dataset = f"s3://{BUCKET}/datasets/kjv"
+        rc, log = run(tessera, prep + ["--out", "local_ds"], env, work)
+        rc2, log2 = run(tessera, prep + ["--out", dataset], env, work)
+        check(rc == 0 and rc2 == 0 and f"uploaded to {dataset}" in log2, f"prepared locally and to {dataset}")
+        train = ["train", config, "--set", "train.max_steps=12", "--set", "train.eval_interval=6", "--set",
+                 "checkpoint.save_final=false", "--set", "parallel.nproc=2"]
+        rc, _ = run(tessera, train + ["--run-dir", "runs/dl", "--set", "data.dataset=local_ds"], env, work)
+        rc2, log = run(tessera, train + ["--run-dir", "runs/ds", "--set", f"data.dataset={dataset}", "--set",
+                                         "data.cache_dir=s3cache"], env, work)
+        check(rc == 0 and rc2 == 0 and losses(work / "runs/dl", 0) == losses(work / "runs/ds", 0),
+              "training on the s3:// dataset: the losses of the same dataset on local disk")
+        rank_logs = "".join(f.read_text() for f in sorted((work / "runs/ds/logs").glob("rank_*.log")))
+        fetched = re.findall(r"data: fetched s3://\S+/([\w.-]+) into \S+: \S+ MB in (\d+) ranged GET", rank_logs)
+        shards = sorted(p.name for p in (work / "local_ds").glob("*.bin"))
+        planned = sum(math.ceil((work / "local_ds" / n).stat().st_size / part) for n in shards)
+        check(sorted(n for n, _ in fetched) == shards,
+              f"each of the {len(shards)} shards fetched once by the node's 2 ranks: {sorted(fetched)}")
+        gets = sum(int(g) for _, g in fetched)
+        samples = 12 * 8 + 2 * 8 * 8  # steps x batch + evaluations x eval_batches x batch
+        check(gets == planned, f"{gets} ranged GETs = the plan {planned} (for {samples}+ samples read)")
+        rc, log = run(tessera, train + ["--run-dir", "runs/ds2", "--set", f"data.dataset={dataset}", "--set",
+                                        "data.cache_dir=s3cache"], env, work)
+        rank_logs = "".join(f.read_text() for f in sorted((work / "runs/ds2/logs").glob("rank_*.log")))
+        check(rc == 0 and "data: fetched" not in rank_logs and losses(work / "runs/ds2", 0) == losses(work / "runs/ds", 0),
+              "a second run reads the cache: nothing fetched, the same losses")
     finally:
         if server.proc and server.proc.poll() is None:
             server.kill()
