@@ -162,6 +162,8 @@ def main():
         check(rc == 0, f"the run went on through the outage (exit {rc})")
         check(failed and ups and ups[-1][0] > max(failed),
               f"uploads failed during the outage ({len(failed)}) and a later one completed (last {ups[-1][0] if ups else None})")
+        counted = [json.loads(l).get("checkpoint_upload_failures") for l in open(work / "runs/k/metrics.jsonl")]
+        check(counted[-1] == len(failed), f"metrics.jsonl counts the {len(failed)} failed uploads ({counted[-1]})")
         rc, out = run(tessera, ["checkpoint", "verify", f"{mirror2}/k"], env, work)
         check(rc == 0 and "DAMAGED" not in out, f"every manifest in the bucket has its objects (verify exit {rc})")
         rc, latest = 0, (server.dir / BUCKET / "ckpt2/k/latest._S3rver_object").read_text().strip()

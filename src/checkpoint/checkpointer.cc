@@ -408,7 +408,7 @@ std::string Checkpointer::commit(const Pending& job, const std::string& dir, con
     sync_parent_dir(manifest);  // committed
     fault::point("checkpoint.commit", dist_.rank(), job.step);
     write_latest(root_, job.step);
-    prune(root_, static_cast<int>(config_.checkpoint.keep));
+    prune(root_, static_cast<int>(config_.checkpoint.keep), uploading_);
   } catch (const Error& e) {
     return e.what();
   }
@@ -438,6 +438,7 @@ void Checkpointer::mirror_loop() {
       if (mirror_queue_.empty()) return;  // stopping with nothing left to copy
       step = mirror_queue_.back();        // a newer commit supersedes older ones still queued
       mirror_queue_.clear();
+      uploading_ = step;  // the writer's prune leaves it until it is copied
     }
     const double t0 = now_seconds();
     const int keep = static_cast<int>(config_.checkpoint.keep);

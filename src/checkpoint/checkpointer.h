@@ -21,6 +21,7 @@
 // receives a verified copy of each committed checkpoint in the background.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -125,6 +126,7 @@ class Checkpointer {
   bool failed_ = false;  // a save failed since take_failure()
   bool stop_ = false;
   std::deque<int64_t> mirror_queue_;
+  std::atomic<int64_t> uploading_{-1};  // the step the mirror thread copies (or copied last)
   std::vector<int> node_of_file_;  // by shard file number: the node of the rank that writes it
   int64_t upload_failures_ = 0;    // object-store uploads that failed for good
   std::thread writer_, mirror_;  // last: they start after everything above

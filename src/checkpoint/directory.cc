@@ -150,11 +150,11 @@ void remove_checkpoint(const fs::path& dir) {
 
 }  // namespace
 
-void prune(const std::string& root, int keep) {
+void prune(const std::string& root, int keep, int64_t in_use) {
   std::vector<int64_t> steps = committed_steps(root);
   const int64_t latest = read_latest(root);
   for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < steps.size(); ++i) {
-    if (steps[i] != latest) remove_checkpoint(fs::path(root) / step_dir_name(steps[i]));
+    if (steps[i] != latest && steps[i] != in_use) remove_checkpoint(fs::path(root) / step_dir_name(steps[i]));
   }
 }
 
@@ -166,14 +166,25 @@ void remove_newer(const std::string& root, int64_t step) {
   }
 }
 
-std::unique_ptr<ShardFile> open_shard(const std::string& step_dir, const ManifestFile& f) {
-  if (!storage::is_s3(step_dir)) return std::make_unique<ShardFile>(step_dir + "/" + f.name);
+namespace {
+
+// File f of an object-store step: its byte range of the node object the manifest names.
+std::unique_ptr<storage::ReadableFile> object_file(const std::string& step_dir, const ManifestFile& f,
+                                                   std::string* name) {
   const storage::ObjectUrl dir = storage::parse_s3(step_dir, "checkpoint");
   if (f.object.empty()) throw DataError(fmt::format("{}/manifest.json names no object for {}", step_dir, f.name));
   const storage::ObjectUrl object{dir.bucket, f.object};
-  return std::make_unique<ShardFile>(
-      fmt::format("{} (bytes {} to {} of {})", f.name, f.object_offset, f.object_offset + f.bytes, object.str()),
-      storage::object_slice(storage::default_s3_client(), object, f.object_offset, f.bytes));
+  *name = fmt::format("{} (bytes {} to {} of {})", f.name, f.object_offset, f.object_offset + f.bytes, object.str());
+  return storage::object_slice(storage::default_s3_client(), object, f.object_offset, f.bytes);
+}
+
+}  // namespace
+
+std::unique_ptr<ShardFile> open_shard(const std::string& step_dir, const ManifestFile& f) {
+  if (!storage::is_s3(step_dir)) return std::make_unique<ShardFile>(step_dir + "/" + f.name);
+  std::string name;
+  std::unique_ptr<storage::ReadableFile> file = object_file(step_dir, f, &name);
+  return std::make_unique<ShardFile>(name, std::move(file));
 }
 
 std::vector<std::string> verify(const std::string& step_dir) {
@@ -187,9 +198,9 @@ std::vector<std::string> verify(const std::string& step_dir) {
   for (const ManifestFile& f : m.files) {
     const std::string path = step_dir + "/" + f.name;
     try {
-      std::unique_ptr<ShardFile> opened = open_shard(step_dir, f);
-      ShardFile& shard = *opened;
-      const FileDigest d = storage::is_s3(step_dir) ? digest_file(shard.file(), path) : digest_file(path);
+      std::string object_name = path;
+      const FileDigest d = storage::is_s3(step_dir) ? digest_file(*object_file(step_dir, f, &object_name), object_name)
+                                                    : digest_file(path);
       if (d.bytes != f.bytes) {
         problems.push_back(fmt::format("{}: {} bytes, the manifest records {}", path, d.bytes, f.bytes));
       } else if (d.xxh64 != f.xxh64) {
@@ -197,6 +208,8 @@ std::vector<std::string> verify(const std::string& step_dir) {
                                        hex64(f.xxh64)));
       }
       // Name the damaged tensors too (the file checksum only says that something is wrong).
+      const std::unique_ptr<ShardFile> opened = open_shard(step_dir, f);
+      const ShardFile& shard = *opened;
       std::vector<float> buffer;
       for (const ManifestUnit& u : m.units) {
         if (u.pp_rank != f.pp_rank) continue;  // another stage's

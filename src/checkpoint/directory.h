@@ -36,8 +36,9 @@ std::string checkpoint_in(const std::string& path);
 // Removes step directories that hold no manifest (a save that never committed), except the one
 // of step `in_progress`, and stray temporary files. Returns the bytes freed.
 uint64_t remove_uncommitted(const std::string& root, int64_t in_progress = -1);
-// Removes the oldest committed checkpoints so that `keep` remain; never the one `latest` names.
-void prune(const std::string& root, int keep);
+// Removes the oldest committed checkpoints so that `keep` remain; never the one `latest` names,
+// nor step `in_use` (one being uploaded, say; a later prune takes it).
+void prune(const std::string& root, int keep, int64_t in_use = -1);
 
 // Where a run's checkpoints are mirrored: MIRROR_DIR/NAME, NAME the run directory's own name
 // (RUN is root's parent; symlinks resolved, so runs/latest names the run it points to). Runs

@@ -61,7 +61,6 @@ class ShardFile {
   ShardFile& operator=(const ShardFile&) = delete;
 
   const std::string& path() const { return path_; }
-  const storage::ReadableFile& file() const { return *file_; }
   const std::vector<ShardEntry>& entries() const { return entries_; }
   // The entry called `name`, or null.
   const ShardEntry* find(const std::string& name) const;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -193,6 +194,28 @@ struct S3Client::Response {
 
 S3Client::S3Client(S3Options options) : options_(std::move(options)) { global_init(); }
 
+S3Client::~S3Client() {
+  for (void* h : handles_) curl_easy_cleanup(static_cast<CURL*>(h));
+}
+
+void* S3Client::take_handle() {
+  {
+    std::lock_guard<std::mutex> lock(handles_mu_);
+    if (!handles_.empty()) {
+      void* h = handles_.back();
+      handles_.pop_back();
+      curl_easy_reset(static_cast<CURL*>(h));  // options cleared, connections kept
+      return h;
+    }
+  }
+  return curl_easy_init();
+}
+
+void S3Client::give_back(void* handle) {
+  std::lock_guard<std::mutex> lock(handles_mu_);
+  handles_.push_back(handle);
+}
+
 RequestCounts S3Client::counts() const {
   RequestCounts c;
   c.put = counters_.put;
@@ -298,8 +321,8 @@ S3Client::Response S3Client::send(Request& r) {
     }
     if (r.counter != nullptr) ++*r.counter;
     Response res;
-    std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
-    CURL* c = curl.get();
+    std::unique_ptr<void, std::function<void(void*)>> curl(take_handle(), [this](void* h) { give_back(h); });
+    CURL* c = static_cast<CURL*>(curl.get());
     Transfer t{c, r.body, r.body_bytes, 0, r.out, r.out_bytes, r.max_body, &res.body, 0, false, &res.etag};
     curl_slist* headers = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
     headers = curl_slist_append(headers, "Expect:");
@@ -329,9 +352,13 @@ S3Client::Response S3Client::send(Request& r) {
       curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body_bytes));
       curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method);  // CURLOPT_UPLOAD alone would send PUT
     }
+    char detail[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, detail);
     const CURLcode rc = curl_easy_perform(c);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
     if (rc != CURLE_OK && !t.overflow) {
-      last_error = curl_easy_strerror(rc);
+      curl_easy_cleanup(static_cast<CURL*>(curl.release()));  // never reused: its connections may be broken
+      last_error = detail[0] != '\0' ? detail : curl_easy_strerror(rc);
       last_status = 0;
       last_code.clear();
       continue;  // no reply, a dropped connection or a timeout: try again

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@ struct RequestCounts {
 class S3Client {
  public:
   explicit S3Client(S3Options options);
+  ~S3Client();
+  S3Client(const S3Client&) = delete;
+  S3Client& operator=(const S3Client&) = delete;
   const S3Options& options() const { return options_; }
 
   void put(const ObjectUrl& url, const std::string& body);
@@ -101,7 +105,14 @@ class S3Client {
   Response send(Request& request);  // with retries; throws S3Error
   void upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& slices, uint64_t total);
 
+  // Easy handles kept between requests, so their connections are reused (keep-alive: no new
+  // TCP or TLS handshake per request, no socket per part left in TIME_WAIT).
+  void* take_handle();
+  void give_back(void* handle);
+
   S3Options options_;
+  std::mutex handles_mu_;
+  std::vector<void*> handles_;
   struct Counters {
     std::atomic<int64_t> put{0}, get{0}, head{0}, remove{0}, list{0};
     std::atomic<int64_t> create_multipart{0}, upload_part{0}, complete_multipart{0}, abort_multipart{0};

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/signals.h"
 #include "core/timer.h"
+#include "storage/object_url.h"
 
 namespace tessera::train {
 namespace {
@@ -52,6 +53,7 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
       const checkpoint::Checkpointer::Asks job{(s.signals & kSaveDue) != 0, (s.signals & kSaveFailed) != 0};
       extra.checkpoint_s =
           checkpointer->maybe_save(trainer.shards(), trainer.state(), job, (s.signals & kStopRequested) != 0, last);
+      if (storage::is_s3(config.checkpoint.mirror_dir)) extra.upload_failures = checkpointer->upload_failures();
     }
     if (hooks.observe) hooks.observe(s, extra);
     if (s.signals & kSaveFailed) {

@@ -176,6 +176,7 @@ nlohmann::ordered_json StepLog::metrics_record(const Trainer& trainer, const Ste
     record["comm_pp_s"] = t.comm_pp;
     record["pipeline_bubble"] = static_cast<double>(P - 1) / static_cast<double>(config_.accumulation_steps() + P - 1);
   }
+  if (extra.upload_failures >= 0) record["checkpoint_upload_failures"] = extra.upload_failures;
   record["rss_bytes"] = trainer.memory().resident;
   record["peak_rss_bytes"] = trainer.memory().peak;
   if (extra.val_loss) {
@@ -233,6 +234,9 @@ std::string StepLog::prometheus_page(const Trainer& trainer, const StepStats& s,
             static_cast<double>(s.step));
   e.counter("tessera_tokens_total", "Training tokens seen.", static_cast<double>(trainer.state().tokens));
   e.counter("tessera_skipped_steps_total", "Updates skipped as non-finite.", static_cast<double>(s.skipped_total));
+  e.counter("tessera_checkpoint_upload_failures_total",
+            "Checkpoint uploads to the object-store tier that failed for good (0 without one).",
+            static_cast<double>(std::max<int64_t>(extra.upload_failures, 0)));
   e.gauge("tessera_loss", "The last step's mean training loss (nats/token).", s.loss);
   if (last_val_loss_) e.gauge("tessera_validation_loss", "The last validation loss (nats/token).", *last_val_loss_);
   e.gauge("tessera_learning_rate", "The last step's learning rate.", s.lr);

@@ -55,6 +55,8 @@ class StepLog {
     int64_t val_tokens = 0;          // the validation targets it counted
     double eval_s = 0.0;
     double checkpoint_s = 0.0;  // the step loop's stall for a save after the step
+    // Uploads to the object-store tier that failed for good so far (rank 0); -1: no such tier.
+    int64_t upload_failures = -1;
   };
   void record(const Trainer& trainer, const StepStats& s, const Extra& extra);
   // Ends the progress line; throws IoError if metrics.jsonl could not be written.
