@@ -11,7 +11,8 @@ installed by scripts/setup.sh into build/tools):
 3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10;
 4. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
    URL scheme: exit 2 naming the key;
-5. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
+5. two nodes (two launch agents): each node's first rank uploads its node's object, rank 0 commits;
+6. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
    of the same dataset on local disk; every shard fetched once per node in ranged GETs of the
    planned count (none per sample), a second run from the cache fetches nothing.
 
@@ -196,7 +197,31 @@ def main():
         rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set",
                                 "checkpoint.mirror_dir=gs://bucket/x"] + common, env, work)
         check(rc == 2 and "checkpoint.mirror_dir" in out, f"gs:// refused: exit 2 naming the key ({rc})")
-        # 5. A dataset on the object store.
+        # 5. Two nodes (two agents of `tessera launch` here): each node's first rank uploads its
+        # node's object, rank 0 commits after both.
+        launch_env = dict(env, TESSERA_JOB_TOKEN="s3-test-token-0123456789")
+        agents = [subprocess.Popen([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
+                                    f"file://{work}/rdzv-n2", "--run-id", "n2", "--run-dir", "runs/n2",
+                                    "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
+                                    "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
+                                    f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.s3_prefixes=4"]
+                                   + common, env=launch_env, cwd=work, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+        codes = [a.wait(timeout=240) for a in agents]
+        logs = {r: (work / f"runs/n2/logs/rank_{r}.log").read_text() for r in (0, 1)}
+        ups = uploads(logs[0])
+        node1 = re.findall(r"step (\d+): node 1's object uploaded \((\d+) bytes, (\d+) PUT", logs[1])
+        check(codes == [0, 0] and [u[0] for u in ups] == [5, 10] and [int(n[0]) for n in node1] == [5, 10],
+              f"2 nodes: node 1's first rank uploaded its object of steps 5 and 10, rank 0 committed ({codes})")
+        for (step, objects, nbytes, puts), (_, b1, p1) in zip(ups, node1):
+            total = shard_bytes(work / f"runs/n2/checkpoints/step_{step:08d}")
+            planned = sum(math.ceil(b / part) if b > part else 1 for b in (total - int(b1), int(b1))) + 2
+            check(objects == 2 and nbytes == total and puts == planned,
+                  f"step {step}: 2 node objects, {puts} PUTs = the plan {planned} (node 1: {p1})")
+        rc, out = run(tessera, ["checkpoint", "verify", f"s3://{BUCKET}/multi/n2"], env, work)
+        check(rc == 0 and out.count("ok ") == 2, f"the two-node checkpoints verify from the bucket (exit {rc})")
+
+        # 6. A dataset on the object store.
         prep = ["prepare", "--input", str(ROOT / "data/kjv.txt.zst"), "--tokenizer", "tok.model", "--val-fraction",
                 "0.02", "--shard-tokens", "200000"]
         rc, log = run(tessera, ["tokenizer", "train", "--input", str(ROOT / "data/kjv.txt.zst"), "--vocab-size", "512",

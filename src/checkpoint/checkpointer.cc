@@ -83,14 +83,20 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   if (dist_.world() != nullptr) {  // no rank writes a checkpoint before the cleanup is done
     dist_.world()->barrier({comm::Millis(config_.parallel.timeout_ms)})->wait();
   }
-  const int per_node = dist_.ranks_per_node;
+  // The object-store tier: node k's object is sent by its first rank (k x ranks_per_node), rank 0
+  // commits; without a store to agree through, rank 0 sends them all.
+  const int per_node = dist_.ranks_per_node > 0 && dist_.tier_store != nullptr ? dist_.ranks_per_node : 0;
+  nodes_ = per_node > 0 ? (dist_.world_size() + per_node - 1) / per_node : 1;
   node_of_file_.assign(static_cast<size_t>(files()), 0);
   for (int r = 0; r < dist_.world_size(); ++r) {
     if (const int f = file_of_rank(r); f >= 0 && per_node > 0) node_of_file_[static_cast<size_t>(f)] = r / per_node;
   }
+  const bool node_uploader = storage::is_s3(mirror_root_) && per_node > 0 && dist_.rank() % per_node == 0;
   writer_ = std::thread([this] { writer_loop(); });
-  if (dist_.rank() == 0 && !mirror_root_.empty()) {
+  if (!mirror_root_.empty() && dist_.rank() == 0) {
     mirror_ = std::thread([this] { mirror_loop(); });
+  } else if (node_uploader) {
+    mirror_ = std::thread([this, node = dist_.rank() / per_node] { node_upload_loop(node); });
   }
 }
 
@@ -435,8 +441,8 @@ void Checkpointer::mirror_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !mirror_queue_.empty(); });
-      if (mirror_queue_.empty()) return;  // stopping with nothing left to copy
-      step = mirror_queue_.back();        // a newer commit supersedes older ones still queued
+      if (mirror_queue_.empty()) break;  // stopping with nothing left to copy
+      step = mirror_queue_.back();       // a newer commit supersedes older ones still queued
       mirror_queue_.clear();
       uploading_ = step;  // the writer's prune leaves it until it is copied
     }
@@ -452,9 +458,7 @@ void Checkpointer::mirror_loop() {
       continue;
     }
     try {
-      const TierUploadStats sent =
-          upload_checkpoint(storage::default_s3_client(), root_, step, mirror_root_,
-                            {keep, static_cast<int>(config_.checkpoint.s3_prefixes), node_of_file_});
+      const TierUploadStats sent = upload_to_tier(step);
       log::info("checkpoint step {} uploaded to {} in {:.2f}s: {} node object(s), {} bytes, {} PUT request(s)", step,
                 mirror_root_, now_seconds() - t0, sent.objects, sent.bytes, sent.puts);
     } catch (const Error& e) {
@@ -465,6 +469,101 @@ void Checkpointer::mirror_loop() {
       ++upload_failures_;
       failed_ = true;
     }
+  }
+  if (nodes_ > 1) {  // the node uploaders stop after the last job
+    try {
+      dist_.tier_store->set(tier_key(next_job_, ""), bytes_of("stop"));
+    } catch (const Error& e) {
+      log::warn("cannot tell the node uploaders to stop: {}", e.what());
+    }
+  }
+}
+
+std::string Checkpointer::tier_key(int64_t job, const std::string& what) const {
+  return fmt::format("tier.{}.{}{}", dist_.attempt, job, what.empty() ? "" : "." + what);
+}
+
+TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
+  storage::S3Client& s3 = storage::default_s3_client();
+  const TierUpload how{static_cast<int>(config_.checkpoint.keep), static_cast<int>(config_.checkpoint.s3_prefixes),
+                       node_of_file_};
+  if (nodes_ == 1) return upload_checkpoint(s3, root_, step, mirror_root_, how);
+  // Every node's uploader sends its object of this step; rank 0 (node 0's) commits once all have.
+  const int64_t job = next_job_;
+  dist_.tier_store->set(tier_key(job, ""), bytes_of(std::to_string(step)));
+  ++next_job_;  // published: the node uploaders will look for the next one
+  std::string failure;
+  TierUploadStats sent;
+  try {
+    sent = upload_node_object(s3, root_, step, mirror_root_, how, 0);
+  } catch (const Error& e) {
+    failure = fmt::format("node 0: {}", e.what());
+  }
+  const auto wait = comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
+  for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
+    std::string report;
+    try {
+      report = string_of(dist_.tier_store->get(tier_key(job, fmt::format("node{}", node)), wait));
+    } catch (const Error& e) {
+      report = fmt::format("error no report: {}", e.what());
+    }
+    std::istringstream in(report);
+    std::string word;
+    TierUploadStats theirs;
+    in >> word >> theirs.objects >> theirs.bytes >> theirs.puts;
+    if (word != "ok") {
+      if (failure.empty())
+        failure = fmt::format("node {}: {}", node, report.substr(std::min<size_t>(report.size(), 6)));
+      continue;
+    }
+    sent.objects += theirs.objects;
+    sent.bytes += theirs.bytes;
+    sent.puts += theirs.puts;
+  }
+  if (!failure.empty()) {
+    drop_upload(s3, step, mirror_root_, how, nodes_);
+    throw IoError(failure);
+  }
+  const int64_t before = s3.counts().puts();
+  commit_upload(s3, root_, step, mirror_root_, how);
+  sent.puts += s3.counts().puts() - before;
+  return sent;
+}
+
+void Checkpointer::node_upload_loop(int node) {
+  storage::S3Client* s3 = nullptr;
+  const TierUpload how{static_cast<int>(config_.checkpoint.keep), static_cast<int>(config_.checkpoint.s3_prefixes),
+                       node_of_file_};
+  double stopping_since = -1;
+  for (int64_t job = 0;;) {
+    std::string value;
+    try {
+      value = string_of(dist_.tier_store->get(tier_key(job, ""), comm::Millis(1000)));
+    } catch (const Error&) {  // no job yet: go on waiting, unless the job is over and rank 0 gone quiet
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ && stopping_since < 0) stopping_since = now_seconds();
+      if (stopping_since >= 0 && now_seconds() - stopping_since > config_.parallel.timeout_ms / 1e3) return;
+      continue;
+    }
+    if (value == "stop") return;
+    const int64_t step = std::stoll(value);
+    std::string report;
+    try {
+      if (s3 == nullptr) s3 = &storage::default_s3_client();
+      const TierUploadStats sent = upload_node_object(*s3, root_, step, mirror_root_, how, node);
+      report = fmt::format("ok {} {} {}", sent.objects, sent.bytes, sent.puts);
+      log::info("checkpoint step {}: node {}'s object uploaded ({} bytes, {} PUT request(s))", step, node, sent.bytes,
+                sent.puts);
+    } catch (const Error& e) {
+      report = fmt::format("error {}", e.what());
+      log::error("checkpoint step {}: node {}'s object could not be uploaded: {}", step, node, e.what());
+    }
+    try {
+      dist_.tier_store->set(tier_key(job, fmt::format("node{}", node)), bytes_of(report));
+    } catch (const Error& e) {
+      log::error("checkpoint step {}: cannot report node {}'s upload: {}", step, node, e.what());
+    }
+    ++job;
   }
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "checkpoint/directory.h"
+#include "checkpoint/object_tier.h"
 #include "checkpoint/shard_file.h"
 #include "checkpoint/state.h"
 #include "config/config.h"
@@ -108,6 +109,13 @@ class Checkpointer {
   std::string fence_path() const;             // ROOT/.attempt: the attempt that owns the directory
   std::string fenced() const;                 // why this attempt may not commit or delete; "" if it may
   void mirror_loop();
+  // The object-store tier over several nodes (checkpoint/object_tier.h): rank 0 numbers each
+  // upload (a job) in the tier store, sends node 0's object, awaits the other nodes' reports and
+  // commits; node k's first rank sends node k's object for each job and reports.
+  TierUploadStats upload_to_tier(int64_t step);
+  void node_upload_loop(int node);
+  std::string tier_key(int64_t job, const std::string& what) const;
+  static constexpr int64_t kNodeUploadWaitMs = 30 * 60 * 1000;  // for another node's object, at least
 
   config::Config config_;
   std::string root_;
@@ -128,6 +136,8 @@ class Checkpointer {
   std::deque<int64_t> mirror_queue_;
   std::atomic<int64_t> uploading_{-1};  // the step the mirror thread copies (or copied last)
   std::vector<int> node_of_file_;  // by shard file number: the node of the rank that writes it
+  int nodes_ = 1;                  // nodes with an uploader of their own (1: rank 0 sends every object)
+  int64_t next_job_ = 0;           // rank 0: the number of the next upload job
   int64_t upload_failures_ = 0;    // object-store uploads that failed for good
   std::thread writer_, mirror_;  // last: they start after everything above
 };

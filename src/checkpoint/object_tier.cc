@@ -30,44 +30,88 @@ std::string tier_object_key(const std::string& mirror, int64_t step, int node, i
   return fmt::format("{}{:02x}/{}", base, h, name);
 }
 
-TierUploadStats upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step,
-                                  const std::string& mirror, const TierUpload& how) {
-  TierUploadStats stats;
-  const int64_t puts_before = s3.counts().puts();
-  const std::string dir = root + "/" + step_dir_name(step);
-  Manifest m = read_manifest(dir);
-  const storage::ObjectUrl base = url_of(mirror);
-  std::map<int, std::vector<size_t>> files_of_node;  // node -> manifest file indices, in order
+namespace {
+
+// The manifest of committed step `step` under root, each file placed in its node's object (the
+// node's files in manifest order, back to back); the files of each node, by manifest index.
+Manifest placed_manifest(const std::string& root, int64_t step, const std::string& mirror, const TierUpload& how,
+                         std::map<int, std::vector<size_t>>* files_of_node) {
+  Manifest m = read_manifest(root + "/" + step_dir_name(step));
+  std::map<int, uint64_t> offset;
   for (size_t i = 0; i < m.files.size(); ++i) {
-    const int number =
-        file_number({m.files[i].pp_rank, m.files[i].tp_rank, m.files[i].shard_rank}, m.tensor_parallel, m.shard_size);
-    const int node = static_cast<size_t>(number) < how.node_of_file.size() ? how.node_of_file[number] : 0;
-    files_of_node[node].push_back(i);
+    ManifestFile& f = m.files[i];
+    const auto number =
+        static_cast<size_t>(file_number({f.pp_rank, f.tp_rank, f.shard_rank}, m.tensor_parallel, m.shard_size));
+    const int node = number < how.node_of_file.size() ? how.node_of_file[number] : 0;
+    (*files_of_node)[node].push_back(i);
+    f.object = tier_object_key(mirror, step, node, how.prefixes);
+    f.object_offset = offset[node];
+    offset[node] += f.bytes;
   }
-  for (const auto& [node, files] : files_of_node) {
-    const storage::ObjectUrl object{base.bucket, tier_object_key(mirror, step, node, how.prefixes)};
-    std::vector<storage::FileSlice> slices;
-    uint64_t offset = 0;
-    for (size_t i : files) {
-      ManifestFile& f = m.files[i];
-      slices.push_back({dir + "/" + f.name, 0, f.bytes});
-      f.object = object.key;
-      f.object_offset = offset;
-      offset += f.bytes;
-    }
-    s3.upload(object, slices);
-    ++stats.objects;
-    stats.bytes += offset;
-    const std::optional<uint64_t> stored = s3.head(object);
-    if (stored != offset) {
-      throw IoError(fmt::format("{} holds {} bytes after its upload, {} were sent", object.str(),
-                                stored ? std::to_string(*stored) : "no", offset));
-    }
+  return m;
+}
+
+}  // namespace
+
+TierUploadStats upload_node_object(storage::S3Client& s3, const std::string& root, int64_t step,
+                                   const std::string& mirror, const TierUpload& how, int node) {
+  const int64_t puts_before = s3.counts().puts();
+  std::map<int, std::vector<size_t>> files_of_node;
+  const Manifest m = placed_manifest(root, step, mirror, how, &files_of_node);
+  TierUploadStats stats;
+  if (files_of_node.count(node) == 0) return stats;  // a node whose ranks hold no first replica
+  const std::string dir = root + "/" + step_dir_name(step);
+  const storage::ObjectUrl object{url_of(mirror).bucket, tier_object_key(mirror, step, node, how.prefixes)};
+  std::vector<storage::FileSlice> slices;
+  for (size_t i : files_of_node[node]) {
+    slices.push_back({dir + "/" + m.files[i].name, 0, m.files[i].bytes});
+    stats.bytes += m.files[i].bytes;
   }
+  s3.upload(object, slices);
+  const std::optional<uint64_t> stored = s3.head(object);
+  if (stored != stats.bytes) {
+    throw IoError(fmt::format("{} holds {} bytes after its upload, {} were sent", object.str(),
+                              stored ? std::to_string(*stored) : "no", stats.bytes));
+  }
+  stats.objects = 1;
+  stats.puts = s3.counts().puts() - puts_before;
+  return stats;
+}
+
+void commit_upload(storage::S3Client& s3, const std::string& root, int64_t step, const std::string& mirror,
+                   const TierUpload& how) {
+  std::map<int, std::vector<size_t>> files_of_node;
+  const Manifest m = placed_manifest(root, step, mirror, how, &files_of_node);
+  const storage::ObjectUrl base = url_of(mirror);
   s3.put(base.child(step_dir_name(step) + "/manifest.json"), to_json(m));  // the commit
   s3.put(base.child("latest"), std::to_string(step) + "\n");
-  stats.puts = s3.counts().puts() - puts_before;
   tier_prune(s3, mirror, how.keep);
+}
+
+void drop_upload(storage::S3Client& s3, int64_t step, const std::string& mirror, const TierUpload& how, int nodes) {
+  const std::string bucket = url_of(mirror).bucket;
+  for (int node = 0; node < nodes; ++node) {
+    try {
+      s3.remove({bucket, tier_object_key(mirror, step, node, how.prefixes)});
+    } catch (const Error& e) {
+      log::warn("cannot remove the uncommitted upload of step {}: {}", step, e.what());
+    }
+  }
+}
+
+TierUploadStats upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step,
+                                  const std::string& mirror, const TierUpload& how) {
+  const int64_t puts_before = s3.counts().puts();
+  std::map<int, std::vector<size_t>> files_of_node;
+  placed_manifest(root, step, mirror, how, &files_of_node);
+  TierUploadStats stats;
+  for (const auto& [node, files] : files_of_node) {
+    const TierUploadStats sent = upload_node_object(s3, root, step, mirror, how, node);
+    stats.objects += sent.objects;
+    stats.bytes += sent.bytes;
+  }
+  commit_upload(s3, root, step, mirror, how);
+  stats.puts = s3.counts().puts() - puts_before;
   return stats;
 }
 

@@ -41,9 +41,18 @@ struct TierUploadStats {
   int64_t puts = 0;    // PUT requests (objects and parts; the manifest and `latest` included)
 };
 
-// Uploads the committed checkpoint ROOT/step_N to the tier at `mirror` (an s3:// URL), then
-// replaces `latest` and prunes to `keep`. Throws S3Error or IoError naming the object; what it
-// uploaded is then not visible as a checkpoint (no manifest).
+// The steps of an upload, for uploaders on several nodes (Checkpointer): each node's uploader
+// sends its object; once all have, one commits (the manifest, then `latest`, then the prune); a
+// failed upload's objects are dropped. Each throws S3Error or IoError naming the object.
+TierUploadStats upload_node_object(storage::S3Client& s3, const std::string& root, int64_t step,
+                                   const std::string& mirror, const TierUpload& how, int node);
+void commit_upload(storage::S3Client& s3, const std::string& root, int64_t step, const std::string& mirror,
+                   const TierUpload& how);
+void drop_upload(storage::S3Client& s3, int64_t step, const std::string& mirror, const TierUpload& how, int nodes);
+
+// All of it from one process: uploads the committed checkpoint ROOT/step_N to the tier at
+// `mirror` (an s3:// URL), every node's object, then commits. What a failed upload sent is not
+// visible as a checkpoint (no manifest).
 TierUploadStats upload_checkpoint(storage::S3Client& s3, const std::string& root, int64_t step,
                                   const std::string& mirror, const TierUpload& how);
 

@@ -24,6 +24,7 @@ Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeo
   attempt_ = comm::broadcast_string(*mesh_->group(Dim::kWorld), address.rank == 0 ? comm::auth::random_hex(8) : "",
                                     0, {timeout});
   checkpoint_store_ = store("checkpoint");
+  tier_store_ = store("tier");
 }
 
 Job::~Job() = default;

@@ -31,6 +31,7 @@ struct JobAddress {
 struct Distributed {
   const Mesh* mesh = &Mesh::single();
   comm::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
+  comm::Store* tier_store = nullptr;  // the same for the object-store uploaders (a connection of their own)
   // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
   // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
@@ -54,11 +55,14 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
-  Distributed view() const { return {mesh_.get(), checkpoint_store_.get(), attempt_, ranks_per_node_}; }
+  Distributed view() const {
+    return {mesh_.get(), checkpoint_store_.get(), tier_store_.get(), attempt_, ranks_per_node_};
+  }
 
  private:
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<comm::Store> checkpoint_store_;  // used by the checkpoint writer thread only
+  std::unique_ptr<comm::Store> tier_store_;        // used by the checkpoint uploader thread only
   std::string attempt_;                            // Distributed::attempt
   int ranks_per_node_ = 0;
 };
