@@ -85,13 +85,14 @@ Checkpointer::Checkpointer(const config::Config& config, const std::string& root
   }
   // The object-store tier: node k's object is sent by its first rank (k x ranks_per_node), rank 0
   // commits; without a store to agree through, rank 0 sends them all.
-  const int per_node = dist_.ranks_per_node > 0 && dist_.tier_store != nullptr ? dist_.ranks_per_node : 0;
+  const bool tier = storage::is_s3(mirror_root_);
+  const int per_node = tier && dist_.ranks_per_node > 0 && dist_.tier_store != nullptr ? dist_.ranks_per_node : 0;
   nodes_ = per_node > 0 ? (dist_.world_size() + per_node - 1) / per_node : 1;
   node_of_file_.assign(static_cast<size_t>(files()), 0);
   for (int r = 0; r < dist_.world_size(); ++r) {
     if (const int f = file_of_rank(r); f >= 0 && per_node > 0) node_of_file_[static_cast<size_t>(f)] = r / per_node;
   }
-  const bool node_uploader = storage::is_s3(mirror_root_) && per_node > 0 && dist_.rank() % per_node == 0;
+  const bool node_uploader = per_node > 0 && dist_.rank() % per_node == 0;
   writer_ = std::thread([this] { writer_loop(); });
   if (!mirror_root_.empty() && dist_.rank() == 0) {
     mirror_ = std::thread([this] { mirror_loop(); });
