@@ -9,14 +9,20 @@ installed by scripts/setup.sh into build/tools):
 2. the server killed mid-upload and restarted: the run goes on, a later upload completes, every
    manifest in the bucket has its objects (verify), `latest` names the last step;
 3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10;
-4. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
+4. every request's AWS Signature V4 checked by a proxy with its own implementation of the spec
+   (s3rver checks only the access key): mirror, prune and resume pass, a wrong secret is refused;
+5. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
    URL scheme: exit 2 naming the key;
-5. two nodes (two launch agents): each node's first rank uploads its node's object, rank 0 commits;
-6. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
+6. two nodes (two launch agents): each node's first rank uploads its node's object, rank 0 commits;
+7. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
    of the same dataset on local disk; every shard fetched once per node in ranged GETs of the
    planned count (none per sample), a second run from the cache fetches nothing.
 
 usage: s3_test.py TESSERA"""
+import hashlib
+import hmac
+import http.client
+import http.server
 import json
 import math
 import os
@@ -27,7 +33,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +76,80 @@ class Server:
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+
+def canonical_query(query):
+    """SigV4's canonical query string: every name and value URI-encoded, sorted by name."""
+    pairs = [p.split("=", 1) + [""] * ("=" not in p) for p in query.split("&") if p]
+    enc = lambda x: urllib.parse.quote(urllib.parse.unquote(x), safe="-_.~")
+    return "&".join(f"{enc(k)}={enc(v)}" for k, v in sorted(pairs))
+
+
+class SigV4Proxy(http.server.ThreadingHTTPServer):
+    """Checks every request's AWS Signature V4 (s3rver checks only the access key) with an
+    implementation of AWS's spec of its own, then passes it on to s3rver; 403
+    SignatureDoesNotMatch when the signature is wrong."""
+
+    def __init__(self, upstream_port, secret):
+        self.upstream_port, self.secret, self.checked = upstream_port, secret, 0
+        super().__init__(("127.0.0.1", 0), SigV4Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def signature_ok(self, method, target, headers, body):
+        path, _, query = target.partition("?")
+        auth = headers.get("Authorization", "")
+        m = re.match(r"AWS4-HMAC-SHA256 Credential=[^/]+/(\d{8})/([^/]+)/s3/aws4_request, "
+                     r"SignedHeaders=([^,]+), Signature=(\w+)$", auth)
+        payload = headers.get("x-amz-content-sha256", "")
+        if not m or not payload or "host" not in m.group(3).split(";"):
+            return False
+        if payload != "UNSIGNED-PAYLOAD" and payload != hashlib.sha256(body).hexdigest():
+            return False
+        date, region, signed, signature = m.groups()
+        names = signed.split(";")
+        canonical = "\n".join([method, path, canonical_query(query),
+                               "".join(f"{h}:{' '.join(headers.get(h, '').split())}\n" for h in names), signed, payload])
+        amz_date = headers.get("x-amz-date", "")
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, f"{date}/{region}/s3/aws4_request",
+                             hashlib.sha256(canonical.encode()).hexdigest()])
+        key = ("AWS4" + self.secret).encode()
+        for part in (date, region, "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        return hmac.compare_digest(hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest(), signature)
+
+
+class SigV4Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def relay(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if not self.server.signature_ok(self.command, self.path, self.headers, body):
+            reply = b"<Error><Code>SignatureDoesNotMatch</Code><Message>checked by the test's proxy</Message></Error>"
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+            return
+        self.server.checked += 1
+        up = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
+        up.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+        r = up.getresponse()
+        data = r.read()
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                self.send_header(k, v)
+        # A HEAD reply has no body but the object's length.
+        self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        up.close()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = relay
 
 
 def run(tessera, args, env, cwd, **kw):
@@ -185,7 +267,28 @@ def main():
         server.start()
         check(rc == 10 and "on_failure = stop" in out, f"on_failure = stop ends the run at a failed upload (exit {rc})")
 
-        # 4. Credentials, buckets, schemes.
+        # 4. Signatures checked (s3rver checks only the access key): mirror and resume through a
+        # proxy that verifies every request's SigV4 by AWS's spec; a wrong secret is refused.
+        proxy = SigV4Proxy(server.port, "S3RVER")
+        signed = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.server_address[1]}")
+        rc, log = run(tessera, ["train", config, "--run-dir", "runs/sig", "--set", "checkpoint.interval_steps=3",
+                                "--set", "train.max_steps=6", "--set", "checkpoint.keep=1", "--set",
+                                f"checkpoint.mirror_dir=s3://{BUCKET}/signed/a+b"] + common, signed, work)
+        shutil.rmtree(work / "runs/sig/checkpoints", ignore_errors=True)
+        rc2, log2 = run(tessera, ["train", config, "--run-dir", "runs/sig", "--resume", "auto", "--set",
+                                  "train.max_steps=8", "--set", f"checkpoint.mirror_dir=s3://{BUCKET}/signed/a+b"]
+                        + common, signed, work)
+        check(rc == 0 and rc2 == 0 and "resumed from s3://" in log2 and "pruned" in log and proxy.checked > 50,
+              f"every request signed by AWS SigV4: multipart, list, ranged GETs, deletes ({proxy.checked} checked)"
+              + ("" if rc == 0 and rc2 == 0 else log[-1500:] + log2[-1500:]))
+        rc, out = run(tessera, ["train", config, "--run-dir", "runs/sig2", "--set",
+                                f"checkpoint.mirror_dir=s3://{BUCKET}/signed"] + common,
+                      dict(signed, AWS_SECRET_ACCESS_KEY="wrong-secret-do-not-print"), work)
+        check(rc == 10 and "SignatureDoesNotMatch" in out and "wrong-secret" not in out,
+              f"a wrong secret: exit 10, SignatureDoesNotMatch, the secret not printed ({rc})")
+        proxy.shutdown()
+
+        # 5. Credentials, buckets, schemes.
         bad = dict(env, AWS_ACCESS_KEY_ID="NOT-A-KEY", AWS_SECRET_ACCESS_KEY="topsecret-do-not-print")
         rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set", f"checkpoint.mirror_dir={mirror}"]
                       + common, bad, work)
@@ -197,7 +300,7 @@ def main():
         rc, out = run(tessera, ["train", config, "--run-dir", "runs/w", "--set",
                                 "checkpoint.mirror_dir=gs://bucket/x"] + common, env, work)
         check(rc == 2 and "checkpoint.mirror_dir" in out, f"gs:// refused: exit 2 naming the key ({rc})")
-        # 5. Two nodes (two agents of `tessera launch` here): each node's first rank uploads its
+        # 6. Two nodes (two agents of `tessera launch` here): each node's first rank uploads its
         # node's object, rank 0 commits after both.
         launch_env = dict(env, TESSERA_JOB_TOKEN="s3-test-token-0123456789")
         agents = [subprocess.Popen([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
@@ -221,7 +324,7 @@ def main():
         rc, out = run(tessera, ["checkpoint", "verify", f"s3://{BUCKET}/multi/n2"], env, work)
         check(rc == 0 and out.count("ok ") == 2, f"the two-node checkpoints verify from the bucket (exit {rc})")
 
-        # 6. A dataset on the object store.
+        # 7. A dataset on the object store.
         prep = ["prepare", "--input", str(ROOT / "data/kjv.txt.zst"), "--tokenizer", "tok.model", "--val-fraction",
                 "0.02", "--shard-tokens", "200000"]
         rc, log = run(tessera, ["tokenizer", "train", "--input", str(ROOT / "data/kjv.txt.zst"), "--vocab-size", "512",
