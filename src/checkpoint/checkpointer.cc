@@ -551,6 +551,9 @@ void Checkpointer::node_upload_loop(int node) {
     std::string report;
     try {
       if (s3 == nullptr) s3 = &storage::default_s3_client();
+      if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
+        throw IoError(fmt::format("cannot upload node {}'s object (injected fault)", node));
+      }
       const TierUploadStats sent = upload_node_object(*s3, root_, step, mirror_root_, how, node);
       report = fmt::format("ok {} {} {}", sent.objects, sent.bytes, sent.puts);
       log::info("checkpoint step {}: node {}'s object uploaded ({} bytes, {} PUT request(s))", step, node, sent.bytes,

@@ -25,8 +25,14 @@ constexpr KindInfo kKinds[] = {{"kill", Kind::kKill, nullptr}, {"exit", Kind::kE
                                {"hang", Kind::kHang, nullptr}, {"slow", Kind::kSlow, nullptr},
                                {"io", Kind::kIo, nullptr},     {"nan", Kind::kNan, "backward"},
                                {"fail", Kind::kFail, "health"}};
-constexpr const char* kPhases[] = {
-    "health", "forward", "backward", "optimizer", "checkpoint.shard", "checkpoint.manifest", "checkpoint.commit"};
+constexpr const char* kPhases[] = {"health",
+                                   "forward",
+                                   "backward",
+                                   "optimizer",
+                                   "checkpoint.shard",
+                                   "checkpoint.manifest",
+                                   "checkpoint.commit",
+                                   "checkpoint.upload"};
 
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty() || s.size() > 18) return false;
@@ -92,7 +98,7 @@ bool parse(const std::string& text, Spec* spec, std::string* error) {
   if (!known_phase) {
     *error = "PHASE '" + parts[2] +
              "' is not one of health, forward, backward, optimizer, checkpoint.shard, checkpoint.manifest, "
-             "checkpoint.commit";
+             "checkpoint.commit, checkpoint.upload";
     return false;
   }
   s.phase = parts[2];

@@ -12,6 +12,7 @@
 //          checkpoint.shard     half-way through writing this rank's shard file
 //          checkpoint.manifest  before the manifest is renamed into place
 //          checkpoint.commit    after the manifest rename, before `latest` is replaced
+//          checkpoint.upload    before a node's object is uploaded to the object-store tier
 //   KIND   kill (SIGKILL itself), exit (exit code 1 at once), hang (stop forever), slow (sleep
 //          2 s), io (the write at that point fails as on a full disk; checkpoint phases),
 //          nan (the caller sets one of this rank's gradient values to NaN; backward only),
