@@ -262,17 +262,8 @@ std::string TokenStream::fetch(size_t i) const {
   const std::string path = cache_path(cache_dir_, url);
   const uint64_t bytes =
       kShardHeaderBytes + entries_[i].tokens * token_bytes_for(static_cast<uint64_t>(manifest_.vocab_size));
-  const FetchStats f = fetch_to_cache(storage::default_s3_client(), url, bytes, path);
-  std::lock_guard<std::mutex> lock(fetched_mu_);
-  fetched_.gets += f.gets;
-  fetched_.bytes += f.bytes;
-  fetched_.seconds += f.seconds;
+  fetch_to_cache(storage::default_s3_client(), url, bytes, path);  // logs what it fetched
   return path;
-}
-
-FetchStats TokenStream::fetched() const {
-  std::lock_guard<std::mutex> lock(fetched_mu_);
-  return fetched_;
 }
 
 void TokenStream::read(uint64_t begin, uint64_t n, int32_t* out) const {

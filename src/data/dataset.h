@@ -16,13 +16,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
-#include "data/object_cache.h"
 #include "data/shard.h"
 
 namespace tessera::data {
@@ -75,8 +73,6 @@ class TokenStream {
   // Tokens [begin, begin + n) of the stream, across shard boundaries; begin + n <= size(). From
   // one thread at a time.
   void read(uint64_t begin, uint64_t n, int32_t* out) const;
-  // What was fetched from the object store so far (zero for a local dataset).
-  FetchStats fetched() const;
 
  private:
   const Shard& shard(size_t i) const;  // opened (and for s3://, fetched) on first use
@@ -89,8 +85,6 @@ class TokenStream {
   mutable std::vector<std::unique_ptr<Shard>> shards_;
   std::vector<uint64_t> starts_;  // first stream index of each shard
   uint64_t total_ = 0;
-  mutable std::mutex fetched_mu_;
-  mutable FetchStats fetched_;
   mutable std::thread read_ahead_;  // fetching the shard after the last one opened
 };
 
