@@ -11,7 +11,10 @@ runtime: there a rank's peak moves by up to 8 MiB from run to run (glibc keeps s
 scratchpads page faults, a third of the step), so 10 MiB there. Tokens/s within 15%, except
 `tiny` at 2 processes, whose 10 ms steps are mostly scheduling between two ranks and their Gloo
 threads on two cores (+-30% from one bench to the next, and the plan's probe run as much): printed,
-not asserted. CI runs `tiny`; scripts/nightly.sh adds `bench` (TESSERA_PLAN_PRESETS).
+not asserted. `tiny` at 1 process moves by up to 25% from one pair to the next on a shared machine
+(a CI run saw the bench at 62.7k tokens/s against the plan's 47.2k, and 37.6k here the same day),
+so there plan and bench alternate five times and the median pair's error is the one asserted.
+CI runs `tiny`; scripts/nightly.sh adds `bench` (TESSERA_PLAN_PRESETS).
 
 usage: plan_vs_bench_test.py TESSERA_BINARY
 """
@@ -40,18 +43,24 @@ for preset in presets:
     for nproc, strategy in cases:
         common = ["--set", f"parallel.strategy={strategy}"]
         # bench's config: micro-batch 4 per rank, one thread per rank when there are several.
-        plan = run_json(["plan", "--hardware", "cpu", "--gpus-per-node", str(nproc), "--json",
-                         "--set", f"model.preset={preset}", "--set", f"train.batch_size={4 * nproc}",
-                         "--set", "train.micro_batch_size=4", "--set", f"train.threads={1 if nproc > 1 else 0}"]
-                        + common)
-        bench = run_json(["bench", "--preset", preset, "--steps", str(steps.get(preset, 6)), "--nproc", str(nproc)]
-                         + common)
+        plan_args = ["plan", "--hardware", "cpu", "--gpus-per-node", str(nproc), "--json",
+                     "--set", f"model.preset={preset}", "--set", f"train.batch_size={4 * nproc}",
+                     "--set", "train.micro_batch_size=4", "--set", f"train.threads={1 if nproc > 1 else 0}"] + common
+        bench_args = ["bench", "--preset", preset, "--steps", str(steps.get(preset, 6)), "--nproc", str(nproc)] + common
+        pairs = []  # (tokens/s error, plan, bench), plan and bench alternating
+        for _ in range(5 if (preset == "tiny" and nproc == 1) else 1):
+            plan, bench = run_json(plan_args), run_json(bench_args)
+            tps_plan, tps_real = plan["step"]["tokens_per_s"], bench["tokens_per_s"]
+            pairs.append(((tps_plan - tps_real) / tps_real, plan, bench))
+        tps_err, plan, bench = sorted(pairs, key=lambda p: p[0])[len(pairs) // 2]
         mem_plan, mem_real = plan["memory"]["total_bytes"], bench["peak_rss_bytes_per_rank"]
         tps_plan, tps_real = plan["step"]["tokens_per_s"], bench["tokens_per_s"]
-        mem_err, tps_err = (mem_plan - mem_real) / mem_real, (tps_plan - tps_real) / tps_real
+        mem_err = (mem_plan - mem_real) / mem_real
         label = "1 process" if nproc == 1 else f"2 x {strategy}"
         print(f"{preset:<7} {label:<16} {mem_plan / MiB:9.1f} {mem_real / MiB:9.1f} {100 * mem_err:+6.1f}% "
-              f"{tps_plan:11.0f} {tps_real:12.0f} {100 * tps_err:+6.1f}%", flush=True)
+              f"{tps_plan:11.0f} {tps_real:12.0f} {100 * tps_err:+6.1f}%"
+              + (f"  (median of {', '.join(f'{100 * p[0]:+.1f}%' for p in pairs)})" if len(pairs) > 1 else ""),
+              flush=True)
         mem_ok = abs(mem_err) <= 0.05 or (preset == "tiny" and nproc > 1 and abs(mem_plan - mem_real) <= 10 * MiB)
         if not mem_ok:
             failures.append(f"{preset} {label}: memory {100 * mem_err:+.1f}%")
