@@ -110,6 +110,17 @@ cmp -s "$dir/ref/checkpoints/step_00000002/shard_00000.bin" "$ck/step_00000002/s
   fail "nan-skip: step 2 differs from the reference run"
 echo "ok: NaN on rank 1 at step 3 with on_nonfinite=skip: finished in ${secs}s, step 3 skipped, its checkpoint bitwise equals step 2's (AdamW's count too), all values finite, verify ok"
 
+# --- the same under no_shard, whose replicas all-reduce each unit's gradients during the
+# backward: the NaN enters before those reductions, so both replicas see it and skip step 3
+TESSERA_FAULT=1:3:backward:nan run nan-skip-ddp 0 --set train.on_nonfinite=skip --set parallel.strategy=no_shard
+$py - "$dir/nan-skip-ddp/metrics.jsonl" <<'PY' || fail "nan-skip-ddp: metrics"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in recs if r.get("skipped")] == [3], recs
+PY
+all_finite "$dir/nan-skip-ddp" >/dev/null || fail "nan-skip-ddp: non-finite values"
+echo "ok: NaN on rank 1 at step 3 under no_shard: both replicas skipped step 3 in ${secs}s"
+
 # --- skip, but every step non-finite: stops after max_skipped_steps in a row
 TESSERA_FAULT='1:*:backward:nan' run nan-always 11 --set train.on_nonfinite=skip --set train.max_skipped_steps=2
 has nan-always 'step 3: loss .* 3 steps in a row were not finite \(train.max_skipped_steps = 2\)'

@@ -6,8 +6,8 @@
 //   PHASE  where in the code:
 //          health               the health check before step 0 (train/health.h)
 //          forward              before the step's first micro-batch
-//          backward             after the step's last micro-batch, before its gradients are
-//                               finished (waited for, norm taken)
+//          backward             before the backward of the step's last micro-batch, whose
+//                               gradients are reduced as each unit's backward ends
 //          optimizer            before the optimizer update
 //          checkpoint.shard     half-way through writing this rank's shard file
 //          checkpoint.manifest  before the manifest is renamed into place

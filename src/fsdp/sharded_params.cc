@@ -31,6 +31,7 @@ struct ShardedParams::Unit {
   bool backward_done = false;     // shard_grad_op frees after the unit's backward
   float* full_grad = nullptr;     // full-size gradient being accumulated (S > 1)
   std::unique_ptr<comm::Work> reduce;
+  std::unique_ptr<comm::Work> replica_reduce;  // the gradient shard's all-reduce over the replicas
   // bf16 communication: the master shard rounded for sending (S = 1 with param_dtype bf16: the
   // bf16 image that acquire_bf16 hands out); the reduced gradient shard before widening.
   uint16_t* send16 = nullptr;
@@ -226,13 +227,22 @@ void ShardedParams::release(int unit) {
 
 void ShardedParams::complete_oldest_reduction() {
   CHECK_MSG(!pending_.empty(), "no gradient buffer free and no reduction in flight");
-  Unit& u = *units_[pending_.front()];
+  const int pending_unit = pending_.front();
+  Unit& u = *units_[pending_unit];
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
   if (reduce_dtype_ == comm::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.range.size);
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
+  issue_replica_reduction(pending_unit);
+}
+
+void ShardedParams::issue_replica_reduction(int unit) {
+  if (replica_group_ == nullptr) return;
+  Unit& u = *units_[unit];
+  u.replica_reduce = replica_group_->all_reduce(u.grad, u.range.size, comm::DType::kF32, options_);
+  replica_pending_.push_back(unit);
 }
 
 float* ShardedParams::grads(int unit) {
@@ -250,6 +260,11 @@ float* ShardedParams::grads(int unit) {
 void ShardedParams::grads_ready(int unit) {
   Unit& u = *units_[unit];
   u.backward_done = true;
+  if (poison_) {  // before any reduction reads the gradient, as a NaN from the backward would be
+    (shards_ == 1 ? u.grad : u.full_grad)[0] = std::numeric_limits<float>::quiet_NaN();
+    poison_ = false;
+  }
+  if (shards_ == 1 && micro_ == accumulation_ - 1) issue_replica_reduction(unit);  // DDP's bucket
   if (shards_ > 1 && micro_ == accumulation_ - 1) {
     // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
     // buffer's companion, reduced into a staging shard that is widened on completion).
@@ -286,14 +301,15 @@ void ShardedParams::begin_step() {
   micro_ = 0;
 }
 
-double ShardedParams::finish_step(bool poison) {
+double ShardedParams::finish_step() {
   while (!pending_.empty()) complete_oldest_reduction();
-  if (poison && !units_.empty() && units_[0]->range.size > 0) units_[0]->grad[0] = std::numeric_limits<float>::quiet_NaN();
-  if (replica_group_ != nullptr) {
-    std::vector<std::unique_ptr<comm::Work>> works;
-    for (auto& u : units_) works.push_back(replica_group_->all_reduce(u->grad, u->range.size, comm::DType::kF32, options_));
-    for (auto& w : works) wait(*w);
+  CHECK_MSG(replica_group_ == nullptr || replica_pending_.size() == units_.size(),
+            "a unit's gradients were never marked ready: its replicas would not be reduced");
+  for (int unit : replica_pending_) {
+    wait(*units_[unit]->replica_reduce);
+    units_[unit]->replica_reduce.reset();
   }
+  replica_pending_.clear();
   join_tied_gradients();
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
   // tp ranks' blocks and the pipeline's stages.

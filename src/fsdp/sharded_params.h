@@ -98,10 +98,12 @@ class ShardedParams final : public model::ParamSource {
   void begin_step();
   // Before each micro-batch; gradients are reduced during the last one (index accumulation - 1).
   void begin_micro_batch(int64_t index) { micro_ = index; }
+  // Fault injection (core/fault.h, kind nan): the next unit whose gradients are ready gets a NaN
+  // on this rank before any reduction reads them, as if its backward had produced one; the
+  // reductions and the norm spread it to every rank.
+  void poison_next_gradients() { poison_ = true; }
   // After the last micro-batch: waits for every reduction; returns the global gradient norm.
-  // poison (fault injection, core/fault.h kind nan): once this rank's reductions are done, its
-  // first gradient value becomes NaN, so the replica reduction and the norm spread it.
-  double finish_step(bool poison = false);
+  double finish_step();
   // Scales the gradient shards by grad_scale (the clip factor, times any rescaling of the loss),
   // then has `adamw` update each master shard from its gradient shard. step: AdamW's 1-based
   // update count (bias correction). adamw holds moments for shard_sizes().
@@ -138,7 +140,11 @@ class ShardedParams final : public model::ParamSource {
   void acquire_unit(int unit);  // gathers (or waits for) the unit, counts the reference, prefetches
   void free_params(int unit);
   void maybe_free_params(int unit);
-  void complete_oldest_reduction();
+  void complete_oldest_reduction();  // also issues the unit's replica reduction
+  // The unit's gradient shard, complete on this rank, all-reduced over dp_replicate (no-op
+  // without replicas): no_shard issues it as the unit's backward ends (DDP's bucket: one unit),
+  // hybrid_shard once its reduce-scatter is done; finish_step waits for them all.
+  void issue_replica_reduction(int unit);
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void wait_tp(comm::Work& work);  // the same, counted as the tp collectives' too
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
@@ -162,10 +168,12 @@ class ShardedParams final : public model::ParamSource {
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
   std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer
   std::vector<int> pending_;  // units whose gradient reduce-scatter is in flight, oldest first
+  std::vector<int> replica_pending_;  // units whose replica all-reduce is in flight
   std::vector<int> order_;    // acquire order recorded during the first step
   bool recording_ = true;
   size_t cursor_ = 0;
   int64_t micro_ = 0;         // index of the micro-batch in progress
+  bool poison_ = false;       // poison_next_gradients() was called
   double exposed_seconds_ = 0.0;
   double tp_seconds_ = 0.0;
 };

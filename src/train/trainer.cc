@@ -226,7 +226,6 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   // no extra collective, and no rescaling pass unless targets were ignored.
   const int64_t positions = config_.tokens_per_step();
   model::LossSum loss_sum = accumulate_gradients(next, positions, clock, times);
-  const bool poison = fault::point("backward", dist_.rank(), step_ + 1) == fault::Kind::kNan;
   // This rank's busy time (forward and backward, not the time spent waiting on collectives or
   // data): a slow rank shows here, its peers only wait for it.
   rank_busy_[dist_.rank()] = times.forward + times.backward;
@@ -242,7 +241,7 @@ StepStats Trainer::step(const BatchSource& next, uint32_t signals) {
   // positions / count: 1 unless targets were ignored; 0 when none is valid (zero gradients).
   const double rescale =
       loss_sum.count > 0 ? static_cast<double>(positions) / static_cast<double>(loss_sum.count) : 0.0;
-  const double grad_norm = params_->finish_step(poison) * rescale;
+  const double grad_norm = params_->finish_step() * rescale;
   times.optimizer += clock.compute();
   const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
   if (finite) {
@@ -274,7 +273,13 @@ model::LossSum Trainer::accumulate_gradients(const BatchSource& next, int64_t po
     return b;
   };
   PipelineStageRunner::Hooks hooks;
-  hooks.before = [&](const PipelineOp& op) { params_->begin_micro_batch(op.micro_batch); };
+  hooks.before = [&](const PipelineOp& op) {
+    params_->begin_micro_batch(op.micro_batch);
+    if (!op.forward && op.micro_batch == config_.accumulation_steps() - 1 &&
+        fault::point("backward", dist_.rank(), step_ + 1) == fault::Kind::kNan) {
+      params_->poison_next_gradients();
+    }
+  };
   hooks.after = [&](const PipelineOp& op, double head_backward_seconds) {
     const double seconds = clock.compute();
     (op.forward ? times.forward : times.backward) += seconds - head_backward_seconds;
