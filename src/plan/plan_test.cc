@@ -116,6 +116,24 @@ TEST(StepPlan, CommunicationFollowsTheStrategyAndTheLinks) {
   EXPECT_EQ(full.tp_comm_s, 0.0);
 }
 
+TEST(StepPlan, NoShardOverlapsItsAllReducesWithTheBackward) {
+  // no_shard all-reduces each unit's gradients as its backward ends: across two nodes the
+  // all-reduces of 7B's fp32 gradients take seconds, about as long as a backward of 16
+  // sequences, so most hide behind it; at least the last unit's (the embedding's, after the
+  // whole backward) is exposed.
+  const Cluster two{*hardware_preset("a100-80gb"), 2, 8};
+  const config::Config c =
+      llama7b({{"parallel.strategy", "no_shard"}, {"train.batch_size", "256"}, {"train.micro_batch_size", "16"}});
+  const StepPlan s = plan_config(c, two, 1).step;
+  EXPECT_GT(s.dp_comm_s, 1.0);
+  EXPECT_LT(s.dp_exposed_s, 0.5 * s.dp_comm_s);
+  const model::ModelLayout layout(c.model);
+  const Hardware& h = two.hardware;
+  const double embedding = ring_all_reduce_seconds(4.0 * static_cast<double>(layout.unit(0).padded), 16,
+                                                   std::min(h.intra_bandwidth, h.inter_bandwidth / 8), h.inter_latency);
+  EXPECT_GE(s.dp_exposed_s, embedding);
+}
+
 TEST(StepPlan, PipelineBubble) {
   const Cluster cluster{fast_links(), 1, 8};
   // pp 4 x dp 2, 16 micro-batches of 1 per dp rank: the bubble is (P - 1) / (m + P - 1).

@@ -1,6 +1,7 @@
 #include "plan/speed.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "core/check.h"
@@ -117,6 +118,21 @@ double exposed_gathers(const std::vector<double>& gather_s, const std::vector<do
   return exposed + in_flight;
 }
 
+// Exposed seconds of no_shard's all-reduces on the last micro-batch: each unit's starts when its
+// backward ends (or when the one before it is done: one group, one collective at a time) and runs
+// beside the backward of the units after it; what is left when the backward ends is exposed.
+// (hybrid_shard's start once their reduce-scatters are waited for, mostly after the backward:
+// counted whole.)
+double exposed_replica_reductions(const std::vector<double>& ar_s, const std::vector<double>& bwd_s) {
+  double now = 0.0, done = 0.0;  // backward time, and when the group is free
+  for (size_t i = 0; i < ar_s.size(); ++i) {
+    const size_t u = ar_s.size() - 1 - i;
+    now += bwd_s[u];
+    done = std::max(done, now) + ar_s[u];
+  }
+  return std::max(0.0, done - now);
+}
+
 }  // namespace
 
 double ring_gather_seconds(double bytes, int n, double bandwidth, double latency) {
@@ -165,10 +181,13 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
       for (size_t u = 0; u < gather.size(); ++u)
         comm += static_cast<double>(m) * gather[u] * (regather ? 2 : 1) + rs[u];
     }
-    if (R > 1) {  // replicas all-reduce the fp32 gradient shards after the backward, exposed
-      const double ar = ring_all_reduce_seconds(shard_elements * 4.0, R, replica_link.bandwidth, replica_link.latency);
-      exposed += ar;
-      comm += ar;
+    if (R > 1) {  // replicas all-reduce the fp32 gradient shards, unit by unit
+      std::vector<double> ar;
+      for (double L : w.unit_elements) {
+        ar.push_back(ring_all_reduce_seconds(L / S * 4.0, R, replica_link.bandwidth, replica_link.latency));
+        comm += ar.back();
+      }
+      exposed += S > 1 ? std::accumulate(ar.begin(), ar.end(), 0.0) : exposed_replica_reductions(ar, bwd);
     }
     // AdamW reads master, gradient and both moments and writes three (28 bytes per element); the
     // norm reads the gradient and the next step zeroes it (8); a bf16 image is rounded (6).
