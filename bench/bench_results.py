@@ -48,3 +48,15 @@ def median_round(work, name, rounds, script, rss_key):
     chosen = runs[(len(runs) - 1) // 2]
     chosen["all_tokens_per_s"] = [j["tokens_per_s"] for j in runs]
     return chosen
+
+
+def write_summary(path, mode, tessera, peer):
+    """Appends one mode's figures to PATH as a JSON line (nothing when PATH is empty): the line
+    bench/table.sh turns into a row."""
+    if not path:
+        return
+    line = {"mode": mode, "tessera_tokens_per_s": tessera["tokens_per_s"],
+            "peer_tokens_per_s": peer["tokens_per_s"], "ratio": tessera["tokens_per_s"] / peer["tokens_per_s"],
+            "tessera_exposed_comm_s": tessera.get("exposed_comm_s"), "tessera_mfu": tessera.get("mfu")}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

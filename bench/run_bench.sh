@@ -3,10 +3,12 @@
 #
 #   bench/run_bench.sh [--preset bench|tiny] [--steps 12] [--threads 2] [--rounds 1]
 #                      [--dtype fp32|bf16] [--tessera build/release/bin/tessera] [--checkpoint]
+#                      [--summary FILE]
 #
 # --checkpoint: each run then saves three checkpoints (params and AdamW state) into its temporary
 # folder and reports the step loop's stall per save: Tessera's asynchronous sharded save beside
 # PyTorch's synchronous torch.save of both state dicts (fsynced).
+# --summary FILE: also appends the ratio to the tuned peer as one JSON line (bench/table.sh reads it).
 #
 # Each round runs, in this order: (a) Tessera, in the environment as given; (b) the PyTorch peer
 # tuned; (c) the PyTorch peer as given. Alternating within a round keeps a slow drift of the
@@ -33,6 +35,7 @@ threads=2
 rounds=1
 checkpoint=0
 dtype=fp32
+summary=
 tessera=$root/build/release/bin/tessera
 python=${PYTHON:-/usr/bin/python3}  # Debian's interpreter: the one with python3-torch
 tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -50,6 +53,7 @@ while (($#)); do
     --dtype) dtype=${2:?--dtype needs a value}; shift 2 ;;
     --tessera) tessera=${2:?--tessera needs a value}; shift 2 ;;
     --checkpoint) checkpoint=1; shift ;;
+    --summary) summary=${2:?--summary needs a file}; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -104,7 +108,7 @@ if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
 
-BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads DTYPE=$dtype COMMIT=$commit \
+SUMMARY=$summary BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads DTYPE=$dtype COMMIT=$commit \
   CPU="${cpu:-unknown} ($(nproc) CPUs available)" \
   TESSERA_CMD="${tessera_cmd[*]}" TUNED_CMD="${tuned_env[*]} ${peer_cmd[*]}" \
   GIVEN_CMD="${peer_cmd[*]}" "$python" - <<'EOF'
@@ -115,7 +119,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.environ["BENCH_DIR"])
-from bench_results import median_round  # noqa: E402
+from bench_results import median_round, write_summary  # noqa: E402
 
 env = os.environ
 work, rounds = env["WORK"], int(env["ROUNDS"])
@@ -190,6 +194,8 @@ if "blas_corename" not in tuned:
                     f"this peer is slower than the one to beat")
 for w in warnings:
     print(f"warning: {w}")
+threads = env["THREADS"]
+write_summary(env["SUMMARY"], f"{env['DTYPE']}, 1 process x {threads} threads", tessera, tuned)
 
 print()
 print("commands")

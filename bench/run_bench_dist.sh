@@ -2,7 +2,7 @@
 # The multi-process benchmark: Tessera's sharded data parallel and PyTorch FSDP / DDP, alternating.
 #
 #   bench/run_bench_dist.sh [--preset bench|tiny] [--steps 12] [--nproc 2] [--rounds 1]
-#                           [--tessera build/release/bin/tessera] [--given]
+#                           [--tessera build/release/bin/tessera] [--given] [--summary FILE]
 #
 # Each round runs, in this order, --nproc processes x 1 thread unless stated:
 #   Tessera full_shard, PyTorch FSDP FULL_SHARD, Tessera shard_grad_op, PyTorch FSDP
@@ -15,6 +15,7 @@
 # The PyTorch peer (bench/peers/torch_fsdp_bench.py) is run tuned (BENCHMARKS.md): OpenBLAS picks
 # its own core type and tcmalloc keeps its activation buffers, set for the peer's command alone.
 # --given adds the peer in the environment as given, for context (3-5x slower: minutes per mode).
+# --summary FILE: also appends each mode's ratio to its tuned peer as JSON lines (bench/table.sh).
 #
 # Peak RSS per rank comes from the program's JSON (peak_rss_bytes_per_rank, else peak_rss_bytes),
 # else from getrusage(RUSAGE_CHILDREN) in a small Python wrapper, which is the largest single
@@ -27,6 +28,7 @@ steps=12
 nproc=2
 rounds=1
 given=0
+summary=
 tessera=$root/build/release/bin/tessera
 python=${PYTHON:-/usr/bin/python3}  # Debian's interpreter: the one with python3-torch
 tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -43,6 +45,7 @@ while (($#)); do
     --rounds) rounds=${2:?--rounds needs a value}; shift 2 ;;
     --tessera) tessera=${2:?--tessera needs a value}; shift 2 ;;
     --given) given=1; shift ;;
+    --summary) summary=${2:?--summary needs a file}; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -113,7 +116,7 @@ if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
 
-BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps NPROC=$nproc GIVEN=$given COMMIT=$commit \
+SUMMARY=$summary BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps NPROC=$nproc GIVEN=$given COMMIT=$commit \
   CPU="${cpu:-unknown} ($(nproc) CPUs available)" LOAD="$load_before before, $load_after after" \
   TESSERA_CMD="$(tessera_cmd STRATEGY && echo "${cmd[*]}")" TESSERA_SINGLE_CMD="${tessera_single[*]}" \
   TUNED_CMD="${tuned_env[*]} $(peer_cmd MODE && echo "${cmd[*]}")" \
@@ -125,7 +128,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.environ["BENCH_DIR"])
-from bench_results import median_round  # noqa: E402
+from bench_results import median_round, write_summary  # noqa: E402
 
 env = os.environ
 work, rounds, nproc = env["WORK"], int(env["ROUNDS"]), int(env["NPROC"])
@@ -223,6 +226,11 @@ for k in ("tuned.fsdp_full_shard", "tuned.fsdp_shard_grad_op"):
         warnings.append(f"PyTorch {k[6:]} first loss {loss} differs from DDP's {ddp_loss}")
 for w in warnings:
     print(f"warning: {w}")
+for strategy, peer_mode, peer_name in (("full_shard", "fsdp_full_shard", "FSDP FULL_SHARD"),
+                                       ("shard_grad_op", "fsdp_shard_grad_op", "FSDP SHARD_GRAD_OP"),
+                                       ("no_shard", "ddp", "DDP")):
+    write_summary(env["SUMMARY"], f"{strategy} vs {peer_name}, {nproc} x 1", res[f"tessera.{strategy}"],
+                  res[f"tuned.{peer_mode}"])
 
 print()
 print("commands")
