@@ -37,6 +37,7 @@ struct ShardedParams::Unit {
   uint16_t* send16 = nullptr;
   uint16_t* recv16 = nullptr;
   bool widened = false;           // bf16 gather: full holds the companion widened to fp32
+  bool image_fresh = false;       // param_dtype bf16: send16 holds the master rounded, as it is now
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
@@ -153,7 +154,7 @@ void ShardedParams::issue_gather(int unit) {
   u.backward_done = false;
   u.widened = false;
   if (param_dtype_ == comm::DType::kBF16) {
-    f32_to_bf16(u.master, u.send16, u.range.size);
+    refresh_image(u);
     u.gather = shard_group_->all_gather(u.send16, companion_.at(u.full), u.range.size, comm::DType::kBF16, options_);
   } else {
     u.gather = shard_group_->all_gather(u.master, u.full, u.range.size, comm::DType::kF32, options_);
@@ -195,12 +196,17 @@ const float* ShardedParams::acquire(int unit) {
 const uint16_t* ShardedParams::acquire_bf16(int unit) {
   if (param_dtype_ != comm::DType::kBF16) return nullptr;
   Unit& u = *units_[unit];
-  // S = 1 gathers nothing: the image is the master rounded, rounded again whenever the unit is
-  // acquired afresh, since masters change between steps (and through master_shard()). That
-  // costs ~1/(B T) of the unit's GEMMs.
-  if (shards_ == 1 && u.refs == 0) k::to_bf16(u.send16, u.master, u.range.size);
+  // S = 1 gathers nothing: the image is the master rounded (by the last update, or here when the
+  // master was written otherwise).
+  if (shards_ == 1) refresh_image(u);
   acquire_unit(unit);
   return shards_ == 1 ? u.send16 : companion_.at(u.full);
+}
+
+void ShardedParams::refresh_image(Unit& u) {
+  if (u.image_fresh) return;
+  k::to_bf16(u.send16, u.master, u.range.size);
+  u.image_fresh = true;
 }
 
 void ShardedParams::acquire_unit(int unit) {
@@ -343,8 +349,11 @@ double ShardedParams::local_sum_squares() const {
 void ShardedParams::apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale) {
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
-    if (grad_scale != 1.0) k::scale_inplace(u.grad, u.range.size, static_cast<float>(grad_scale));
-    adamw.update(layout_.units()[i], i, u.range.begin, u.master, u.grad, lr, step);
+    // The clip factor scales the gradient as AdamW reads it; with bf16 parameters the same pass
+    // writes the next step's bf16 image of the master.
+    optim::UpdateOptions options{grad_scale, param_dtype_ == comm::DType::kBF16 ? u.send16 : nullptr};
+    adamw.update(layout_.units()[i], i, u.range.begin, u.master, u.grad, lr, step, options);
+    u.image_fresh = options.image != nullptr;
   }
   sync_tied_copy();
 }
@@ -384,6 +393,7 @@ void ShardedParams::sync_tied_copy() {
   } else {
     Unit& copy = *units_[layout_.num_units()];
     wait(*pp_group_->recv(copy.master, copy.range.size, comm::DType::kF32, peer, kTiedValuesTag, options_));
+    copy.image_fresh = false;
   }
 }
 
@@ -448,12 +458,16 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
       const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
       for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = block[e - spec.offset];
     }
+    u.image_fresh = false;
   }
   sync_tied_copy();
 }
 
 parallel::ShardRange ShardedParams::shard_range(int unit) const { return units_[unit]->range; }
-float* ShardedParams::master_shard(int unit) { return units_[unit]->master; }
+float* ShardedParams::master_shard(int unit) {
+  units_[unit]->image_fresh = false;  // the caller may write it
+  return units_[unit]->master;
+}
 
 StateBytes ShardedParams::state_bytes() const {
   StateBytes b;

@@ -104,9 +104,10 @@ class ShardedParams final : public model::ParamSource {
   void poison_next_gradients() { poison_ = true; }
   // After the last micro-batch: waits for every reduction; returns the global gradient norm.
   double finish_step();
-  // Scales the gradient shards by grad_scale (the clip factor, times any rescaling of the loss),
-  // then has `adamw` update each master shard from its gradient shard. step: AdamW's 1-based
-  // update count (bias correction). adamw holds moments for shard_sizes().
+  // Has `adamw` update each master shard from its gradient shard scaled by grad_scale (the clip
+  // factor, times any rescaling of the loss), in one pass that with bf16 parameters also writes
+  // the next step's bf16 image. step: AdamW's 1-based update count (bias correction). adamw holds
+  // moments for shard_sizes().
   void apply_update(optim::AdamW& adamw, double lr, int64_t step, double grad_scale);
   std::vector<int64_t> shard_sizes() const;  // shard_range(u).size of every unit of the layout
   // Tied embeddings under pipeline parallelism (model::ModelLayout::tied_copy): the first stage
@@ -118,8 +119,8 @@ class ShardedParams final : public model::ParamSource {
   // Every parameter tensor by name, whole: gathered from all shards and every tp rank's block (a
   // collective: all ranks call it).
   std::vector<model::NamedTensor> gather_named_tensors();
-  // The same for the gradient shards as the last step left them: reduced, and scaled by
-  // apply_update's grad_scale once it ran (a collective).
+  // The same for the gradient shards as the last step left them: reduced, not scaled (apply_update
+  // scales them as AdamW reads them; a collective).
   std::vector<model::NamedTensor> gather_named_gradients();
   // Sets this rank's shards from whole tensors by name (its tp block's part of each). Throws
   // DataError naming `origin` and the tensor when one is missing or has another shape. A collective
@@ -127,7 +128,7 @@ class ShardedParams final : public model::ParamSource {
   void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
   parallel::ShardRange shard_range(int unit) const;
-  float* master_shard(int unit);
+  float* master_shard(int unit);  // (marks the unit's bf16 image stale: the caller may write it)
   StateBytes state_bytes() const;
   ArenaBytes arena_bytes() const { return {state_.capacity(), pool_.capacity(), 0, 0, 0}; }  // as allocated
   double exposed_comm_seconds() const { return exposed_seconds_; }
@@ -148,6 +149,7 @@ class ShardedParams final : public model::ParamSource {
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void wait_tp(comm::Work& work);  // the same, counted as the tp collectives' too
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
+  void refresh_image(Unit& u);  // rounds the master into its bf16 image unless that is current
   double local_sum_squares() const;  // of the gradient shards, each element of the model once
   int tied_peer() const;             // the stage holding the other side of a tied table, or -1
   void join_tied_gradients();        // the copy's gradient shard added to the table's

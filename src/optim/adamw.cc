@@ -8,19 +8,20 @@
 namespace tessera::optim {
 
 void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                  float* v, const AdamWConfig& config, double lr, int64_t step) {
+                  float* v, const AdamWConfig& config, double lr, int64_t step, const UpdateOptions& options) {
   kernels::AdamWParams ap;
   ap.lr = static_cast<float>(lr);
   ap.beta1 = static_cast<float>(config.beta1);
   ap.beta2 = static_cast<float>(config.beta2);
   ap.eps = static_cast<float>(config.eps);
   ap.step = step;
+  ap.grad_scale = static_cast<float>(options.grad_scale);
   for (const model::TensorSpec& t : unit.tensors) {
     const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel());
     if (lo >= hi) continue;
     ap.weight_decay = t.decay ? static_cast<float>(config.weight_decay) : 0.0f;
     const int64_t o = lo - begin;
-    kernels::cpu::adamw_step(p + o, g + o, m + o, v + o, hi - lo, ap);
+    kernels::cpu::adamw_step(p + o, g + o, m + o, v + o, hi - lo, ap, options.image ? options.image + o : nullptr);
   }
 }
 
@@ -39,8 +40,8 @@ AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes)
 }
 
 void AdamW::update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
-                   int64_t step) {
-  adamw_update(unit, begin, begin + sizes_[u], master, grad, m_[u], v_[u], config_, lr, step);
+                   int64_t step, const UpdateOptions& options) {
+  adamw_update(unit, begin, begin + sizes_[u], master, grad, m_[u], v_[u], config_, lr, step, options);
 }
 
 uint64_t AdamW::bytes() const {

@@ -25,10 +25,17 @@ struct AdamWConfig {
   double weight_decay = 0.1;
 };
 
-// Updates elements [begin, end) of `unit`: p, g, m, v point at element `begin`. Padding is left
-// untouched; tensors without decay (norm gains) get weight_decay 0. step is 1-based.
+// How one update reads its gradient and what else it writes.
+struct UpdateOptions {
+  double grad_scale = 1.0;     // the gradient is multiplied by it first (the clip factor)
+  uint16_t* image = nullptr;   // optional: the updated parameters rounded to bf16, written too
+};
+
+// Updates elements [begin, end) of `unit`: p, g, m, v (and options.image) point at element
+// `begin`. Padding is left untouched; tensors without decay (norm gains) get weight_decay 0.
+// step is 1-based.
 void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                  float* v, const AdamWConfig& config, double lr, int64_t step);
+                  float* v, const AdamWConfig& config, double lr, int64_t step, const UpdateOptions& options = {});
 
 // AdamW's state for one rank: the fp32 first and second moments (exp_avg, exp_avg_sq) of its
 // slice of each unit, zero at the start, planned in one arena.
@@ -41,7 +48,7 @@ class AdamW {
   // tensors it overlaps decide the weight decay): master and grad hold slice_sizes[u] elements.
   // step: the 1-based update count (bias correction).
   void update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
-              int64_t step);
+              int64_t step, const UpdateOptions& options = {});
 
   float* exp_avg(int u) { return m_[u]; }
   float* exp_avg_sq(int u) { return v_[u]; }

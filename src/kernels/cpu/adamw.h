@@ -7,6 +7,9 @@
 
 namespace tessera::kernels::cpu {
 
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p);
+// param_bf16 (optional): also written, with each updated parameter rounded to bf16 (core/bf16.h),
+// the image the next step's bf16 GEMMs read, in the same pass.
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
+                uint16_t* param_bf16 = nullptr);
 
 }  // namespace tessera::kernels::cpu

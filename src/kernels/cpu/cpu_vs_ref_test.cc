@@ -887,7 +887,9 @@ TEST_P(CpuVsRef, CrossEntropy) {
 // (sqrt, the rounded 1/sqrt(bc2), the product) and denom = A + eps adds u. The update U =
 // (lr/bc1) m / denom errs by |U| (3u + d(denom)/denom) + (lr/bc1) dm / denom; the decayed
 // parameter by 3u |p0 (1 - lr wd)| (the float decay factor and product); the final subtraction
-// and the ref's rounding by 2u |p|.
+// and the ref's rounding by 2u |p|. Both scale the gradient by grad_scale in float first (the
+// same product), so g below is the scaled gradient. The bf16 image the cpu kernel writes in the
+// same pass is its own parameters rounded, bit for bit.
 TEST_P(CpuVsRef, AdamW) {
   for (int64_t n : {1, 7, 33, 1030}) {
     for (int64_t step : {1, 7}) {
@@ -896,19 +898,27 @@ TEST_P(CpuVsRef, AdamW) {
       hp.lr = 1e-2f;
       hp.weight_decay = 0.1f;
       hp.step = step;
-      const Floats p0 = randn(n, 180), g = randn(n, 181, 1e-2);
+      hp.grad_scale = step == 1 ? 1.0f : 0.37f;
+      const Floats p0 = randn(n, 180), raw_g = randn(n, 181, 1e-2);
+      Floats g(n);
+      for (int64_t i = 0; i < n; ++i) g[i] = raw_g[i] * hp.grad_scale;
       Floats m0(n, 0.0f), v0(n, 0.0f);
       if (step > 1) {
         m0 = randn(n, 182, 1e-2);
         v0 = squared(randn(n, 183, 1e-2));
       }
       Floats ref_p = p0, ref_m = m0, ref_v = v0;
-      ref::adamw_step(ref_p.data(), g.data(), ref_m.data(), ref_v.data(), n, hp);
+      ref::adamw_step(ref_p.data(), raw_g.data(), ref_m.data(), ref_v.data(), n, hp);
       const auto got = run_twice("adamw", [&] {
         Floats p = p0, m = m0, v = v0;
-        cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, hp);
+        cpu::adamw_step(p.data(), raw_g.data(), m.data(), v.data(), n, hp);
         return std::vector<Floats>{p, m, v};
       });
+      Floats p1 = p0, m1 = m0, v1 = v0;
+      std::vector<uint16_t> image(n, 0xffff);
+      cpu::adamw_step(p1.data(), raw_g.data(), m1.data(), v1.data(), n, hp, image.data());
+      EXPECT_EQ(p1, got[0]);  // writing the image changes nothing else
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(image[i], f32_to_bf16(p1[i])) << "image element " << i;
       const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, eps = hp.eps;
       const double bc1 = 1 - std::pow(b1, static_cast<double>(step)), bc2 = 1 - std::pow(b2, static_cast<double>(step));
       Vec tol_p(n), tol_m(n), tol_v(n);

@@ -12,7 +12,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   // Decoupled decay scales the parameter before the Adam step (torch.optim.AdamW's order), so it
   // never touches m or v and never scales this step's update.
   for (int64_t i = 0; i < n; ++i) {
-    const double g = grad[i];
+    const double g = grad[i] * p.grad_scale;  // the float product, as a clipped gradient holds it
     const double mi = b1 * m[i] + (1.0 - b1) * g;
     const double vi = b2 * v[i] + (1.0 - b2) * g * g;
     double pi = param[i] * (1.0 - lr * wd);
