@@ -127,7 +127,7 @@ class Llama {
     // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
     // and norm gains widened from a bf16 image.
     uint16_t* x16;   // (N, max(C, H*D, F))
-    uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), chunk V))
+    uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), head_group_rows V))
     float* norm_w;   // (2, C)
   };
   // One acquired unit as the kernels read it: its fp32 buffer, or (bf16) its bf16 image.
@@ -138,6 +138,7 @@ class Llama {
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                    bool bf16);
   static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
+  static int64_t head_group_rows(int64_t vocab, int64_t N);  // bf16: rows per LM-head backward
   bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
   bool sequence_parallel() const { return tensor_parallel() && layout_.tensor_parallel().sequence; }
   // Sequence parallelism: this rank's (R, C) rows -> every rank's (N, C) rows, in b_.gathered;
