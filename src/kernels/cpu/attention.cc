@@ -108,9 +108,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         float* p = P + i * T;
         float* ds = dS + i * T;
         const float l = lse_bh[i];
+        // Row pointers first: out_stride read through the closure inside the loop makes `omp simd`
+        // gather.
+        const float *dOi = dO + i * out_stride, *oi = o + i * out_stride;
         float di = 0.0f;
 #pragma omp simd reduction(+ : di)
-        for (int64_t d = 0; d < D; ++d) di += dO[i * out_stride + d] * o[i * out_stride + d];
+        for (int64_t d = 0; d < D; ++d) di += dOi[d] * oi[d];
 #pragma omp simd
         for (int64_t j = 0; j <= i; ++j) {
           p[j] = exp_fast(p[j] - l);

@@ -33,9 +33,12 @@ void rms_norm_backward(float* dx, float* dweight, const float* dout, const float
       const float* xi = x + i * C;
       const float* gi = dout + i * C;
       const float r = rstd[i];
+      // A local copy of the captured pointer: read through the closure, `omp simd` turns each
+      // weight[c] into a gather.
+      const float* w = weight;
       float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) dot += gi[c] * weight[c] * xi[c];
+      for (int64_t c = 0; c < C; ++c) dot += gi[c] * w[c] * xi[c];
       const float k = r * r * r * dot / static_cast<float>(C);
       float* dxi = dx + i * C;
 #pragma omp simd

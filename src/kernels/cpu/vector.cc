@@ -37,10 +37,15 @@ double sum_squares(const float* x, int64_t n) {
     parallel_for(nb, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t i0 = (b0 + b) * kBlock, i1 = std::min(n, i0 + kBlock);
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
-        partial[b] = s;
+        // Eight independent sums (GCC leaves a double `omp simd` reduction as one serial chain of
+        // adds here: 3.7 GB/s over a model's gradients, against ~20 with lanes of its own).
+        double lane[8] = {};
+        int64_t i = i0;
+        for (; i + 8 <= i1; i += 8) {
+          for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(x[i + j]) * x[i + j];
+        }
+        for (; i < i1; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
+        partial[b] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
       }
     });
     for (int64_t b = 0; b < nb; ++b) total += partial[b];
