@@ -339,8 +339,14 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
     } else {
       linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     }
+    // bf16: the chunk's logit gradients go to their rows of the group, rounded as they are written.
+    const int64_t g0 = r0 / group * group, end = std::min(N_, r0 + rows);
+    uint16_t* dy16 = bf16 ? b_.dy16 + (r0 - g0) * V : nullptr;
     if (tensor_parallel()) {
       vocab_parallel_loss(params, targets + r0, rows, with_grads, grad_scale);
+      if (with_grads && bf16) k::to_bf16(dy16, b_.logits, rows * V);
+    } else if (with_grads && bf16) {
+      k::softmax_cross_entropy_bf16(dy16, b_.losses, b_.logits, targets + r0, rows, V, grad_scale);
     } else {
       k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V,
                                grad_scale);
@@ -351,8 +357,6 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
     if (!bf16) {
       linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
     } else {
-      const int64_t g0 = r0 / group * group, end = std::min(N_, r0 + rows);
-      k::to_bf16(b_.dy16 + (r0 - g0) * V, b_.logits, rows * V);
       if (end == N_ || end - g0 == group) {
         k::linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w16, end - g0, V, C, false);
       }

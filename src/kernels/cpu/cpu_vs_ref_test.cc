@@ -850,6 +850,12 @@ TEST_P(CpuVsRef, CrossEntropy) {
                                    dscale);
         return std::vector<Floats>{losses, d, losses_only, in_place, losses_in_place};
       });
+      // The bf16 gradient is the fp32 one rounded, bit for bit; the losses are the same.
+      std::vector<uint16_t> d16(n * V, 0xffff);
+      Floats losses16 = nans(n);
+      cpu::softmax_cross_entropy_bf16(d16.data(), losses16.data(), logits.data(), targets.data(), n, V, dscale);
+      EXPECT_EQ(losses16, got[0]);
+      for (int64_t i = 0; i < n * V; ++i) ASSERT_EQ(d16[i], f32_to_bf16(got[1][i])) << "element " << i;
       Vec tol_loss(n, 0.0), tol_d(n * V, 0.0);
       for (int64_t i = 0; i < n; ++i) {
         if (targets[i] < 0) continue;

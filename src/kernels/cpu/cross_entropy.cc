@@ -4,22 +4,31 @@
 
 #include <cmath>
 
+#include "core/bf16.h"
 #include "core/threads.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace tessera::kernels::cpu {
 
-void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, const int32_t* targets, int64_t n,
-                           int64_t V, float dscale) {
+namespace {
+
+inline void store(float* out, float v) { *out = v; }
+inline void store(uint16_t* out, float v) { *out = f32_to_bf16(v); }
+
+// Out: float, or uint16_t for the gradient rounded to bf16 as it is written (each value is the
+// fp32 path's, rounded: the same bits as rounding that path's output afterwards).
+template <typename Out>
+void softmax_cross_entropy_impl(Out* dlogits, float* losses, const float* logits, const int32_t* targets, int64_t n,
+                                int64_t V, float dscale) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* z = logits + i * V;
-      float* dz = dlogits != nullptr ? dlogits + i * V : nullptr;
+      Out* dz = dlogits != nullptr ? dlogits + i * V : nullptr;
       const int32_t target = targets[i];
       if (target < 0) {
         losses[i] = 0.0f;
         if (dz != nullptr) {
-          for (int64_t j = 0; j < V; ++j) dz[j] = 0.0f;
+          for (int64_t j = 0; j < V; ++j) dz[j] = Out{0};
         }
         continue;
       }
@@ -33,12 +42,25 @@ void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, c
       losses[i] = log_sum + mx - z[target];
       if (dz != nullptr) {
         const float k = dscale / sum;
+        const float dt = exp_fast(z[target] - mx) * k - dscale;  // read before an in-place write
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) dz[j] = exp_fast(z[j] - mx) * k;
-        dz[target] -= dscale;
+        for (int64_t j = 0; j < V; ++j) store(dz + j, exp_fast(z[j] - mx) * k);
+        store(dz + target, dt);
       }
     }
   });
+}
+
+}  // namespace
+
+void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, const int32_t* targets, int64_t n,
+                           int64_t V, float dscale) {
+  softmax_cross_entropy_impl(dlogits, losses, logits, targets, n, V, dscale);
+}
+
+void softmax_cross_entropy_bf16(uint16_t* dlogits, float* losses, const float* logits, const int32_t* targets,
+                                int64_t n, int64_t V, float dscale) {
+  softmax_cross_entropy_impl(dlogits, losses, logits, targets, n, V, dscale);
 }
 
 void vocab_parallel_max(float* row_max, const float* logits, const int32_t* targets, int64_t n, int64_t Vb) {
