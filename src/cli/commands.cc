@@ -263,12 +263,12 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
   std::vector<double> times, exposed;
   std::map<std::string, std::vector<double>> split;
   nlohmann::json losses = nlohmann::json::array();
-  double exposed_before = 0.0;
   train::LoopHooks hooks;  // the loop of `tessera train` (c.train.max_steps = steps), without saves
   hooks.observe = [&](const train::StepStats& s, const train::StepLog::Extra&) {
     times.push_back(s.seconds);
-    exposed.push_back(trainer.params().exposed_comm_seconds() - exposed_before);
-    exposed_before = trainer.params().exposed_comm_seconds();
+    // Every wait on communication in the step: gathers, reductions, and the step's all-reduce of
+    // the loss (behind which no_shard's last gradient all-reduce may be queued on one group).
+    exposed.push_back(s.times.comm);
     losses.push_back(s.loss);
     split["data_wait"].push_back(s.times.data_wait);
     split["forward"].push_back(s.times.forward);
