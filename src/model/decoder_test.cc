@@ -158,9 +158,11 @@ TEST_P(DecoderTest, AloneEqualsInABatch) {
   EXPECT_LE(row_error(b + V, a, V), 1e-5);
 }
 
-// bf16 weights: each weight GEMM's inputs rounded to bf16 (2^-9 relative), ~10 GEMMs in series,
-// so logits within a few 1e-3 of fp32's (mixed_precision_test.cc's bound): 2e-2 of the row's
-// largest logit. Observed ~3e-3. A bf16 path that silently ran in fp32 fails the inequality.
+// bf16 weights: each weight GEMM's inputs rounded to bf16 (2^-9 relative, random in sign), ~10
+// GEMMs in series, so a logit moves by a few 1e-3 of the row's scale (mixed_precision_test.cc's
+// reasoning), and the largest of V = 512 such moves by ~3x that: 1e-2 of the row's largest logit.
+// Observed 2e-3 to 4.5e-3; the MLP norm reading the attention norm's gain gives 1.9e-2 to 4.7e-2.
+// A bf16 path that silently ran in fp32 fails the inequality.
 TEST_P(DecoderTest, Bf16WeightsWithinBf16BoundOfFp32) {
   const ModelLayout layout(config());
   const ModelConfig& c = layout.config();
@@ -176,7 +178,7 @@ TEST_P(DecoderTest, Bf16WeightsWithinBf16BoundOfFp32) {
   for (int64_t b = 0; b < 2; ++b) {
     const double e = row_error(z16 + b * V, z32.data() + b * V, V);
     worst = std::max(worst, e);
-    EXPECT_LE(e, 2e-2) << "sequence " << b;
+    EXPECT_LE(e, 1e-2) << "sequence " << b;
   }
   EXPECT_GT(worst, 0.0) << "the bf16 path did not run";
   RecordProperty("max_row_error", fmt::format("{:.3g}", worst));
