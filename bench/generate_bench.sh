@@ -54,9 +54,15 @@ tess() {
   "$tessera" generate --checkpoint "$work/imp" --prompts-file "$run_dir/prompts.txt" --token-ids --temperature 0 \
     --threads "$threads" "$@"
 }
+# The peer tuned as bench/run_bench.sh tunes it (BENCHMARKS.md): OpenBLAS picks its own core type
+# and tcmalloc keeps PyTorch's buffers.
+tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+peer_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "OPENBLAS_NUM_THREADS=$threads")
+[[ -r $tcmalloc ]] && peer_env+=("LD_PRELOAD=$tcmalloc")
+echo "peer environment: ${peer_env[*]}"
 for ((r = 1; r <= rounds; r++)); do
   tess --max-tokens "$max_tokens" >"$run_dir/tessera_$r.json"
-  /usr/bin/python3 "$peer" run "$work/hf" --prompts "$run_dir/prompts.json" --max-tokens "$max_tokens" \
+  "${peer_env[@]}" /usr/bin/python3 "$peer" run "$work/hf" --prompts "$run_dir/prompts.json" --max-tokens "$max_tokens" \
     --threads "$threads" >"$run_dir/torch_$r.json"
 done
 tess --max-tokens "$uncached" --no-kv-cache >"$run_dir/tessera_nocache.json"
