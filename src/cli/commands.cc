@@ -69,9 +69,10 @@ commands:
                  train a SentencePiece BPE tokenizer on text files (plain or .zst)
   prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
                  tokenize text into a dataset of token shards, K worker processes
-  generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
-                 continue a prompt with a trained model (PATH: a run directory, a checkpoint
-                 directory or a weights file)
+  generate --checkpoint PATH --prompt TEXT [--prompt TEXT]... [--prompts-file FILE] [--max-tokens N]
+           [--temperature T] [--top-k K] [--seed S] [--threads N] [--bf16] [--no-kv-cache] [--token-ids]
+                 continue prompts with a trained model (PATH: a run directory, a checkpoint
+                 directory or a weights file), as one batch with a key/value cache
   eval --checkpoint PATH [--data DIR]
                  validation loss and perplexity of a trained model
   checkpoint export --format hf SRC OUT [--max-shard-size SIZE]

@@ -1,15 +1,20 @@
 // `tessera generate` and `tessera eval`: using a trained model.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/timer.h"
 #include "data/tokenizer.h"
 #include "fsdp/sharded_params.h"
 #include "train/generate.h"
@@ -18,13 +23,118 @@
 
 namespace tessera::cli {
 
+namespace {
+
+constexpr const char* kGenerateUsage =
+    "usage: tessera generate --checkpoint PATH (--prompt TEXT [--prompt TEXT]... | --prompts-file FILE)\n"
+    "         [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer MODEL] [--threads N]\n"
+    "         [--bf16] [--no-kv-cache] [--token-ids]\n"
+    "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
+    "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path).\n"
+    "  --token-ids: prompts are token ids (\"1 2 3\"), no tokenizer; prints one JSON object with the\n"
+    "  new ids and the time, and runs max-tokens tokens whatever they are (for benchmarks).\n";
+
+std::vector<std::string> prompt_texts(const ParsedArgs& a) {
+  std::vector<std::string> prompts = a.get_list("--prompt");
+  const std::string file = a.get("--prompts-file", "");
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw DataError(fmt::format("cannot read --prompts-file {}", file));
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) prompts.push_back(line);
+    }
+    if (prompts.empty()) throw DataError(fmt::format("--prompts-file {} holds no prompt", file));
+  }
+  if (prompts.empty()) prompts.emplace_back();  // as before: an empty prompt starts a document
+  return prompts;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::vector<int32_t> ids;
+  std::string s = text;
+  std::replace(s.begin(), s.end(), ',', ' ');
+  std::istringstream in(s);
+  for (long long id; in >> id;) {
+    if (id < 0 || id >= vocab)
+      throw ConfigError(fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  if (!in.eof() || ids.empty()) throw ConfigError(fmt::format("--token-ids: \"{}\" is not a list of token ids", text));
+  return ids;
+}
+
+// --token-ids: one JSON object with the new ids per prompt and the generation's time.
+int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, const std::vector<std::string>& texts,
+                 const train::SamplingOptions& options) {
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t prompt_tokens = 0;
+  for (const std::string& t : texts) {
+    prompts.push_back(parse_ids(t, layout.config().vocab_size));
+    prompt_tokens += static_cast<int64_t>(prompts.back().size());
+  }
+  const double t0 = now_seconds();
+  const auto out = train::generate(layout, params, prompts, -1, options, [](int64_t, int32_t) {});
+  const double seconds = now_seconds() - t0;
+  int64_t new_tokens = 0;
+  for (const auto& o : out) new_tokens += static_cast<int64_t>(o.size());
+  const nlohmann::ordered_json j = {{"tokens", out},
+                                    {"prompts", prompts.size()},
+                                    {"prompt_tokens", prompt_tokens},
+                                    {"new_tokens", new_tokens},
+                                    {"seconds", seconds},
+                                    {"tokens_per_s", new_tokens / seconds},
+                                    {"kv_cache", options.kv_cache},
+                                    {"bf16", options.bf16},
+                                    {"threads", num_threads()}};
+  fmt::print("{}\n", j.dump());
+  return kExitOk;
+}
+
+// Text: one prompt streams its continuation as it comes; several print a block each at the end.
+int generate_text(const model::ModelLayout& layout, model::ParamSource& params, const data::Tokenizer& tokenizer,
+                  const std::vector<std::string>& texts, const train::SamplingOptions& options) {
+  std::vector<std::vector<int32_t>> prompts, text_ids;
+  for (const std::string& t : texts) {
+    text_ids.push_back(tokenizer.encode(t));
+    // Documents in the training data follow an EOS, so a prompt starts after one.
+    prompts.push_back({tokenizer.eos_id()});
+    prompts.back().insert(prompts.back().end(), text_ids.back().begin(), text_ids.back().end());
+  }
+  if (texts.size() > 1) {
+    const auto out = train::generate(layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t) {});
+    for (size_t i = 0; i < texts.size(); ++i) {
+      text_ids[i].insert(text_ids[i].end(), out[i].begin(), out[i].end());
+      fmt::print("=== {}/{} ===\n{}\n", i + 1, texts.size(), tokenizer.decode(text_ids[i]));
+    }
+    return kExitOk;
+  }
+  // Decode prompt and continuation together and print what is new: a piece decoded alone loses
+  // the space it starts with, and byte-fallback sequences decode only when complete.
+  std::string text = tokenizer.decode(text_ids[0]);
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+  train::generate(layout, params, prompts, tokenizer.eos_id(), options, [&](int64_t, int32_t token) {
+    text_ids[0].push_back(token);
+    const std::string now = tokenizer.decode(text_ids[0]);
+    if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
+      std::fputs(now.c_str() + text.size(), stdout);
+      std::fflush(stdout);
+      text = now;
+    }
+  });
+  std::fputs("\n", stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
 int cmd_generate(const Args& args) {
-  const ParsedArgs a =
-      parse_args(args, {"--checkpoint", "--prompt", "--max-tokens", "--temperature", "--top-k", "--seed", "--tokenizer"});
+  const ParsedArgs a = parse_args(args,
+                                  {"--checkpoint", "--prompts-file", "--max-tokens", "--temperature", "--top-k",
+                                   "--seed", "--tokenizer", "--threads"},
+                                  {"--prompt"}, {"--bf16", "--no-kv-cache", "--token-ids"});
   if (a.help || !a.positional.empty()) {
-    std::fputs("usage: tessera generate --checkpoint PATH --prompt TEXT [--max-tokens N] [--temperature T] "
-               "[--top-k K] [--seed S] [--tokenizer MODEL]\n",
-               a.help ? stdout : stderr);
+    std::fputs(kGenerateUsage, a.help ? stdout : stderr);
     return a.help ? kExitOk : kExitConfig;
   }
   const std::string checkpoint = a.get("--checkpoint", "");
@@ -34,46 +144,36 @@ int cmd_generate(const Args& args) {
   options.temperature = a.get_double("--temperature", options.temperature);
   options.top_k = a.get_int("--top-k", options.top_k);
   options.seed = static_cast<uint64_t>(a.get_int("--seed", 0));
+  options.kv_cache = a.flags.count("--no-kv-cache") == 0;
+  options.bf16 = a.flags.count("--bf16") != 0;
   if (options.max_tokens < 0 || options.temperature < 0 || options.top_k < 0) {
     throw ConfigError("--max-tokens, --temperature and --top-k must be >= 0");
   }
+  const bool token_ids = a.flags.count("--token-ids") != 0;
+  const std::vector<std::string> texts = prompt_texts(a);
 
-  const train::TrainedModel trained = train::load_trained(checkpoint, a.get("--tokenizer", ""));
-  if (trained.tokenizer_path.empty()) {
-    throw DataError(fmt::format("no tokenizer.model beside {}; pass --tokenizer MODEL", trained.weights_path));
+  train::TrainedModel trained = train::load_trained(checkpoint, a.get("--tokenizer", ""));
+  std::optional<data::Tokenizer> tokenizer;
+  if (!token_ids) {
+    if (trained.tokenizer_path.empty()) {
+      throw DataError(fmt::format("no tokenizer.model beside {}; pass --tokenizer MODEL", trained.weights_path));
+    }
+    tokenizer.emplace(trained.tokenizer_path);
+    if (tokenizer->vocab_size() != trained.config.model.vocab_size) {
+      throw DataError(fmt::format("tokenizer {} has {} tokens but the model {} has {}", trained.tokenizer_path,
+                                  tokenizer->vocab_size(), trained.weights_path, trained.config.model.vocab_size));
+    }
   }
-  const data::Tokenizer tokenizer(trained.tokenizer_path);
-  if (tokenizer.vocab_size() != trained.config.model.vocab_size) {
-    throw DataError(fmt::format("tokenizer {} has {} tokens but the model {} has {}", trained.tokenizer_path,
-                                tokenizer.vocab_size(), trained.weights_path, trained.config.model.vocab_size));
-  }
+  trained.config.train.threads = a.get_int("--threads", trained.config.train.threads);
+  if (trained.config.train.threads < 0) throw ConfigError("--threads must be >= 0 (0: one per core)");
   train::configure_threads(trained.config);
   const model::ModelLayout layout(trained.config.model);
-  fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0));
+  // bf16: the source hands out bf16 images of its units (rounded from the fp32 weights).
+  fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0),
+                             options.bf16 ? comm::DType::kBF16 : comm::DType::kF32);
   params.load_tensors(trained.tensors, trained.weights_path);
-  model::Llama model(layout, 1, num_threads());
-
-  // Documents in the training data follow an EOS, so a prompt starts after one.
-  std::vector<int32_t> ids = {tokenizer.eos_id()};
-  const std::vector<int32_t> encoded = tokenizer.encode(a.get("--prompt", ""));
-  ids.insert(ids.end(), encoded.begin(), encoded.end());
-  // Decode prompt and continuation together and print what is new: a piece decoded alone loses
-  // the space it starts with, and byte-fallback sequences decode only when complete.
-  std::vector<int32_t> text_ids = encoded;
-  std::string text = tokenizer.decode(text_ids);
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-  train::generate(model, params, ids, tokenizer.eos_id(), options, [&](int32_t token) {
-    text_ids.push_back(token);
-    const std::string now = tokenizer.decode(text_ids);
-    if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
-      std::fputs(now.c_str() + text.size(), stdout);
-      std::fflush(stdout);
-      text = now;
-    }
-  });
-  std::fputs("\n", stdout);
-  return kExitOk;
+  if (token_ids) return generate_ids(layout, params, texts, options);
+  return generate_text(layout, params, *tokenizer, texts, options);
 }
 
 int cmd_eval(const Args& args) {

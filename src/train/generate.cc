@@ -7,52 +7,176 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "core/threads.h"
+#include "model/decoder.h"
+#include "model/llama.h"
 
 namespace tessera::train {
 
-std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt, int32_t eos,
-                              const SamplingOptions& options, const std::function<void(int32_t)>& on_token) {
-  CHECK(model.micro_batch() == 1 && !prompt.empty());
-  const model::ModelConfig& c = model.layout().config();
-  const int64_t T = c.seq_len, V = c.vocab_size;
-  std::vector<int32_t> window(T, 0), out;
-  std::vector<float> logits(T * V);
-  std::vector<int32_t> order(V);
-  std::vector<double> probs(V);
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    // The last T tokens; positions after the last real one hold padding that causal attention
-    // keeps from influencing it.
-    const int64_t n = std::min<int64_t>(T, static_cast<int64_t>(prompt.size()));
-    std::copy(prompt.end() - n, prompt.end(), window.begin());
-    model.forward_logits(params, window.data(), logits.data());
-    const float* z = logits.data() + (n - 1) * V;
+namespace {
 
-    int32_t next = 0;
-    if (options.temperature <= 0.0) {
-      next = static_cast<int32_t>(std::max_element(z, z + V) - z);
-    } else {
-      std::iota(order.begin(), order.end(), 0);
-      const int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
-      // Highest logits first; ties broken by id so the order is deterministic.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-      const double top = z[order[0]];
-      double sum = 0.0;
-      for (int64_t j = 0; j < k; ++j) sum += probs[j] = std::exp((z[order[j]] - top) / options.temperature);
-      double u = rng::uniform(options.seed, 0x67656e, static_cast<uint64_t>(i)) * sum;
-      next = order[k - 1];
-      for (int64_t j = 0; j < k; ++j) {
-        if ((u -= probs[j]) <= 0.0) {
-          next = order[j];
-          break;
-        }
+// Generation reads the same weights for every token, so each unit is acquired from the source
+// once and held until the call ends. Releasing it per token would cost a pass over the weights
+// per token with ShardedParams' bf16 images, which it rounds afresh on every first acquire (its
+// masters change between training steps).
+class HeldParams final : public model::ParamSource {
+ public:
+  HeldParams(model::ParamSource& source, int units)
+      : source_(source), f32_(units, nullptr), bf16_(units, nullptr), asked_bf16_(units, false) {}
+  ~HeldParams() override {
+    for (size_t u = 0; u < f32_.size(); ++u) {
+      if (f32_[u] != nullptr) source_.release(static_cast<int>(u));
+      if (bf16_[u] != nullptr) source_.release(static_cast<int>(u));
+    }
+  }
+  HeldParams(const HeldParams&) = delete;
+  HeldParams& operator=(const HeldParams&) = delete;
+
+  const float* acquire(int unit) override {
+    if (f32_[unit] == nullptr) f32_[unit] = source_.acquire(unit);
+    return f32_[unit];
+  }
+  const uint16_t* acquire_bf16(int unit) override {
+    if (!asked_bf16_[unit]) bf16_[unit] = source_.acquire_bf16(unit);
+    asked_bf16_[unit] = true;
+    return bf16_[unit];
+  }
+  void release(int /*unit*/) override {}
+  float* grads(int /*unit*/) override {
+    CHECK_MSG(false, "generation computes no gradients");
+    return nullptr;
+  }
+  void grads_ready(int /*unit*/) override { CHECK_MSG(false, "generation computes no gradients"); }
+
+ private:
+  model::ParamSource& source_;
+  std::vector<const float*> f32_;
+  std::vector<const uint16_t*> bf16_;
+  std::vector<bool> asked_bf16_;
+};
+
+class Sampler {
+ public:
+  Sampler(int64_t vocab, const SamplingOptions& options) : V_(vocab), options_(options), order_(vocab), probs_(vocab) {}
+
+  // The token after logits z (V) for prompt `seq`'s `i`-th new token.
+  int32_t next(const float* z, int64_t seq, int64_t i) {
+    if (options_.temperature <= 0.0) return static_cast<int32_t>(std::max_element(z, z + V_) - z);
+    std::iota(order_.begin(), order_.end(), 0);
+    const int64_t k = options_.top_k > 0 ? std::min(options_.top_k, V_) : V_;
+    // Highest logits first; ties broken by id so the order is deterministic.
+    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
+                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+    const double top = z[order_[0]];
+    double sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) sum += probs_[j] = std::exp((z[order_[j]] - top) / options_.temperature);
+    // One stream per prompt; prompt 0's is the stream single-prompt generation always used.
+    const uint64_t stream = kStream ^ (static_cast<uint64_t>(seq) << 32);
+    double u = rng::uniform(options_.seed, stream, static_cast<uint64_t>(i)) * sum;
+    for (int64_t j = 0; j < k; ++j) {
+      if ((u -= probs_[j]) <= 0.0) return order_[j];
+    }
+    return order_[k - 1];
+  }
+
+ private:
+  static constexpr uint64_t kStream = 0x67656e;
+  int64_t V_;
+  SamplingOptions options_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
+};
+
+// The last seq_len tokens of a context: what the model sees of it.
+std::span<const int32_t> window(const std::vector<int32_t>& context, int64_t T) {
+  const int64_t n = std::min<int64_t>(T, static_cast<int64_t>(context.size()));
+  return {context.data() + context.size() - n, static_cast<size_t>(n)};
+}
+
+// Without a cache: a full forward over each prompt's window for every token, one prompt at a time.
+void generate_uncached(const model::ModelLayout& layout, model::ParamSource& params,
+                       std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
+                       const std::function<void(int64_t, int32_t)>& on_token) {
+  const model::ModelConfig& c = layout.config();
+  const int64_t T = c.seq_len, V = c.vocab_size;
+  model::Llama model(layout, 1, num_threads(), 0, options.bf16);
+  Sampler sampler(V, options);
+  std::vector<int32_t> padded(T, 0);
+  std::vector<float> logits(T * V);
+  for (size_t b = 0; b < contexts.size(); ++b) {
+    for (int64_t i = 0; i < options.max_tokens; ++i) {
+      // Positions after the last real token hold padding that causal attention keeps from it.
+      const std::span<const int32_t> w = window(contexts[b], T);
+      std::copy(w.begin(), w.end(), padded.begin());
+      model.forward_logits(params, padded.data(), logits.data());
+      const int32_t next = sampler.next(logits.data() + (w.size() - 1) * V, static_cast<int64_t>(b), i);
+      if (next == eos) break;
+      contexts[b].push_back(next);
+      on_token(static_cast<int64_t>(b), next);
+    }
+  }
+}
+
+void generate_cached(const model::ModelLayout& layout, model::ParamSource& params,
+                     std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
+                     const std::function<void(int64_t, int32_t)>& on_token) {
+  const model::ModelConfig& c = layout.config();
+  const int64_t T = c.seq_len, V = c.vocab_size, B = static_cast<int64_t>(contexts.size());
+  std::vector<std::span<const int32_t>> feed(B);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    feed[b] = window(contexts[b], T);
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(feed[b].size()));
+  }
+  // A cache as long as any context gets, up to seq_len.
+  model::Decoder decoder(layout, B, std::min(T, longest + options.max_tokens), num_threads(), options.bf16);
+  Sampler sampler(V, options);
+  std::vector<bool> done(B, false);
+  const float* logits = decoder.append(params, feed);
+  for (int64_t i = 0; i < options.max_tokens; ++i) {
+    bool all_done = true;
+    for (int64_t b = 0; b < B; ++b) {
+      feed[b] = {};
+      if (done[b]) continue;
+      const int32_t next = sampler.next(logits + b * V, b, i);
+      if (next == eos) {
+        done[b] = true;
+        continue;
+      }
+      contexts[b].push_back(next);
+      on_token(b, next);
+      all_done = false;
+      if (decoder.length(b) < decoder.max_context()) {
+        feed[b] = {&contexts[b].back(), 1};
+      } else {  // at seq_len: the last seq_len tokens from position 0, as the uncached path runs them
+        decoder.reset(b);
+        feed[b] = window(contexts[b], T);
       }
     }
-    if (next == eos) break;
-    prompt.push_back(next);
-    out.push_back(next);
-    on_token(next);
+    if (all_done || i + 1 == options.max_tokens) break;
+    logits = decoder.append(params, feed);
   }
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
+                                           const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
+                                           const SamplingOptions& options,
+                                           const std::function<void(int64_t, int32_t)>& on_token) {
+  CHECK(!prompts.empty());
+  for (const std::vector<int32_t>& p : prompts) CHECK(!p.empty());
+  std::vector<std::vector<int32_t>> contexts = prompts;
+  if (options.max_tokens > 0) {
+    HeldParams held(params, layout.num_units());
+    if (options.kv_cache) {
+      generate_cached(layout, held, contexts, eos, options, on_token);
+    } else {
+      generate_uncached(layout, held, contexts, eos, options, on_token);
+    }
+  }
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) out[b].assign(contexts[b].begin() + prompts[b].size(), contexts[b].end());
   return out;
 }
 

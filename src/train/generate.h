@@ -5,7 +5,8 @@
 #include <functional>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/layout.h"
+#include "model/param_source.h"
 
 namespace tessera::train {
 
@@ -14,13 +15,25 @@ struct SamplingOptions {
   double temperature = 0.8;  // 0: greedy
   int64_t top_k = 40;        // 0: the whole vocabulary
   uint64_t seed = 0;
+  // The key/value-cache decoder (model/decoder.h); false: a full forward over the last seq_len
+  // tokens for every token (Llama::forward_logits), the reference the decoder is tested against.
+  bool kv_cache = true;
+  bool bf16 = false;  // weight GEMMs on the source's bf16 images (when it has them)
 };
 
-// Continues `prompt` (token ids, at least one) one token at a time until max_tokens or `eos`,
-// calling on_token for each new token; returns the new tokens. The model must have micro-batch 1.
-// Each token runs a full forward over the last seq_len tokens (no key/value cache: generation is
-// for looking at a model, not for serving it). Deterministic for a seed and thread count.
-std::vector<int32_t> generate(model::Llama& model, model::ParamSource& params, std::vector<int32_t> prompt, int32_t eos,
-                              const SamplingOptions& options, const std::function<void(int32_t)>& on_token);
+// Continues each prompt (token ids, at least one each) one token at a time until max_tokens or
+// `eos`, calling on_token(prompt index, token) for each new token; returns the new tokens per
+// prompt. The prompts run as one batch. A context longer than seq_len is cut to its last seq_len
+// tokens, as a model trained at seq_len saw them (RoPE positions are absolute): with the cache,
+// a sequence that reaches seq_len re-runs its last seq_len tokens for every further token, which
+// is what the uncached path does for every token, so both give the same tokens throughout.
+// Sampling draws from a stream per prompt index (prompt 0's is the single-prompt stream), so a
+// prompt's continuation does not depend on the others in the batch, up to the rounding of the
+// batched GEMMs (which could flip a draw that lands within ~1e-7 of a boundary). Deterministic
+// for a seed and thread count.
+std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
+                                           const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
+                                           const SamplingOptions& options,
+                                           const std::function<void(int64_t, int32_t)>& on_token);
 
 }  // namespace tessera::train

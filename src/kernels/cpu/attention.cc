@@ -80,8 +80,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   });
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / Hkv, stride = (H + 2 * Hkv) * D, out_stride = H * D;
   // Threads own whole kv groups, so dk and dv (shared by the group's query heads) have one writer.
@@ -137,6 +137,45 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,
              dv + c0 * stride, stride);
       }
+    }
+  });
+}
+
+int64_t attention_cached_workspace_floats(int64_t max_context, int threads) { return kTile * max_context * threads; }
+
+void attention_cached(float* out, const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride,
+                      int64_t max_context, const int64_t* rows, const int64_t* start, int64_t B, int64_t H, int64_t Hkv,
+                      int64_t D, float* workspace) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = H / Hkv, out_stride = H * D;
+  parallel_for_each(B * H, [&](int64_t bh, int thread) {
+    const int64_t b = bh / H, h = bh % H, n = rows[b + 1] - rows[b];
+    const float* kb = k + b * max_context * kv_stride + (h / group) * D;
+    const float* vb = v + b * max_context * kv_stride + (h / group) * D;
+    float* P = workspace + thread * kTile * max_context;
+    // A tile of queries needs the keys up to its last query's position; P's rows are that wide.
+    for (int64_t r0 = 0; r0 < n; r0 += kTile) {
+      const int64_t r1 = std::min(n, r0 + kTile), keys = start[b] + r1;
+      const float* qr = q + (rows[b] + r0) * q_stride + h * D;
+      gemm(false, true, r1 - r0, keys, D, scale, qr, q_stride, kb, kv_stride, 0.0f, P, keys);
+      for (int64_t i = r0; i < r1; ++i) {
+        float* p = P + (i - r0) * keys;
+        const int64_t t = start[b] + i;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, p[j]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j <= t; ++j) {
+          p[j] = exp_fast(p[j] - mx);
+          sum += p[j];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
+        for (int64_t j = t + 1; j < keys; ++j) p[j] = 0.0f;
+      }
+      gemm(false, false, r1 - r0, D, keys, 1.0f, P, keys, vb, kv_stride, 0.0f,
+           out + (rows[b] + r0) * out_stride + h * D, out_stride);
     }
   });
 }

@@ -99,8 +99,8 @@ void expect_within(const std::string& name, const Floats& got, const Floats& wan
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
     if (tol[i] > 0) worst = std::max(worst, err / tol[i]);
     if (!(err <= tol[i]) && ++failures <= 5) {
-      ADD_FAILURE() << name << "[" << i << "]: cpu " << got[i] << ", ref " << want[i] << ", |err| " << err
-                    << " > tol " << tol[i];
+      ADD_FAILURE() << name << "[" << i << "]: cpu " << got[i] << ", ref " << want[i] << ", |err| " << err << " > tol "
+                    << tol[i];
     }
   }
   EXPECT_EQ(failures, 0) << name << ": elements out of tolerance";
@@ -418,8 +418,8 @@ TEST_P(CpuVsRef, GemmBf16TransposesStridesBeta) {
         for (bool tb : {false, true}) {
           const int64_t M = s.M, N = s.N, K = s.K, pad = 3;
           SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
-                       " alpha=" + std::to_string(sc.alpha) + " beta=" + std::to_string(sc.beta) + (ta ? " A^T" : " A") +
-                       (tb ? " B^T" : " B"));
+                       " alpha=" + std::to_string(sc.alpha) + " beta=" + std::to_string(sc.beta) +
+                       (ta ? " A^T" : " A") + (tb ? " B^T" : " B"));
           const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
           const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
           const Halves A = round_bf16(randn(a_rows * lda, 135)), B = round_bf16(randn(b_rows * ldb, 136));
@@ -521,11 +521,17 @@ TEST_P(CpuVsRef, ToBf16MatchesScalarRounding) {
   for (int64_t n : {1, 7, 130, 100003}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     Floats x = randn(n, 150);
-    const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
-                              std::numeric_limits<float>::denorm_min(), 1.0f + 0x1.0p-8f, 1.0f + 0x1.8p-7f,
+    const float specials[] = {0.0f,
+                              -0.0f,
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::denorm_min(),
+                              1.0f + 0x1.0p-8f,
+                              1.0f + 0x1.8p-7f,
                               std::numeric_limits<float>::max()};
-    for (size_t i = 0; i < std::size(specials) && static_cast<int64_t>(i) < n; ++i) x[i * (n / 9 + 1) % n] = specials[i];
+    for (size_t i = 0; i < std::size(specials) && static_cast<int64_t>(i) < n; ++i)
+      x[i * (n / 9 + 1) % n] = specials[i];
     Halves got(n), want(n);
     cpu::to_bf16(got.data(), x.data(), n);
     for (int64_t i = 0; i < n; ++i) want[i] = f32_to_bf16(x[i]);
@@ -682,8 +688,8 @@ AttnTol attention_tol(const Floats& qkv, const Floats& dout, const Floats& lse_f
               err2 += pv * a[j] * (pv * a[j]);
             }
             tol.out[(b * T + i) * H * D + h * D + d] = independent_tol(err2) + (cz + 2 * kU) * std::fabs(od) +
-                                                       reduction_tol(i + 1, od, std::sqrt(sq_pv)) +
-                                                       kU * std::fabs(od) + kTiny;
+                                                       reduction_tol(i + 1, od, std::sqrt(sq_pv)) + kU * std::fabs(od) +
+                                                       kTiny;
             Di += go[d] * od;
             Di_sq += (go[d] * od) * (go[d] * od);
             Di_abs += std::fabs(go[d] * od);
@@ -722,9 +728,9 @@ AttnTol attention_tol(const Floats& qkv, const Floats& dout, const Floats& lse_f
               dv_sq[j * D + d] += tv * tv;
               dv_err2[j * D + d] += ev * ev;
             }
-            tol.dqkv[(b * T + i) * row + qc + d] =
-                scale * (independent_tol(dq_err2) + dDi * std::fabs(pk)) + cl * std::fabs(dq) +
-                reduction_tol(i + 1, dq, std::sqrt(dq_sq)) + 3 * kU * std::fabs(dq) + kTiny;
+            tol.dqkv[(b * T + i) * row + qc + d] = scale * (independent_tol(dq_err2) + dDi * std::fabs(pk)) +
+                                                   cl * std::fabs(dq) + reduction_tol(i + 1, dq, std::sqrt(dq_sq)) +
+                                                   3 * kU * std::fabs(dq) + kTiny;
           }
         }
       }
@@ -777,6 +783,67 @@ TEST_P(CpuVsRef, Attention) {
         expect_within("attention out", got[0], ref_out, tol.out);
         expect_within("attention lse", got[1], ref_lse, tol.lse);
         expect_within("attention dqkv", got[2], ref_dqkv, tol.dqkv);
+      }
+    }
+  }
+}
+
+// The cached kernel in two calls per sequence (a prompt, then the rest, at different splits per
+// sequence), against the ref's whole-sequence forward, within the forward's tolerance above: the
+// same sums in the same kind of order. Cache rows not yet written are NaN, so reading past a
+// sequence's length (an off-by-one in the causal bound) fails.
+TEST_P(CpuVsRef, AttentionCached) {
+  struct Heads {
+    int64_t H, Hkv;
+  };
+  for (int64_t T : {1, 5, 67, 130}) {
+    for (int64_t D : {8, 64}) {
+      for (const Heads& hh : {Heads{4, 4}, Heads{4, 2}, Heads{3, 1}}) {
+        const AttnShape s{2, T, hh.H, hh.Hkv, D};
+        SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " H=" + std::to_string(s.H) +
+                     " Hkv=" + std::to_string(s.Hkv));
+        const int64_t row = (s.H + 2 * s.Hkv) * D, kv = s.Hkv * D, n_out = s.B * T * s.H * D, Tc = T + 3;
+        const Floats qkv = randn(s.B * T * row, 152), dout = randn(n_out, 153);
+        Floats ref_out(n_out), ref_lse(s.B * s.H * T);
+        ref::attention_forward(ref_out.data(), ref_lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D);
+        const AttnTol tol = attention_tol(qkv, dout, ref_lse, s);
+
+        const int64_t split[2] = {T / 2, T / 3};
+        const auto got = run_twice("attention cached", [&] {
+          Floats out = nans(n_out), k = nans(s.B * Tc * kv), v = nans(s.B * Tc * kv),
+                 ws = nans(cpu::attention_cached_workspace_floats(Tc, num_threads()));
+          Floats q(s.B * T * s.H * D);
+          auto fill = [&](int64_t b, int64_t t0, int64_t t1) {  // cache rows [t0, t1) of sequence b
+            for (int64_t t = t0; t < t1; ++t) {
+              const float* r = qkv.data() + (b * T + t) * row;
+              std::copy(r + s.H * D, r + s.H * D + kv, k.data() + (b * Tc + t) * kv);
+              std::copy(r + s.H * D + kv, r + row, v.data() + (b * Tc + t) * kv);
+            }
+          };
+          auto run = [&](const int64_t* from, const int64_t* to) {
+            int64_t rows[3] = {0, 0, 0};
+            for (int64_t b = 0; b < s.B; ++b) {
+              fill(b, from[b], to[b]);
+              for (int64_t t = from[b]; t < to[b]; ++t) {
+                const float* r = qkv.data() + (b * T + t) * row;
+                std::copy(r, r + s.H * D, q.data() + (rows[b] + t - from[b]) * s.H * D);
+              }
+              rows[b + 1] = rows[b] + to[b] - from[b];
+            }
+            Floats part(rows[s.B] * s.H * D);
+            cpu::attention_cached(part.data(), q.data(), s.H * D, k.data(), v.data(), kv, Tc, rows, from, s.B, s.H,
+                                  s.Hkv, D, ws.data());
+            for (int64_t b = 0; b < s.B; ++b) {
+              std::copy(part.begin() + rows[b] * s.H * D, part.begin() + rows[b + 1] * s.H * D,
+                        out.begin() + (b * T + from[b]) * s.H * D);
+            }
+          };
+          const int64_t zero[2] = {0, 0}, end[2] = {T, T};
+          run(zero, split);
+          run(split, end);
+          return std::vector<Floats>{out};
+        });
+        expect_within("attention cached out", got[0], ref_out, tol.out);
       }
     }
   }
@@ -874,8 +941,7 @@ TEST_P(CpuVsRef, CrossEntropy) {
             ez + kU * (2 * std::fabs(std::log(z)) + std::fabs(std::log(z) + mx) + 2 * std::fabs(loss)) + kTiny;
         for (int64_t j = 0; j < V; ++j) {
           const double p = std::exp(l[j] - mx) / z;
-          tol_d[i * V + j] =
-              dscale * p * (ez + kU * (10 + (mx - l[j]))) + 2 * kU * std::fabs(ref_d[i * V + j]) + kTiny;
+          tol_d[i * V + j] = dscale * p * (ez + kU * (10 + (mx - l[j]))) + 2 * kU * std::fabs(ref_d[i * V + j]) + kTiny;
         }
       }
       expect_within("cross_entropy losses", got[0], ref_losses, tol_loss);
