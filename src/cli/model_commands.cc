@@ -30,6 +30,7 @@ constexpr const char* kGenerateUsage =
     "         [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer MODEL] [--threads N]\n"
     "         [--bf16] [--no-kv-cache] [--token-ids]\n"
     "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
+    "  Quote a prompt of several words: every word after --prompt is a prompt of its own.\n"
     "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path).\n"
     "  --token-ids: prompts are token ids (\"1 2 3\"), no tokenizer; prints one JSON object with the\n"
     "  new ids and the time, and runs max-tokens tokens whatever they are (for benchmarks).\n";
