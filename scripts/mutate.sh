@@ -35,6 +35,9 @@ mutations=(
   "M12|src/kernels/cpu/attention.cc|gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|gemm(true, false, c1 - c0, D, c1 - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/t130"
   "M13|src/train/run.cc|trainer.evaluate(last ? trainer.validation_batches() : 0);|trainer.evaluate(0);|tessera|ctest -R '^e2e_train_test\$' --output-on-failure"
   "M14|src/checkpoint/checkpointer.cc|m.optimizer_steps = state.optimizer_steps;|m.optimizer_steps = state.step;|tessera|ctest -R '^faults_test\$' --output-on-failure"
+  "M21|src/fsdp/sharded_params.cc|  if (poison_) {  // before any reduction|  if (poison_ && shards_ > 1) {  // before any reduction|tessera|ctest -R '^faults_test\$' --output-on-failure"
+  "M22|src/kernels/cpu/adamw.cc|param_bf16[i] = f32_to_bf16(update(i));|param_bf16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(update(i)) >> 16);|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.AdamW/*"
+  "M23|src/kernels/cpu/cross_entropy.cc|inline void store(uint16_t* out, float v) { *out = f32_to_bf16(v); }|inline void store(uint16_t* out, float v) { *out = static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16); }|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.CrossEntropy/*"
 )
 
 field() { IFS='|' read -r -a f <<<"$1"; echo "${f[$2]}"; }
