@@ -190,8 +190,9 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
       exposed += S > 1 ? std::accumulate(ar.begin(), ar.end(), 0.0) : exposed_replica_reductions(ar, bwd);
     }
     // AdamW reads master, gradient and both moments and writes three (28 bytes per element); the
-    // norm reads the gradient and the next step zeroes it (8); a bf16 image is rounded (6).
-    const double per_element = 36.0 + (bf16 ? 6.0 : 0.0);
+    // norm reads the gradient and the next step zeroes it (8); AdamW's pass also writes the bf16
+    // image of the master (2).
+    const double per_element = 36.0 + (bf16 ? 2.0 : 0.0);
     const double optimizer = shard_elements * per_element / h.memory_bandwidth;
     const double runtime = h.unit_overhead * static_cast<double>(w.unit_elements.size());
     const double tail = exposed + optimizer + runtime;

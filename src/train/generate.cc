@@ -16,9 +16,8 @@ namespace tessera::train {
 namespace {
 
 // Generation reads the same weights for every token, so each unit is acquired from the source
-// once and held until the call ends. Releasing it per token would cost a pass over the weights
-// per token with ShardedParams' bf16 images, which it rounds afresh on every first acquire (its
-// masters change between training steps).
+// once and held until the call ends: a sharded source would otherwise gather every unit again
+// for every token.
 class HeldParams final : public model::ParamSource {
  public:
   HeldParams(model::ParamSource& source, int units)
