@@ -127,21 +127,11 @@ const float* Decoder::append(ParamSource& params, std::span<const std::span<cons
   }
 }
 
-Decoder::UnitParams Decoder::acquire(ParamSource& params, int unit) const {
-  UnitParams p;
-  if (bf16_) p.bf16 = params.acquire_bf16(unit);
-  if (p.bf16 == nullptr) p.f32 = params.acquire(unit);
-  return p;
-}
+UnitParams Decoder::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }
 
 void Decoder::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                      float beta) {
-  if (p.bf16 != nullptr) {
-    k::to_bf16(b_.x16, x, M * K);
-    k::gemm_bf16(false, true, M, N, K, 1.0f, b_.x16, K, p.bf16 + offset, K, beta, y, N);
-  } else {
-    k::gemm(false, true, M, N, K, 1.0f, x, K, p.f32 + offset, K, beta, y, N);
-  }
+  unit_linear(y, x, p, offset, M, N, K, beta, b_.x16);
 }
 
 const float* Decoder::norm_weight(const UnitParams& p, int64_t offset) {

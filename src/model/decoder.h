@@ -18,6 +18,7 @@
 #include "core/arena.h"
 #include "model/layout.h"
 #include "model/param_source.h"
+#include "model/unit_params.h"
 
 namespace tessera::model {
 
@@ -69,10 +70,6 @@ class Decoder {
     int64_t* start;   // (B) position of each sequence's first row in a pass
     uint16_t* x16;    // bf16 only: (P, max(C, H*D, F)) a GEMM's input rounded
     float* norm_w;    // bf16 only: (C) a norm gain widened
-  };
-  struct UnitParams {  // as Llama's: the fp32 buffer or the bf16 image
-    const float* f32 = nullptr;
-    const uint16_t* bf16 = nullptr;
   };
   static constexpr int64_t kMaxPassRows = 512;
   static int64_t pass_rows(int64_t batch, int64_t max_context);

@@ -149,21 +149,11 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
   k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
 }
 
-Llama::UnitParams Llama::acquire(ParamSource& params, int unit) const {
-  UnitParams p;
-  if (bf16_) p.bf16 = params.acquire_bf16(unit);
-  if (p.bf16 == nullptr) p.f32 = params.acquire(unit);
-  return p;
-}
+UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }
 
 void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                    float beta) {
-  if (p.bf16 != nullptr) {
-    k::to_bf16(b_.x16, x, M * K);
-    k::gemm_bf16(false, true, M, N, K, 1.0f, b_.x16, K, p.bf16 + offset, K, beta, y, N);
-  } else {
-    k::gemm(false, true, M, N, K, 1.0f, x, K, p.f32 + offset, K, beta, y, N);
-  }
+  unit_linear(y, x, p, offset, M, N, K, beta, b_.x16);
 }
 
 void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,

@@ -17,6 +17,7 @@
 #include "core/arena.h"
 #include "model/layout.h"
 #include "model/param_source.h"
+#include "model/unit_params.h"
 
 namespace tessera::model {
 
@@ -129,11 +130,6 @@ class Llama {
     uint16_t* x16;   // (N, max(C, H*D, F))
     uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), head_group_rows V))
     float* norm_w;   // (2, C)
-  };
-  // One acquired unit as the kernels read it: its fp32 buffer, or (bf16) its bf16 image.
-  struct UnitParams {
-    const float* f32 = nullptr;
-    const uint16_t* bf16 = nullptr;
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                    bool bf16);

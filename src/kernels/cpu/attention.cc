@@ -42,6 +42,24 @@ void scores(float* P, const Head& hd, int64_t T, int64_t D, float scale) {
 
 int64_t tile_end(int64_t i, int64_t T) { return std::min(T, (i / kTile + 1) * kTile); }
 
+// A row of scores p[0, width): its causal softmax over p[0, last] in place, zeros after it.
+// Returns the log-sum-exp of the scores it normalized.
+float causal_softmax_row(float* p, int64_t last, int64_t width) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, p[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j <= last; ++j) {
+    p[j] = exp_fast(p[j] - mx);
+    sum += p[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j <= last; ++j) p[j] *= inv;
+  for (int64_t j = last + 1; j < width; ++j) p[j] = 0.0f;
+  return mx + std::log(sum);
+}
+
 }  // namespace
 
 int64_t attention_workspace_floats(int64_t T, int64_t /*D*/, int threads) { return 2 * T * T * threads; }
@@ -56,22 +74,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
     float* P = workspace + thread * 2 * T * T;
     scores(P, hd, T, D, scale);
     float* lse_bh = lse + (b * H + h) * T;
-    for (int64_t i = 0; i < T; ++i) {
-      float* p = P + i * T;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, p[j]);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j <= i; ++j) {
-        p[j] = exp_fast(p[j] - mx);
-        sum += p[j];
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
-      for (int64_t j = i + 1, e = tile_end(i, T); j < e; ++j) p[j] = 0.0f;
-      lse_bh[i] = mx + std::log(sum);
-    }
+    for (int64_t i = 0; i < T; ++i) lse_bh[i] = causal_softmax_row(P + i * T, i, tile_end(i, T));
     float* o = out + b * T * out_stride + h * D;
     for (int64_t r0 = 0; r0 < T; r0 += kTile) {
       const int64_t r1 = std::min(T, r0 + kTile);
@@ -158,22 +161,7 @@ void attention_cached(float* out, const float* q, int64_t q_stride, const float*
       const int64_t r1 = std::min(n, r0 + kTile), keys = start[b] + r1;
       const float* qr = q + (rows[b] + r0) * q_stride + h * D;
       gemm(false, true, r1 - r0, keys, D, scale, qr, q_stride, kb, kv_stride, 0.0f, P, keys);
-      for (int64_t i = r0; i < r1; ++i) {
-        float* p = P + (i - r0) * keys;
-        const int64_t t = start[b] + i;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, p[j]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= t; ++j) {
-          p[j] = exp_fast(p[j] - mx);
-          sum += p[j];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
-        for (int64_t j = t + 1; j < keys; ++j) p[j] = 0.0f;
-      }
+      for (int64_t i = r0; i < r1; ++i) causal_softmax_row(P + (i - r0) * keys, start[b] + i, keys);
       gemm(false, false, r1 - r0, D, keys, 1.0f, P, keys, vb, kv_stride, 0.0f,
            out + (rows[b] + r0) * out_stride + h * D, out_stride);
     }

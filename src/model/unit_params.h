@@ -1,0 +1,27 @@
+// One acquired unit as the model's kernels read it, and the weight GEMM over it: shared by the
+// training model (llama.h) and the decoder (decoder.h), which both take their parameters from a
+// ParamSource unit by unit, in fp32 or as bf16 images.
+#pragma once
+
+#include <cstdint>
+
+#include "model/param_source.h"
+
+namespace tessera::model {
+
+// The unit's fp32 buffer, or (bf16 compute) its bf16 image.
+struct UnitParams {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// The unit from `params`: its bf16 image when `bf16` is asked for and the source offers one,
+// else its fp32 buffer. The caller releases it.
+UnitParams acquire_unit(ParamSource& params, int unit, bool bf16);
+
+// y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit. With a bf16
+// image the product takes bf16 inputs (x rounded into x16, M x K of them) and accumulates in fp32.
+void unit_linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
+                 float beta, uint16_t* x16);
+
+}  // namespace tessera::model
