@@ -110,6 +110,11 @@ Checkpointer::~Checkpointer() {
   cv_.notify_all();
   writer_.join();
   if (mirror_.joinable()) mirror_.join();
+  // Every upload has ended only now: failures after the last step's metrics record (the run can
+  // outpace the uploader) are counted here, once (rank 0 counts them).
+  if (upload_failures_ > 0) {
+    log::warn("{} checkpoint upload(s) to {} failed during the run", upload_failures_, mirror_root_);
+  }
 }
 
 double Checkpointer::save(const RankShards& shards, const TrainingState& state) {
