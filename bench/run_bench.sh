@@ -29,6 +29,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/bench/lib.sh"
 preset=bench
 steps=12
 threads=2
@@ -102,14 +103,11 @@ for ((r = 1; r <= rounds; r++)); do
   run "given.$r" "${peer_cmd[@]}"
 done
 
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-  commit+=" (with uncommitted changes)"
-fi
-cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+commit=$(bench_commit "$root")
+cpu=$(bench_cpu)
 
 SUMMARY=$summary BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps THREADS=$threads DTYPE=$dtype COMMIT=$commit \
-  CPU="${cpu:-unknown} ($(nproc) CPUs available)" \
+  CPU="$cpu ($(nproc) CPUs available)" \
   TESSERA_CMD="${tessera_cmd[*]}" TUNED_CMD="${tuned_env[*]} ${peer_cmd[*]}" \
   GIVEN_CMD="${peer_cmd[*]}" "$python" - <<'EOF'
 """Reads the runs' JSON lines and prints the side-by-side table."""

@@ -23,6 +23,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/bench/lib.sh"
 preset=bench
 steps=12
 nproc=2
@@ -110,14 +111,11 @@ for ((r = 1; r <= rounds; r++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-  commit+=" (with uncommitted changes)"
-fi
-cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+commit=$(bench_commit "$root")
+cpu=$(bench_cpu)
 
 SUMMARY=$summary BENCH_DIR="$root/bench" WORK=$work ROUNDS=$rounds PRESET=$preset STEPS=$steps NPROC=$nproc GIVEN=$given COMMIT=$commit \
-  CPU="${cpu:-unknown} ($(nproc) CPUs available)" LOAD="$load_before before, $load_after after" \
+  CPU="$cpu ($(nproc) CPUs available)" LOAD="$load_before before, $load_after after" \
   TESSERA_CMD="$(tessera_cmd STRATEGY && echo "${cmd[*]}")" TESSERA_SINGLE_CMD="${tessera_single[*]}" \
   TUNED_CMD="${tuned_env[*]} $(peer_cmd MODE && echo "${cmd[*]}")" \
   GIVEN_CMD="$(peer_cmd MODE && echo "${cmd[*]}")" "$python" - <<'EOF'

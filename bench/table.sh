@@ -19,6 +19,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/bench/lib.sh"
 preset=bench
 steps=12
 rounds=2
@@ -65,14 +66,11 @@ for ((r = 1; r <= rounds; r++)); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-  commit+=" (with uncommitted changes)"
-fi
-cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+commit=$(bench_commit "$root")
+cpu=$(bench_cpu)
 flags=$(grep -o -w -E 'avx512f|avx512_bf16|amx_bf16|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')
 
-OUT=$out ROUNDS=$rounds PRESET=$preset STEPS=$steps COMMIT=$commit CPU="${cpu:-unknown} ($(nproc) CPUs; $flags)" \
+OUT=$out ROUNDS=$rounds PRESET=$preset STEPS=$steps COMMIT=$commit CPU="$cpu ($(nproc) CPUs; $flags)" \
   LOAD="$load_before before, $load_after after" python3 - <<'EOF'
 """The rounds' summaries as one table: a row per mode, a ratio column per round."""
 import json
