@@ -178,6 +178,11 @@ def uploads(log):
     return [tuple(int(g) for g in m.groups()) for m in re.finditer(pat, log)]
 
 
+def failed_uploads(log):
+    """The step of every "could not be uploaded" line."""
+    return [int(s) for s in re.findall(r"checkpoint step (\d+) could not be uploaded", log)]
+
+
 def losses(run_dir, after):
     rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
     return [(r["step"], r["loss"]) for r in rows if "loss" in r and r.get("step", 0) > after]
@@ -240,9 +245,9 @@ def main():
         # are a few ms: a fast moment ended the run while the server was still down).
         mirror2 = f"s3://{BUCKET}/ckpt2"
         proc = spawn([tessera, "train", config, "--run-dir", "runs/k", "--set",
-                                 "checkpoint.interval_steps=2", "--set", "train.max_steps=20000", "--set",
-                                 f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.keep=2"] + common,
-                                env=dict(env, TESSERA_S3_ATTEMPTS="2"), cwd=work)
+                      "checkpoint.interval_steps=2", "--set", "train.max_steps=20000", "--set",
+                      f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.keep=2"] + common,
+                     env=dict(env, TESSERA_S3_ATTEMPTS="2"), cwd=work)
         log = ""
         for line in proc.stdout:
             log += line
@@ -251,18 +256,18 @@ def main():
         server.kill()
         time.sleep(1.5)
         server.start()
-        deadline = time.time() + 120
+        deadline, last_failed = time.time() + 120, 0  # 0: no upload has failed yet
         for line in proc.stdout:
             log += line
-            failed = re.findall(r"checkpoint step (\d+) could not be uploaded", log)
+            last_failed = max([last_failed] + failed_uploads(line))
             landed = uploads(line)
-            if failed and landed and landed[0][0] > max(map(int, failed)) or time.time() > deadline:
+            if (last_failed and landed and landed[0][0] > last_failed) or time.time() > deadline:
                 break
         proc.send_signal(signal.SIGTERM)
         log += proc.stdout.read()
         rc = proc.wait()
         ups = uploads(log)
-        failed = [int(s) for s in re.findall(r"checkpoint step (\d+) could not be uploaded", log)]
+        failed = failed_uploads(log)
         check(rc == 0, f"the run went on through the outage and stopped at SIGTERM (exit {rc})")
         check(failed and ups and ups[-1][0] > max(failed),
               f"uploads failed during the outage ({len(failed)}) and a later one completed (last {ups[-1][0] if ups else None})")
@@ -280,9 +285,9 @@ def main():
 
         # 3. on_failure = stop: a lost server stops the run with exit 10.
         proc = spawn([tessera, "train", config, "--run-dir", "runs/s", "--set",
-                                 "checkpoint.interval_steps=2", "--set", "train.max_steps=100000", "--set",
-                                 f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.on_failure=stop"] + common,
-                                env=dict(env, TESSERA_S3_ATTEMPTS="1"), cwd=work)
+                      "checkpoint.interval_steps=2", "--set", "train.max_steps=100000", "--set",
+                      f"checkpoint.mirror_dir={mirror2}", "--set", "checkpoint.on_failure=stop"] + common,
+                     env=dict(env, TESSERA_S3_ATTEMPTS="1"), cwd=work)
         for line in proc.stdout:
             if "uploaded to" in line:
                 break
@@ -330,11 +335,11 @@ def main():
         # Node 1's upload of step 5 fails (an injected fault): step 5 is dropped, step 10 commits.
         launch_env = dict(env, TESSERA_JOB_TOKEN="s3-test-token-0123456789", TESSERA_FAULT="1:5:checkpoint.upload:io")
         agents = [spawn([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
-                                    f"file://{work}/rdzv-n2", "--run-id", "n2", "--run-dir", "runs/n2",
-                                    "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
-                                    "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
-                                    f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.s3_prefixes=4"]
-                                   + common, env=launch_env, cwd=work) for _ in range(2)]
+                         f"file://{work}/rdzv-n2", "--run-id", "n2", "--run-dir", "runs/n2",
+                         "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
+                         "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
+                         f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.s3_prefixes=4"]
+                        + common, env=launch_env, cwd=work) for _ in range(2)]
         codes = [a.wait(timeout=240) for a in agents]
         logs = {r: (work / f"runs/n2/logs/rank_{r}.log").read_text() for r in (0, 1)}
         ups = uploads(logs[0])
