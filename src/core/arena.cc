@@ -16,7 +16,8 @@ Arena::Arena(size_t bytes) : capacity_(bytes) {
   void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, rounded);
-  base_.reset(static_cast<std::byte*>(p));
+  owned_.reset(static_cast<std::byte*>(p));
+  base_ = owned_.get();
 }
 
 void* Arena::take_bytes(size_t bytes) {
@@ -24,7 +25,7 @@ void* Arena::take_bytes(size_t bytes) {
   used_ += (bytes + kAlign - 1) / kAlign * kAlign;
   if (measuring()) return nullptr;
   CHECK(used_ <= capacity_);
-  return base_.get() + offset;
+  return base_ + offset;
 }
 
 }  // namespace tessera

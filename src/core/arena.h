@@ -17,6 +17,8 @@ class Arena {
   Arena() = default;
   // A real arena of `bytes` (zero-filled); take() fails with CHECK past the end.
   explicit Arena(size_t bytes);
+  // A real arena over `bytes` at `base`, which someone else owns (a backend's device memory).
+  Arena(std::byte* base, size_t bytes) : base_(base), capacity_(bytes) {}
 
   template <typename T>
   T* take(size_t count) {
@@ -32,7 +34,8 @@ class Arena {
   struct Free {
     void operator()(void* p) const;
   };
-  std::unique_ptr<std::byte, Free> base_;
+  std::unique_ptr<std::byte, Free> owned_;
+  std::byte* base_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;
 };

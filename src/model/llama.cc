@@ -1,31 +1,15 @@
-// Llama 2 forward and backward on the CPU, op by op.
+// Llama 2 forward and backward, op by op, on a backend.
 #include "model/llama.h"
 
 #include <algorithm>
-#include <cstring>
+#include <vector>
 
-#include "core/bf16.h"
 #include "core/check.h"
 #include "core/threads.h"
 #include "core/timer.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
-#include "kernels/cpu/swiglu.h"
-#include "kernels/cpu/vector.h"
 
 namespace tessera::model {
-
-namespace k = tessera::kernels::cpu;
-
-namespace {
-void copy(float* dst, const float* src, int64_t n) {
-  parallel_for(n, [&](int64_t begin, int64_t end) { std::memcpy(dst + begin, src + begin, (end - begin) * 4); });
-}
-}  // namespace
 
 int64_t count_valid_targets(const int32_t* targets, int64_t n) {
   return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });
@@ -54,7 +38,7 @@ int64_t Llama::head_group_rows(int64_t vocab, int64_t N) {
 }
 
 void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
-                 bool bf16) {
+                 bool bf16, const kernels::Backend& backend) {
   const ModelConfig& c = layout.config();
   const LocalSizes& l = layout.local();  // this rank's share under tensor parallelism
   const int64_t T = c.seq_len, N = B * T, C = c.dim, F = l.ffn_hidden, H = l.heads, D = c.head_dim();
@@ -97,10 +81,14 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
   b.xn_final = take(R * C);
   b.rstd_final = take(R);
   b.rope = take(T * D);
-  b.attn_ws = take(k::attention_workspace_floats(T, D, threads));
+  b.attn_ws = take(backend.attention_workspace_floats(B, T, l.heads, D, threads));
+  b.norm_ws = take(backend.rms_norm_workspace_floats(R, C));
+  b.tokens = arena.take<int32_t>(static_cast<size_t>(N));
+  b.targets = arena.take<int32_t>(static_cast<size_t>(N));
+  b.embed_ws = arena.take<int32_t>(static_cast<size_t>(backend.embedding_workspace_ints(N)));
   const int64_t chunk = loss_chunk_rows(V, N);
   b.logits = take(chunk * V);
-  b.losses = take(chunk);
+  b.losses = take(N);
   if (layout.tensor_parallel().size > 1) {
     b.ce_max = take(chunk);
     b.ce_sums = take(2 * chunk);
@@ -126,14 +114,15 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
 }
 
 size_t Llama::planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                       int64_t recompute_every, bool bf16) {
+                                       int64_t recompute_every, bool bf16, const kernels::Backend& backend) {
   Arena measure;
   Buffers b;
-  plan(measure, b, layout, micro_batch, threads, recompute_every, bf16);
+  plan(measure, b, layout, micro_batch, threads, recompute_every, bf16, backend);
   return measure.used();
 }
 
-Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every, bool bf16)
+Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every, bool bf16,
+             kernels::Backend& backend)
     : layout_(layout),
       B_(micro_batch),
       T_(layout.config().seq_len),
@@ -142,28 +131,41 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       threads_(threads),
       recompute_every_(recompute_every),
       bf16_(bf16),
-      arena_(planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16)) {
+      be_(backend),
+      memory_(backend.allocate(planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16, backend))),
+      arena_(memory_.get(), planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16, backend)),
+      host_losses_(static_cast<size_t>(N_)) {
   CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
-  plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_);
+  CHECK_MSG(
+      backend.device() == kernels::Device::kCpu || (layout.tensor_parallel().size == 1 && layout.stage().size == 1),
+      "tensor and pipeline parallelism run on the CPU backend only");
+  plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_, be_);
   const ModelConfig& c = layout_.config();
-  k::rope_table(b_.rope, T_, c.head_dim(), static_cast<float>(c.rope_theta));
+  std::vector<float> rope(static_cast<size_t>(T_ * c.head_dim()));
+  kernels::cpu::rope_table(rope.data(), T_, c.head_dim(), static_cast<float>(c.rope_theta));
+  be_.to_device(b_.rope, rope.data(), rope.size() * sizeof(float));
 }
 
 UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }
 
 void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                    float beta) {
-  unit_linear(y, x, p, offset, M, N, K, beta, b_.x16);
+  if (p.bf16 != nullptr) {
+    be_.to_bf16(b_.x16, x, M * K);
+    be_.linear_bf16(y, b_.x16, p.bf16 + offset, M, N, K, beta);
+  } else {
+    be_.linear(y, x, p.f32 + offset, M, N, K, beta);
+  }
 }
 
 void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
                             int64_t M, int64_t N, int64_t K) {
   if (p.bf16 != nullptr) {
-    k::to_bf16(b_.dy16, dy, M * N);
-    k::to_bf16(b_.x16, x, M * K);
-    k::linear_backward_bf16(dx, dw, b_.dy16, b_.x16, p.bf16 + offset, M, N, K, false);
+    be_.to_bf16(b_.dy16, dy, M * N);
+    be_.to_bf16(b_.x16, x, M * K);
+    be_.linear_backward_bf16(dx, dw, b_.dy16, b_.x16, p.bf16 + offset, M, N, K);
   } else {
-    k::linear_backward(dx, dw, dy, x, p.f32 + offset, M, N, K, false);
+    be_.linear_backward(dx, dw, dy, x, p.f32 + offset, M, N, K);
   }
 }
 
@@ -171,7 +173,7 @@ const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
   if (p.bf16 == nullptr) return p.f32 + offset;
   const int64_t C = layout_.config().dim;
   float* w = b_.norm_w + slot * C;
-  bf16_to_f32(p.bf16 + offset, w, C);
+  be_.from_bf16(w, p.bf16 + offset, C);
   return w;
 }
 
@@ -181,14 +183,14 @@ void Llama::residual_linear(ParamSource& params, float* out, const float* residu
   if (sequence_parallel()) {  // this rank's rows of the group's sum, then their residual
     linear(b_.dxn, x, w, offset, N_, C, K, 0.0f);
     params.tp_reduce_scatter(b_.dxn, out, R_ * C);
-    k::add_inplace(out, residual, R_ * C);
+    be_.add_inplace(out, residual, R_ * C);
     return;
   }
   // The residual add rides on the GEMM (beta = 1) instead of a separate pass. A row-parallel
   // product is a partial sum: the first rank of the group adds the residual, the group's sum the
   // rest.
   const bool adds_residual = !tensor_parallel() || layout_.tensor_parallel().rank == 0;
-  if (adds_residual) copy(out, residual, N_ * C);
+  if (adds_residual) be_.copy(out, residual, sizeof(float) * N_ * C);
   linear(out, x, w, offset, N_, C, K, adds_residual ? 1.0f : 0.0f);
   if (tensor_parallel()) params.tp_all_reduce(out, N_ * C);
 }
@@ -199,15 +201,15 @@ void Llama::block_forward(ParamSource& params, const UnitParams& w, const BlockA
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
   const float eps = static_cast<float>(c.norm_eps);
-  k::rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), R_, C, eps);
+  be_.rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), R_, C, eps);
   linear(a.qkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C, 0.0f);
-  k::rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
-  k::rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  k::attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
+  be_.rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
+  be_.rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
+  be_.attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
   residual_linear(params, a.xmid, a.x, a.att, w, o.wo, H * D);
-  k::rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), R_, C, eps);
+  be_.rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), R_, C, eps);
   linear(a.h13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C, 0.0f);
-  k::swiglu_forward(a.g, a.h13, N_, F);
+  be_.swiglu_forward(a.g, a.h13, N_, F);
   residual_linear(params, out, a.xmid, a.g, w, o.w2, F);
 }
 
@@ -221,14 +223,14 @@ void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, 
   // its rows are gathered), and the input gradient of a column-parallel product is a partial sum
   // the group completes.
   linear_backward(b_.dg, dw + o.w2, gather_rows(params, b_.dx), a.g, w, o.w2, N_, C, F);
-  k::swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
+  be_.swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
   linear_backward(b_.dxn, dw + o.w13, b_.dh13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C);
   norm_backward(params, dw + o.ffn_norm, complete_dxn(params), a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2);
   // Attention branch.
   linear_backward(b_.datt, dw + o.wo, gather_rows(params, b_.dx), a.att, w, o.wo, N_, C, H * D);
-  k::attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
-  k::rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
-  k::rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
+  be_.attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
+  be_.rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
+  be_.rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C);
   norm_backward(params, dw + o.attention_norm, complete_dxn(params), a.x, norm_weight(w, o.attention_norm, 0), a.rstd1);
 }
@@ -253,19 +255,20 @@ void Llama::norm_backward(ParamSource& params, float* dgain, const float* dxn, c
                           const float* rstd) {
   const int64_t C = layout_.config().dim;
   if (!sequence_parallel()) {
-    k::rms_norm_backward(b_.dx, dgain, dxn, x, gain, rstd, R_, C);
+    be_.rms_norm_backward(b_.dx, dgain, dxn, x, gain, rstd, R_, C, b_.norm_ws);
     return;
   }
   // A replicated gain's gradient sums over all N rows: each rank's rows, then the group.
-  std::memset(b_.dgain, 0, sizeof(float) * C);
-  k::rms_norm_backward(b_.dx, b_.dgain, dxn, x, gain, rstd, R_, C);
+  be_.zero(b_.dgain, sizeof(float) * C);
+  be_.rms_norm_backward(b_.dx, b_.dgain, dxn, x, gain, rstd, R_, C, b_.norm_ws);
   params.tp_all_reduce(b_.dgain, C);
-  k::add_inplace(dgain, b_.dgain, C);
+  be_.add_inplace(dgain, b_.dgain, C);
 }
 
 void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   CHECK(num_threads() <= threads_);
-  if (layout_.has_embedding()) embed(params, inputs);  // otherwise the stage's input is in place
+  be_.to_device(b_.tokens, inputs, sizeof(int32_t) * N_);
+  if (layout_.has_embedding()) embed(params);  // otherwise the stage's input is in place
   const int64_t L = layout_.num_layers();
   for (int64_t l = 0; l < L; ++l) {
     const int unit = layout_.block_unit(l);
@@ -275,7 +278,7 @@ void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   }
 }
 
-void Llama::embed(ParamSource& params, const int32_t* inputs) {
+void Llama::embed(ParamSource& params) {
   const ModelConfig& c = layout_.config();
   const int emb = layout_.embedding_unit();
   const UnitParams table = acquire(params, emb);
@@ -284,9 +287,9 @@ void Llama::embed(ParamSource& params, const int32_t* inputs) {
   const LocalSizes& v = layout_.local();
   float* x = sequence_parallel() ? b_.dxn : b_.blocks[0].x;
   if (table.bf16 != nullptr) {
-    k::embedding_forward_bf16(x, inputs, table.bf16, N_, c.dim, v.vocab_begin, v.vocab);
+    be_.embedding_forward_bf16(x, b_.tokens, table.bf16, N_, c.dim, v.vocab_begin, v.vocab);
   } else {
-    k::embedding_forward(x, inputs, table.f32, N_, c.dim, v.vocab_begin, v.vocab);
+    be_.embedding_forward(x, b_.tokens, table.f32, N_, c.dim, v.vocab_begin, v.vocab);
   }
   params.release(emb);
   if (sequence_parallel()) {
@@ -309,7 +312,7 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   head_backward_seconds_ = 0.0;
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
-  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, R_, C, static_cast<float>(c.norm_eps));
+  be_.rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, R_, C, static_cast<float>(c.norm_eps));
   const float* xn_all = gather_rows(params, b_.xn_final);
   // Logits, loss and (with grads) the head's backward, one chunk of rows at a time. In bf16 the
   // rows are rounded once, and the chunks' logit gradients, rounded, gather into groups of
@@ -319,36 +322,36 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   const bool bf16 = w_out.bf16 != nullptr;
   const int64_t group = bf16 ? head_group_rows(V, N_) : chunk;
   const uint16_t* w16 = bf16 ? w_out.bf16 + out_offset : nullptr;
-  if (bf16) k::to_bf16(b_.x16, xn_all, N_ * C);
-  double loss_sum = 0.0;
+  if (bf16) be_.to_bf16(b_.x16, xn_all, N_ * C);
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
     const float* xn = xn_all + r0 * C;
     if (bf16) {
-      k::linear_forward_bf16(b_.logits, b_.x16 + r0 * C, w16, rows, V, C);
+      be_.linear_bf16(b_.logits, b_.x16 + r0 * C, w16, rows, V, C, 0.0f);
     } else {
       linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     }
     // bf16: the chunk's logit gradients go to their rows of the group, rounded as they are written.
     const int64_t g0 = r0 / group * group, end = std::min(N_, r0 + rows);
     uint16_t* dy16 = bf16 ? b_.dy16 + (r0 - g0) * V : nullptr;
+    float* losses = b_.losses + r0;
+    const int32_t* chunk_targets = b_.targets + r0;
     if (tensor_parallel()) {
-      vocab_parallel_loss(params, targets + r0, rows, with_grads, grad_scale);
-      if (with_grads && bf16) k::to_bf16(dy16, b_.logits, rows * V);
+      vocab_parallel_loss(params, losses, chunk_targets, rows, with_grads, grad_scale);
+      if (with_grads && bf16) be_.to_bf16(dy16, b_.logits, rows * V);
     } else if (with_grads && bf16) {
-      k::softmax_cross_entropy_bf16(dy16, b_.losses, b_.logits, targets + r0, rows, V, grad_scale);
+      be_.softmax_cross_entropy_bf16(dy16, losses, b_.logits, chunk_targets, rows, V, grad_scale);
     } else {
-      k::softmax_cross_entropy(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, targets + r0, rows, V,
-                               grad_scale);
+      be_.softmax_cross_entropy(with_grads ? b_.logits : nullptr, losses, b_.logits, chunk_targets, rows, V,
+                                grad_scale);
     }
-    for (int64_t i = 0; i < rows; ++i) loss_sum += b_.losses[i];
     if (!with_grads) continue;
     const double t0 = now_seconds();
     if (!bf16) {
       linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
     } else {
       if (end == N_ || end - g0 == group) {
-        k::linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w16, end - g0, V, C, false);
+        be_.linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w16, end - g0, V, C);
       }
     }
     head_backward_seconds_ += now_seconds() - t0;
@@ -357,7 +360,7 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
     const double t0 = now_seconds();
     // The head's input gradient: a partial sum over the vocabulary blocks under tensor parallelism.
     const float* dxn = complete_dxn(params);
-    std::memset(b_.dx, 0, sizeof(float) * R_ * C);
+    be_.zero(b_.dx, sizeof(float) * R_ * C);
     norm_backward(params, params.grads(head) + layout_.head_norm_offset(), dxn, b_.x_final, norm_w, b_.rstd_final);
     head_backward_seconds_ += now_seconds() - t0;
     params.grads_ready(head);
@@ -365,25 +368,30 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   }
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
+  // The losses cross to the host once, and sum in row order (the same bits on every backend's
+  // losses).
+  be_.to_host(host_losses_.data(), b_.losses, sizeof(float) * N_);
+  double loss_sum = 0.0;
+  for (const float l : host_losses_) loss_sum += l;
   return {loss_sum, count_valid_targets(targets, N_)};
 }
 
-void Llama::vocab_parallel_loss(ParamSource& params, const int32_t* targets, int64_t rows, bool with_grads,
-                                float grad_scale) {
+void Llama::vocab_parallel_loss(ParamSource& params, float* losses, const int32_t* targets, int64_t rows,
+                                bool with_grads, float grad_scale) {
   const LocalSizes& v = layout_.local();
   const int T = layout_.tensor_parallel().size;
   // Megatron-LM's vocabulary-parallel cross-entropy: the row maxima over the group (gathered, as
   // the groups reduce by sum only), then the sums of exp and the target logits, then each rank's
   // block of the gradient. The whole (rows, V) logits are never in one place.
-  k::vocab_parallel_max(b_.ce_max, b_.logits, targets, rows, v.vocab);
+  be_.vocab_parallel_max(b_.ce_max, b_.logits, targets, rows, v.vocab);
   params.tp_all_gather(b_.ce_max, b_.ce_maxima, rows);
   for (int64_t i = 0; i < rows; ++i) {
     for (int t = 0; t < T; ++t) b_.ce_max[i] = std::max(b_.ce_max[i], b_.ce_maxima[t * rows + i]);
   }
-  k::vocab_parallel_sums(b_.ce_sums, b_.ce_sums + rows, b_.logits, b_.ce_max, targets, rows, v.vocab, v.vocab_begin);
+  be_.vocab_parallel_sums(b_.ce_sums, b_.ce_sums + rows, b_.logits, b_.ce_max, targets, rows, v.vocab, v.vocab_begin);
   params.tp_all_reduce(b_.ce_sums, 2 * rows);
-  k::vocab_parallel_loss(with_grads ? b_.logits : nullptr, b_.losses, b_.logits, b_.ce_max, b_.ce_sums,
-                         b_.ce_sums + rows, targets, rows, v.vocab, v.vocab_begin, grad_scale);
+  be_.vocab_parallel_loss(with_grads ? b_.logits : nullptr, losses, b_.logits, b_.ce_max, b_.ce_sums, b_.ce_sums + rows,
+                          targets, rows, v.vocab, v.vocab_begin, grad_scale);
 }
 
 LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
@@ -393,6 +401,7 @@ LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, cons
 }
 
 LossSum Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
+  if (layout_.has_head()) be_.to_device(b_.targets, targets, sizeof(int32_t) * N_);
   forward_blocks(params, inputs);
   head_backward_seconds_ = 0.0;
   return layout_.has_head() ? head_loss(params, targets, true, grad_scale) : LossSum{};
@@ -412,12 +421,13 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
   }
   if (!layout_.has_embedding()) return;  // b_.dx holds the gradient of the stage's input
   const int emb = layout_.embedding_unit();
-  k::embedding_backward(params.grads(emb), gather_rows(params, b_.dx), inputs, N_, c.dim, layout_.local().vocab_begin,
-                        layout_.local().vocab);
+  be_.embedding_backward(params.grads(emb), gather_rows(params, b_.dx), b_.tokens, inputs, N_, c.dim,
+                         layout_.local().vocab_begin, layout_.local().vocab, b_.embed_ws);
   params.grads_ready(emb);
 }
 
 LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
+  if (layout_.has_head()) be_.to_device(b_.targets, targets, sizeof(int32_t) * N_);
   forward_blocks(params, inputs);
   return layout_.has_head() ? head_loss(params, targets, false, 0.0f) : LossSum{};
 }
@@ -425,14 +435,15 @@ LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const in
 void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* logits) {
   CHECK_MSG(!tensor_parallel(), "whole logits under tensor parallelism (generation) are not built yet");
   CHECK_MSG(layout_.stage().size == 1, "whole logits under pipeline parallelism (generation) are not built yet");
+  CHECK_MSG(be_.device() == kernels::Device::kCpu, "whole logits are written to host memory: the CPU backend only");
   forward_blocks(params, inputs);
   const ModelConfig& c = layout_.config();
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
   const UnitParams w = acquire(params, head);
   const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
   const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
-  k::rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_, c.dim,
-                      static_cast<float>(c.norm_eps));
+  be_.rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_, c.dim,
+                       static_cast<float>(c.norm_eps));
   linear(logits, b_.xn_final, w_out, out_offset, N_, c.vocab_size, c.dim, 0.0f);
   if (c.tied_embeddings) params.release(emb);
   params.release(head);

@@ -2,9 +2,11 @@
 // the forward and backward. It must not know how parameters are sharded or communicated (it sees
 // a ParamSource), nor checkpoints, optimizers or processes.
 //
-// Llama 2 forward and backward on the CPU, written op by op (no autograd), over parameters that a
-// ParamSource provides unit by unit. Every activation buffer is planned from the config and
-// allocated once, in the constructor; forward and backward never call the allocator. Under tensor
+// Llama 2 forward and backward, written op by op (no autograd), over parameters that a ParamSource
+// provides unit by unit, on a kernels::Backend (the CPU's, or one GPU's: then the parameters,
+// gradients and activations are all in its memory, and only token ids and losses cross to the
+// host). Every activation buffer is planned from the config and allocated once, in the
+// constructor, from the backend; forward and backward never call the allocator. Under tensor
 // parallelism (the layout's TensorParallel) it computes its block's heads, hidden units and
 // vocabulary and completes the partial sums through the source's tp collectives
 // (docs/design.md, "Tensor parallelism"); with sequence parallelism on top, the residual stream,
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "kernels/backend.h"
 #include "model/layout.h"
 #include "model/param_source.h"
 #include "model/unit_params.h"
@@ -44,16 +47,21 @@ class Llama {
   // (fused qkv, wo, fused w1|w3, w2, LM head) on bf16 weights and bf16 copies of their inputs,
   // accumulating in fp32, forward and backward; everything else stays fp32 (PyTorch's autocast
   // to bf16 draws the same line). Off, or with a source that offers no bf16, the model is fp32.
-  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every = 0, bool bf16 = false);
+  // backend: where the model runs (it outlives the model). Tensor and pipeline parallelism and
+  // forward_logits run on the CPU backend only (their collectives and outputs are host memory).
+  Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every = 0, bool bf16 = false,
+        kernels::Backend& backend = kernels::cpu_backend());
 
   const ModelLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   size_t activation_bytes() const { return arena_.capacity(); }
   // Activation bytes the constructor would allocate, without allocating them.
   static size_t planned_activation_bytes(const ModelLayout& layout, int64_t micro_batch, int threads,
-                                         int64_t recompute_every = 0, bool bf16 = false);
+                                         int64_t recompute_every = 0, bool bf16 = false,
+                                         const kernels::Backend& backend = kernels::cpu_backend());
 
-  // One micro-batch: inputs, targets (B, T); a negative target is ignored. Adds the gradient of
+  // One micro-batch: inputs, targets (B, T), in host memory; a negative target is ignored. Adds the
+  // gradient of
   // grad_scale x (the sum of the losses of the valid targets) to the source's gradient buffers
   // (grad_scale = 1 / count_valid_targets gives the gradient of the micro-batch's mean loss).
   LossSum forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale);
@@ -65,7 +73,7 @@ class Llama {
   double head_backward_seconds() const { return head_backward_seconds_; }
   // The loss without gradients.
   LossSum forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets);
-  // logits (B, T, V) for every position.
+  // logits (B, T, V) for every position (CPU backend only).
   void forward_logits(ParamSource& params, const int32_t* inputs, float* logits);
 
   // Pipeline parallelism (the layout's PipelineStage): a stage runs its blocks only. Without the
@@ -104,8 +112,12 @@ class Llama {
     float* rstd_final;  // (R)
     float* rope;  // (T, D/2, 2)
     float* attn_ws;
+    float* norm_ws;        // the backend's RMSNorm backward workspace
+    int32_t* tokens;       // (N) this micro-batch's inputs, in the backend's memory
+    int32_t* targets;      // (N) and its targets
+    int32_t* embed_ws;     // the backend's embedding backward workspace
     float* logits;         // (chunk, V), V this rank's block of the vocabulary
-    float* losses;         // (chunk)
+    float* losses;         // (N) every row's loss, brought to the host once per micro-batch
     float* ce_max;         // tensor parallelism only (null otherwise): (chunk) row maxima,
     float* ce_sums;        // (2, chunk) sums of exp and target logits,
     float* ce_maxima;      // (tp, chunk) every rank's row maxima
@@ -132,7 +144,7 @@ class Llama {
     float* norm_w;   // (2, C)
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
-                   bool bf16);
+                   bool bf16, const kernels::Backend& backend);
   static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
   static int64_t head_group_rows(int64_t vocab, int64_t N);  // bf16: rows per LM-head backward
   bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
@@ -161,7 +173,7 @@ class Llama {
   const float* norm_weight(const UnitParams& p, int64_t offset, int slot);
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
-  void embed(ParamSource& params, const int32_t* inputs);  // into blocks[0].x
+  void embed(ParamSource& params);  // b_.tokens into blocks[0].x
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
   void block_forward(ParamSource& params, const UnitParams& w, const BlockActs& acts, float* out);
   // out (R, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor
@@ -171,11 +183,12 @@ class Llama {
                        int64_t offset, int64_t K);
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
   void block_backward(ParamSource& params, const UnitParams& w, float* dw, const BlockActs& acts);
-  // Losses (and, with grads, the gradient in place) of b_.logits' first `rows` rows, this rank's
+  // losses (and, with grads, the gradient in place) of b_.logits' first `rows` rows, this rank's
   // vocabulary block, with the tensor-parallel group.
-  void vocab_parallel_loss(ParamSource& params, const int32_t* targets, int64_t rows, bool with_grads,
+  void vocab_parallel_loss(ParamSource& params, float* losses, const int32_t* targets, int64_t rows, bool with_grads,
                            float grad_scale);
-  // Final norm, head and loss over all rows; with grads, also their backward into b_.dx.
+  // Final norm, head and loss over all rows; with grads, also their backward into b_.dx. targets
+  // on the host (their count); b_.targets holds them in the backend's memory.
   LossSum head_loss(ParamSource& params, const int32_t* targets, bool with_grads, float grad_scale);
 
   ModelLayout layout_;
@@ -183,7 +196,10 @@ class Llama {
   int threads_;
   int64_t recompute_every_;
   bool bf16_;
+  kernels::Backend& be_;
+  kernels::Memory memory_;  // the arena's
   Arena arena_;
+  std::vector<float> host_losses_;  // (N)
   Buffers b_{};
   double head_backward_seconds_ = 0.0;  // in the last head_loss with gradients
 };

@@ -10,12 +10,24 @@ namespace tessera::kernels::cuda {
 namespace {
 constexpr int kThreads = 256;
 
-__global__ void forward_kernel(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C, int64_t v0,
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(uint16_t x) { return from_bf16_bits(x); }
+
+template <typename Table>
+__global__ void forward_kernel(float* out, const int32_t* tokens, const Table* table, int64_t n, int64_t C, int64_t v0,
                                int64_t Vb) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * C; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / C, c = e % C, row = static_cast<int64_t>(tokens[i]) - v0;
-    out[e] = row >= 0 && row < Vb ? table[row * C + c] : 0.0f;
+    out[e] = row >= 0 && row < Vb ? widen(table[row * C + c]) : 0.0f;
   }
+}
+
+template <typename Table>
+void forward(float* out, const int32_t* tokens, const Table* table, int64_t n, int64_t C, int64_t v0, int64_t Vb,
+             cudaStream_t stream) {
+  if (n * C == 0) return;
+  forward_kernel<Table><<<grid_for(n * C, kThreads), kThreads, 0, stream>>>(out, tokens, table, n, C, v0, Vb);
+  CUDA_CHECK_LAUNCH();
 }
 
 // Block (bucket, channel strip): each thread one channel of the bucket's row.
@@ -31,9 +43,12 @@ __global__ void backward_kernel(float* dtable, const float* dout, const int32_t*
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C, int64_t v0,
                        int64_t Vb, cudaStream_t stream) {
-  if (n * C == 0) return;
-  forward_kernel<<<grid_for(n * C, kThreads), kThreads, 0, stream>>>(out, tokens, table, n, C, v0, Vb);
-  CUDA_CHECK_LAUNCH();
+  forward(out, tokens, table, n, C, v0, Vb, stream);
+}
+
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* table, int64_t n, int64_t C, int64_t v0,
+                            int64_t Vb, cudaStream_t stream) {
+  forward(out, tokens, table, n, C, v0, Vb, stream);
 }
 
 EmbeddingBuckets embedding_buckets(const int32_t* host_tokens, int64_t n, int64_t v0, int64_t Vb) {

@@ -17,9 +17,12 @@ namespace tessera::kernels::cuda {
 
 using ref::kWholeVocab;
 
-// out (n,C) = the table's row of each token, a zero row for a token outside the block.
+// out (n,C) = the table's row of each token, a zero row for a token outside the block; the table
+// in fp32 or as bf16 bits (widened exactly).
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C, int64_t v0,
                        int64_t Vb, cudaStream_t stream);
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* table, int64_t n, int64_t C, int64_t v0,
+                            int64_t Vb, cudaStream_t stream);
 
 // The positions of a batch's tokens grouped by token, on the host. `ints` is what the device needs,
 // one array: the positions (token by token, each token's in increasing order), then each bucket's

@@ -26,6 +26,12 @@ __global__ void to_bf16_kernel(uint16_t* out, const float* in, int64_t n) {
   }
 }
 
+__global__ void from_bf16_kernel(float* out, const uint16_t* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = from_bf16_bits(in[i]);
+  }
+}
+
 // Double sums over a block, in a fixed tree (shared memory, kThreads wide).
 __device__ double block_sum_double(double v) {
   __shared__ double s[kThreads];
@@ -73,6 +79,12 @@ void scale_inplace(float* x, int64_t n, float s, cudaStream_t stream) {
 void to_bf16(uint16_t* out, const float* in, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   to_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void from_bf16(float* out, const uint16_t* in, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  from_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,25 @@
+// The backend factory: the one place that knows whether this build has CUDA.
+#include "kernels/backend.h"
+
+#include <stdexcept>
+
+#include "tessera/build_config.h"
+
+#if TESSERA_CUDA
+#include "kernels/cuda/backend.h"
+#endif
+
+namespace tessera::kernels {
+
+const char* device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options) {
+#if TESSERA_CUDA
+  return cuda::make_backend(options);
+#else
+  (void)options;
+  throw std::runtime_error("this tessera was built without CUDA (TESSERA_CUDA off: no nvcc at configure time)");
+#endif
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,123 @@
+// The backend seam (ARCHITECTURE.md): the ops the model runs and the memory they run on, chosen
+// once at start-up (train.device). The CPU backend runs kernels/cpu on host memory; the CUDA
+// backend runs kernels/cuda on one device's memory, queued on its compute stream. The model calls
+// only this interface, so it holds no #ifdefs and no backend's headers.
+//
+// Pointers passed to the ops are the backend's memory (from allocate()), except those named
+// host_. Shape contracts are the reference kernels' (kernels/ref) and, for the bf16 variants,
+// the CPU kernels' (kernels/cpu). Work may be queued: to_host() and synchronize() wait for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/ref/adamw.h"
+
+namespace tessera::kernels {
+
+enum class Device { kCpu, kCuda };
+const char* device_name(Device device);
+
+// An allocation of a backend's memory, freed on destruction.
+struct MemoryFree {
+  void (*free)(void*) = nullptr;
+  void operator()(std::byte* p) const {
+    if (p != nullptr) free(p);
+  }
+};
+using Memory = std::unique_ptr<std::byte, MemoryFree>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // Memory: `bytes` zero-filled and aligned to at least 256 bytes.
+  virtual Memory allocate(size_t bytes) = 0;
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for the work queued before it.
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // y (M,N) = x (M,K) . w (N,K)^T + beta y, in fp32 or on bf16 inputs with fp32 accumulation.
+  virtual void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) = 0;
+  virtual void linear_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
+                           float beta) = 0;
+  // dx (M,K) = dy . w (skipped when null), dw (N,K) += dy^T . x.
+  virtual void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int64_t M,
+                               int64_t N, int64_t K) = 0;
+  virtual void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+                                    int64_t M, int64_t N, int64_t K) = 0;
+
+  virtual void to_bf16(uint16_t* out, const float* in, int64_t n) = 0;
+  virtual void from_bf16(float* out, const uint16_t* in, int64_t n) = 0;
+  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+
+  virtual void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
+                                float eps) = 0;
+  virtual int64_t rms_norm_workspace_floats(int64_t n, int64_t C) const = 0;
+  virtual void rms_norm_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,
+                                 const float* rstd, int64_t n, int64_t C, float* workspace) = 0;
+
+  // table: the CPU's rope_table (kernels/cpu/rope.h), in the backend's memory.
+  virtual void rope_forward(float* x, const float* table, int64_t B, int64_t T, int64_t n_heads, int64_t D,
+                            int64_t stride) = 0;
+  virtual void rope_backward(float* dx, const float* table, int64_t B, int64_t T, int64_t n_heads, int64_t D,
+                             int64_t stride) = 0;
+
+  // threads: the host threads the model runs with (the CPU backend's workspace is per thread).
+  virtual int64_t attention_workspace_floats(int64_t B, int64_t T, int64_t H, int64_t D, int threads) const = 0;
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                 int64_t D, float* workspace) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) = 0;
+
+  virtual void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) = 0;
+  virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t n, int64_t F) = 0;
+
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C,
+                                 int64_t v0, int64_t Vb) = 0;
+  virtual void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* table, int64_t n, int64_t C,
+                                      int64_t v0, int64_t Vb) = 0;
+  // tokens in the backend's memory and the same on the host (the CUDA backend orders its sums
+  // from the host's copy).
+  virtual int64_t embedding_workspace_ints(int64_t n) const = 0;
+  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, const int32_t* host_tokens,
+                                  int64_t n, int64_t C, int64_t v0, int64_t Vb, int32_t* workspace) = 0;
+
+  virtual void softmax_cross_entropy(float* dlogits, float* losses, const float* logits, const int32_t* targets,
+                                     int64_t n, int64_t V, float dscale) = 0;
+  virtual void softmax_cross_entropy_bf16(uint16_t* dlogits, float* losses, const float* logits, const int32_t* targets,
+                                          int64_t n, int64_t V, float dscale) = 0;
+  // Tensor parallelism's vocabulary-parallel cross-entropy (kernels/ref/cross_entropy.h).
+  virtual void vocab_parallel_max(float* row_max, const float* logits, const int32_t* targets, int64_t n,
+                                  int64_t Vb) = 0;
+  virtual void vocab_parallel_sums(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                                   const int32_t* targets, int64_t n, int64_t Vb, int64_t v0) = 0;
+  virtual void vocab_parallel_loss(float* dlogits, float* losses, const float* logits, const float* row_max,
+                                   const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t n,
+                                   int64_t Vb, int64_t v0, float dscale) = 0;
+
+  // param_bf16 optional (kernels/cpu/adamw.h).
+  virtual void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
+                          uint16_t* param_bf16) = 0;
+  // sum of x[i]^2 in double, returned to the host (waits).
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+};
+
+// The process's CPU backend (kernels/cpu over core/threads' pool).
+Backend& cpu_backend();
+
+// What a CUDA backend is made with.
+struct CudaOptions {
+  int device = 0;           // the visible device's index
+  bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (model.allow_tf32)
+};
+// A CUDA backend on `options.device`; throws std::runtime_error naming the reason when this build
+// has no CUDA or the device cannot be used.
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options);
+
+}  // namespace tessera::kernels
