@@ -10,7 +10,9 @@
 #     tensor {1,2,4} x pipeline {1,2,4} x data {1,2} up to 8 ranks, every strategy, schedule,
 #     sequence parallelism, recompute and tied embeddings against one process), about 6 minutes;
 #   - tests/plan_vs_bench_test.py on the `tiny` and `bench` presets (`tessera plan --hardware cpu`
-#     beside `tessera bench`, every strategy at 1 and 2 processes), about 4 minutes.
+#     beside `tessera bench`, every strategy at 1 and 2 processes), about 4 minutes;
+#   - tools/cuda_emu/run.sh: the CUDA kernels and the model on the CUDA backend, run unchanged
+#     under a CPU emulation of the CUDA subset they use (no GPU here), about 3 minutes.
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
 # Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
@@ -58,6 +60,7 @@ for ((i = 1; i <= repeat; i++)); do
   check "adversarial_test-$i" tests/adversarial_test.sh "$tessera" "$io_faults"
 done
 check equivalence_matrix env TESSERA_NIGHTLY_MATRIX=1 "$fsdp_tests" --gtest_filter='Nightly/*'
+check cuda_emulation tools/cuda_emu/run.sh
 check plan_vs_bench env TESSERA_PLAN_PRESETS="tiny bench" python3 tests/plan_vs_bench_test.py "$tessera"
 
 echo "nightly: $passed passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}; logs in $logs"

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds tessera's CUDA sources (src/kernels/cuda/*.cu via transform.py, matmul.cc, backend.cc)
+# against the CPU emulation (emu_device.h, emu_runtime.cc), links them with the repo's CPU/ref
+# kernels and model (the release build's static libraries) and runs the three CUDA test files.
+#
+#   ./run.sh                 build (plain, -O2) and run every test
+#   ./run.sh asan            the same under -fsanitize=address,undefined (emulation and CUDA sources)
+#   ./run.sh build [asan]    build only
+#   EMU_MODE=threads ./run.sh    one OS thread per CUDA thread instead of fibers
+#   EMU_ORDER=reverse|random ./run.sh   fiber schedule order (default forward; EMU_SEED for random)
+#   GTEST_FILTER=... ./run.sh         a subset
+#   REPO=/path/to/checkout EMU_BUILD=/other/build ./run.sh   another tree (mutants), another build dir
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=${REPO:-$(cd "$HERE/../.." && pwd)}
+REL=$REPO/build/release
+VARIANT=plain
+ACTION=all
+for a in "$@"; do
+  case $a in
+    asan) VARIANT=asan ;;
+    build) ACTION=build ;;
+    *) echo "unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+OUT=${EMU_BUILD:-$REPO/build/cuda_emu}/$VARIANT
+mkdir -p "$OUT"
+CXXFLAGS=(-std=c++20 -g -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unknown-pragmas -DFMT_SHARED -DGTEST_HAS_PTHREAD=1
+  -I"$HERE" -I"$REPO/src" -I"$REL/generated" -isystem /usr/local/cuda/include)
+LDFLAGS=()
+if [[ $VARIANT == asan ]]; then
+  CXXFLAGS+=(-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+  LDFLAGS+=(-fsanitize=address,undefined)
+else
+  CXXFLAGS+=(-O2)
+fi
+
+compile() {  # src obj
+  if [[ ! -f $2 || $1 -nt $2 || $HERE/emu_device.h -nt $2 || $0 -nt $2 ]]; then
+    echo "  c++ $(basename "$1")"
+    g++ "${CXXFLAGS[@]}" -c "$1" -o "$2"
+  fi
+}
+
+echo "== build ($VARIANT) in $OUT"
+objs=()
+for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention device; do
+  python3 "$HERE/transform.py" "$REPO/src/kernels/cuda/$k.cu" "$OUT/$k.cu.cc.new" 2>/dev/null
+  if ! cmp -s "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; then mv "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; else rm "$OUT/$k.cu.cc.new"; fi
+  compile "$OUT/$k.cu.cc" "$OUT/$k.cu.o" &
+  objs+=("$OUT/$k.cu.o")
+done
+for f in kernels/cuda/matmul kernels/cuda/backend; do
+  compile "$REPO/src/$f.cc" "$OUT/$(basename $f).o" &
+  objs+=("$OUT/$(basename $f).o")
+done
+compile "$HERE/emu_runtime.cc" "$OUT/emu_runtime.o" &
+objs+=("$OUT/emu_runtime.o")
+wait
+tests=()
+for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test; do
+  n=$(basename $t)
+  compile "$REPO/src/$t.cc" "$OUT/$n.o"
+  g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \
+    "$REL/src/libtessera_model.a" "$REL/src/libtessera_kernels.a" "$REL/src/libtessera_core.a" \
+    -lgtest_main -lgtest -ldnnl -lfmt -lpthread
+  tests+=("$OUT/$n")
+done
+[[ $ACTION == build ]] && exit 0
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:detect_stack_use_after_return=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+status=0
+for t in "${tests[@]}"; do
+  echo "== $(basename "$t") (EMU_MODE=${EMU_MODE:-fiber} EMU_ORDER=${EMU_ORDER:-forward})"
+  start=$SECONDS
+  "$t" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} || status=1
+  echo "   ($((SECONDS - start)) s)"
+done
+exit $status
