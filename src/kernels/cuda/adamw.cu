@@ -1,7 +1,5 @@
 // CUDA AdamW: one thread per element, grid-stride; the coefficients computed once on the host as
 // the CPU kernel computes them, so both backends take the same float steps.
-#include <cmath>
-
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/common.cuh"
 
@@ -10,12 +8,9 @@ namespace tessera::kernels::cuda {
 namespace {
 constexpr int kThreads = 256;
 
-struct Coefficients {
-  float b1, b2, eps, scale, decay, step_size, inv_sqrt_bc2;
-};
-
-__global__ void adamw_kernel(const Coefficients c, int64_t n, float* __restrict__ param, const float* __restrict__ grad,
-                             float* __restrict__ m, float* __restrict__ v, uint16_t* __restrict__ image) {
+__global__ void adamw_kernel(const AdamWCoefficients c, int64_t n, float* __restrict__ param,
+                             const float* __restrict__ grad, float* __restrict__ m, float* __restrict__ v,
+                             uint16_t* __restrict__ image) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     // __fmul_rn and friends keep each product and sum rounded as the CPU rounds it (nvcc would
     // contract a * b + c into one fma, with different bits).
@@ -35,16 +30,7 @@ __global__ void adamw_kernel(const Coefficients c, int64_t n, float* __restrict_
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
                 uint16_t* param_bf16, cudaStream_t stream) {
   if (n == 0) return;
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
-  const Coefficients c{p.beta1,
-                       p.beta2,
-                       p.eps,
-                       p.grad_scale,
-                       1.0f - p.lr * p.weight_decay,
-                       static_cast<float>(p.lr / bc1),
-                       static_cast<float>(1.0 / std::sqrt(bc2))};
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(c, n, param, grad, m, v, param_bf16);
+  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(adamw_coefficients(p), n, param, grad, m, v, param_bf16);
   CUDA_CHECK_LAUNCH();
 }
 

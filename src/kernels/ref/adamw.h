@@ -1,6 +1,7 @@
 // Reference AdamW (decoupled weight decay), the same arithmetic as torch.optim.AdamW.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace tessera::kernels {
@@ -14,6 +15,23 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based count of updates including this one (bias correction)
   float grad_scale = 1.0f;  // the gradient is multiplied by it (in float) first: clipping
 };
+
+// The float coefficients the fast kernels (kernels/cpu, kernels/cuda) step with, computed once
+// per launch, the bias corrections in double: one place, so both backends take the same steps.
+struct AdamWCoefficients {
+  float b1, b2, eps, scale, decay, step_size, inv_sqrt_bc2;
+};
+inline AdamWCoefficients adamw_coefficients(const AdamWParams& p) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  return {p.beta1,
+          p.beta2,
+          p.eps,
+          p.grad_scale,
+          1.0f - p.lr * p.weight_decay,
+          static_cast<float>(p.lr / bc1),
+          static_cast<float>(1.0 / std::sqrt(bc2))};
+}
 
 }  // namespace tessera::kernels
 
