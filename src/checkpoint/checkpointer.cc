@@ -125,12 +125,13 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   if (views_.empty()) {
     size_t total = 0;
     for (const UnitShard& u : shards.units) total += 3 * static_cast<size_t>(u.range.size);
-    host_.resize(total);
+    host_ = shards.backend->allocate_host(sizeof(float) * total);
+    float* host = reinterpret_cast<float*>(host_.get());
     size_t at = 0;
     for (int u = 0; u < layout.num_units(); ++u) {
       for (const char* kind : Manifest::kKinds) {
         const auto n = static_cast<uint64_t>(shards.units[u].range.size);
-        views_.push_back({Manifest::tensor_name(layout.units()[u].name, kind), host_.data() + at, n});
+        views_.push_back({Manifest::tensor_name(layout.units()[u].name, kind), host + at, n});
         at += n;
       }
     }
@@ -139,7 +140,7 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
   for (const UnitShard& u : shards.units) {
     const auto n = static_cast<size_t>(u.range.size);
     for (const float* from : {u.param, u.exp_avg, u.exp_avg_sq}) {
-      std::copy(from, from + n, host_.data() + at);
+      shards.backend->to_host(reinterpret_cast<float*>(host_.get()) + at, from, sizeof(float) * n);
       at += n;
     }
   }

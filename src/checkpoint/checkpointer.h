@@ -121,7 +121,9 @@ class Checkpointer {
   std::string root_;
   std::string mirror_root_;  // "" without checkpoint.mirror_dir
   parallel::Distributed dist_;
-  std::vector<float> host_;                    // param, exp_avg, exp_avg_sq of every unit's shard
+  // param, exp_avg, exp_avg_sq of every unit's shard: host memory the backend copies into at full
+  // speed (pinned on a GPU), so a save's stall is that copy.
+  kernels::Memory host_;
   std::vector<checkpoint::TensorView> views_;  // into host_, in file order
   int64_t last_started_ = -1;
   double last_save_time_;  // when the last save started (or this checkpointer was made), for the time interval

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/object_tier.h"
 #include "core/error.h"
@@ -67,13 +69,18 @@ TrainingState load_checkpoint(const std::string& step_dir, const RankShards& int
               config.train.seed);
   }
   const int tp_rank = layout.tensor_parallel().rank;
+  const bool on_host = into.backend->device() == kernels::Device::kCpu;
+  std::vector<float> staging;  // a device backend's arrays are read here, then copied in
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitShard& shard = into.units[u];
     const model::UnitLayout& to = layout.units()[u];
     const int saved = reader.unit_index(to.name);  // a pipeline stage's units are some of them
-    reader.read_for(to, tp_rank, saved, "param", shard.range.begin, shard.range.size, shard.param);
-    reader.read_for(to, tp_rank, saved, "exp_avg", shard.range.begin, shard.range.size, shard.exp_avg);
-    reader.read_for(to, tp_rank, saved, "exp_avg_sq", shard.range.begin, shard.range.size, shard.exp_avg_sq);
+    for (auto [kind, dst] : {std::pair{"param", shard.param}, std::pair{"exp_avg", shard.exp_avg},
+                             std::pair{"exp_avg_sq", shard.exp_avg_sq}}) {
+      staging.resize(on_host ? 0 : static_cast<size_t>(shard.range.size));
+      reader.read_for(to, tp_rank, saved, kind, shard.range.begin, shard.range.size, on_host ? dst : staging.data());
+      if (!on_host) into.backend->to_device(dst, staging.data(), sizeof(float) * staging.size());
+    }
   }
   return {m.step, m.tokens, m.sampler_position, m.optimizer_steps};
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "model/layout.h"
 #include "parallel/shard_range.h"
 
@@ -20,7 +21,9 @@ struct TrainingState {
 
 // This rank's part of the parameters and optimizer state, as a checkpoint saves and restores it:
 // for each unit of the layout, the elements `range` of its padded buffer in three fp32 arrays
-// that the owner keeps (fsdp's master shard, optim's moments) and that outlive the view.
+// that the owner keeps (fsdp's master shard, optim's moments) and that outlive the view, in the
+// memory of `backend` (a GPU's with train.device = cuda): saving copies them out through it,
+// loading in.
 struct UnitShard {
   parallel::ShardRange range;
   float* param = nullptr;
@@ -30,6 +33,7 @@ struct UnitShard {
 struct RankShards {
   const model::ModelLayout* layout = nullptr;
   std::vector<UnitShard> units;  // one per unit of *layout
+  kernels::Backend* backend = &kernels::cpu_backend();
 };
 
 }  // namespace tessera::checkpoint

@@ -259,8 +259,10 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
 // Runs c.train.max_steps steps; rank 0 prints the JSON line.
 void bench_worker(const config::Config& c, long long steps, const parallel::Distributed& dist,
                   const std::string& checkpoint_dir) {
-  train::Trainer trainer(c, "", dist);
-  const metrics::Peak peak = train::job_peak(c, dist);
+  const train::ComputeDevice device(c, dist.world_size());
+  train::log_device(c, device);
+  train::Trainer trainer(c, "", dist, device.backend());
+  const metrics::Peak peak = train::job_peak(c, dist, device);
   std::vector<double> times, exposed;
   std::map<std::string, std::vector<double>> split;
   nlohmann::json losses = nlohmann::json::array();
@@ -294,6 +296,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
   if (dist.rank() != 0) return;
   nlohmann::ordered_json out = {
       {"impl", "tessera"},
+      {"device", device.description()},
       {"preset", c.model.preset},
       {"params", model::parameter_count(c.model)},
       {"tokens_per_step", c.tokens_per_step()},

@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "data/tokenizer.h"
 #include "fsdp/sharded_params.h"
+#include "train/device.h"
 #include "train/generate.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -197,7 +198,9 @@ int cmd_eval(const Args& args) {
   c.parallel.pipeline_layers.clear();
   c.train.micro_batch_size = 0;
   c.train.init_from.clear();  // the weights come from the checkpoint
-  train::Trainer trainer(c, train::resolve_dataset(c));
+  const train::ComputeDevice device(c, 1);
+  train::log_device(c, device);
+  train::Trainer trainer(c, train::resolve_dataset(c), {}, device.backend());
   trainer.params().load_tensors(trained.tensors, trained.weights_path);
   // The whole validation split, as the last evaluation of `tessera train` covers.
   const train::Trainer::Evaluation e = trainer.evaluate(trainer.validation_batches());

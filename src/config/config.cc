@@ -93,6 +93,11 @@ struct EnumNames<PipelineSchedule> {
                                                                         {"gpipe", PipelineSchedule::kGPipe}};
 };
 template <>
+struct EnumNames<Device> {
+  static constexpr std::pair<const char*, Device> kTable[] = {
+      {"auto", Device::kAuto}, {"cpu", Device::kCpu}, {"cuda", Device::kCuda}};
+};
+template <>
 struct EnumNames<OnFailure> {
   static constexpr std::pair<const char*, OnFailure> kTable[] = {{"continue", OnFailure::kContinue},
                                                                  {"stop", OnFailure::kStop}};
@@ -282,6 +287,7 @@ const std::vector<Key>& schema() {
       KEY(model, norm_eps, open(0, 1)),
       KEY(model, tied_embeddings),
       KEY(model, init_std, open(0, 1)),
+      KEY(model, allow_tf32),
       KEY(train, batch_size, gt(0)),
       KEY(train, micro_batch_size, ge(0, "0 derives it from train.batch_size")),
       KEY(train, max_steps, gt(0)),
@@ -297,6 +303,7 @@ const std::vector<Key>& schema() {
       KEY(train, on_nonfinite),
       KEY(train, max_skipped_steps, gt(0)),
       KEY(train, seed, ge(0)),
+      KEY(train, device),
       KEY(train, threads, closed(0, 1024, "0: one per core")),
       KEY(train, eval_interval, ge(0, "0: never")),
       KEY(train, eval_batches, gt(0)),
@@ -459,6 +466,7 @@ const char* name(Precision v) { return enum_name(v); }
 const char* name(OnNonFinite v) { return enum_name(v); }
 const char* name(OnFailure v) { return enum_name(v); }
 const char* name(PipelineSchedule v) { return enum_name(v); }
+const char* name(Device v) { return enum_name(v); }
 
 namespace {
 

@@ -33,11 +33,15 @@ enum class OnFailure { kContinue, kStop };  // "continue", "stop"
 // one backward; at most P - s micro-batches' activations on stage s) or "gpipe" (all forwards,
 // then all backwards; all m).
 enum class PipelineSchedule { kOneFOneB, kGPipe };
+// Where a process computes (train/device.h): "auto" (a GPU when this build has CUDA, one is
+// visible and the job is one process; the CPU otherwise), "cpu" or "cuda".
+enum class Device { kAuto, kCpu, kCuda };
 const char* name(Strategy v);
 const char* name(Precision v);
 const char* name(OnNonFinite v);
 const char* name(OnFailure v);
 const char* name(PipelineSchedule v);
+const char* name(Device v);
 
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step
@@ -57,6 +61,7 @@ struct TrainConfig {
   OnNonFinite on_nonfinite = OnNonFinite::kStop;
   int64_t max_skipped_steps = 5;  // with skip: the next non-finite step after this many in a row stops
   int64_t seed = 1234;
+  Device device = Device::kAuto;
   int64_t threads = 0;          // per process; 0: one per available core
   int64_t eval_interval = 100;  // steps between validation losses (and at the end); 0: never
   int64_t eval_batches = 8;     // global batches of the validation split per evaluation

@@ -42,8 +42,9 @@ struct ShardedParams::Unit {
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
                              const parallel::Mesh& mesh, int64_t accumulation, comm::Millis timeout,
-                             comm::DType param_dtype, comm::DType reduce_dtype)
+                             comm::DType param_dtype, comm::DType reduce_dtype, kernels::Backend& backend)
     : layout_(layout),
+      backend_(backend),
       strategy_(strategy),
       shard_rank_(mesh.rank(parallel::Dim::kDpShard)),
       shards_(mesh.size(parallel::Dim::kDpShard)),
@@ -62,13 +63,17 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   CHECK_MSG(
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
+  CHECK_MSG(backend.device() == kernels::Device::kCpu || mesh.size() == 1,
+            "parameters on a device backend need a mesh of one rank");
   options_.timeout = timeout;
   const ArenaBytes plan = planned_bytes(layout_, strategy_, S, accumulation_, param_dtype_, reduce_dtype_);
   const int n = layout_.num_units() + (layout_.tied_copy() != nullptr ? 1 : 0);
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
   const bool image16 = S == 1 && param_dtype_ == comm::DType::kBF16;  // nothing gathered: only the image
-  state_ = Arena(plan.state);
+  state_memory_ = backend_.allocate(plan.state);
+  state_ = Arena(state_memory_.get(), plan.state);
   int64_t max_padded = 0;
+  std::vector<float> init;  // a shard initialized on the host
   for (int i = 0; i < n; ++i) {
     auto u = std::make_unique<Unit>();
     u->padded = layout_.unit(i).padded;
@@ -76,7 +81,9 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     u->range = parallel::shard_range(u->padded, S, shard_rank_);
     u->master = state_.take<float>(u->range.size);
     u->grad = state_.take<float>(u->range.size);
-    model::init_unit_slice(layout_, i, seed, u->range.begin, u->range.end(), u->master);
+    init.assign(static_cast<size_t>(u->range.size), 0.0f);
+    model::init_unit_slice(layout_, i, seed, u->range.begin, u->range.end(), init.data());
+    backend_.to_device(u->master, init.data(), sizeof(float) * init.size());
     if (S == 1) u->full = u->master;
     if (bf16) {
       u->send16 = state_.take<uint16_t>(u->range.size);
@@ -205,7 +212,7 @@ const uint16_t* ShardedParams::acquire_bf16(int unit) {
 
 void ShardedParams::refresh_image(Unit& u) {
   if (u.image_fresh) return;
-  k::to_bf16(u.send16, u.master, u.range.size);
+  backend_.to_bf16(u.send16, u.master, u.range.size);
   u.image_fresh = true;
 }
 
@@ -267,7 +274,8 @@ void ShardedParams::grads_ready(int unit) {
   Unit& u = *units_[unit];
   u.backward_done = true;
   if (poison_) {  // before any reduction reads the gradient, as a NaN from the backward would be
-    (shards_ == 1 ? u.grad : u.full_grad)[0] = std::numeric_limits<float>::quiet_NaN();
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+    backend_.to_device(shards_ == 1 ? u.grad : u.full_grad, &kNaN, sizeof kNaN);
     poison_ = false;
   }
   if (shards_ == 1 && micro_ == accumulation_ - 1) issue_replica_reduction(unit);  // DDP's bucket
@@ -302,7 +310,7 @@ void ShardedParams::tp_reduce_scatter(const float* in, float* out, int64_t count
 }
 
 void ShardedParams::begin_step() {
-  for (auto& u : units_) std::memset(u->grad, 0, sizeof(float) * u->range.size);
+  for (auto& u : units_) backend_.zero(u->grad, sizeof(float) * u->range.size);
   cursor_ = 0;
   micro_ = 0;
 }
@@ -333,14 +341,14 @@ double ShardedParams::local_sum_squares() const {
   for (int i = 0; i < layout_.num_units(); ++i) {
     const Unit& u = *units_[i];
     if (counts_replicated) {
-      sum += k::sum_squares(u.grad, u.range.size);
+      sum += backend_.sum_squares(u.grad, u.range.size);
       continue;
     }
     // Another tp rank counts only its blocks of split tensors: a replicated tensor's gradient is
     // the same on every tp rank (computed from complete sums), counted by tp rank 0.
     for (const model::TensorSpec& t : layout_.units()[i].tensors) {
       const int64_t lo = std::max(u.range.begin, t.offset), hi = std::min(u.range.end(), t.offset + t.numel());
-      if (t.split_dim >= 0 && lo < hi) sum += k::sum_squares(u.grad + (lo - u.range.begin), hi - lo);
+      if (t.split_dim >= 0 && lo < hi) sum += backend_.sum_squares(u.grad + (lo - u.range.begin), hi - lo);
     }
   }
   return sum;
@@ -413,6 +421,11 @@ std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard)
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const float* p = u.*shard;
+    if (backend_.device() != kernels::Device::kCpu) {  // S = 1: the whole unit, on the device
+      full.resize(u.padded);
+      backend_.to_host(full.data(), p, sizeof(float) * u.padded);
+      p = full.data();
+    }
     if (shards_ > 1) {
       full.resize(u.padded);
       shard_group_->all_gather(u.*shard, full.data(), u.range.size, comm::DType::kF32, options_)->wait();
@@ -441,10 +454,12 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
   std::map<std::string, const model::NamedTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
   const int tp_rank = layout_.tensor_parallel().rank;
-  std::vector<float> block;
+  std::vector<float> block, shard;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const int64_t begin = u.range.begin, end = u.range.end();
+    // The shard is put together on the host, padding included (zero), then copied in whole.
+    shard.assign(static_cast<size_t>(u.range.size), 0.0f);
     for (const model::TensorSpec& spec : layout_.units()[i].tensors) {
       auto it = by_name.find(spec.name);
       if (it == by_name.end()) throw DataError(fmt::format("{}: tensor {} is missing", origin, spec.name));
@@ -456,8 +471,9 @@ void ShardedParams::load_tensors(const std::vector<model::NamedTensor>& tensors,
       copy_block_out(spec, tp_rank, it->second->data.data(), block.data());
       // The part of this rank's block that falls in its shard.
       const int64_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel());
-      for (int64_t e = lo; e < hi; ++e) u.master[e - begin] = block[e - spec.offset];
+      for (int64_t e = lo; e < hi; ++e) shard[e - begin] = block[e - spec.offset];
     }
+    backend_.to_device(u.master, shard.data(), sizeof(float) * shard.size());
     u.image_fresh = false;
   }
   sync_tied_copy();

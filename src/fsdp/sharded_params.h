@@ -28,6 +28,11 @@
 // adds it to the table's before the norm, and after each update the table's values come back.
 // Megatron-LM all-reduces the two gradients and steps both copies; this sends the same bytes
 // and keeps optimizer state and checkpoints to the one table.
+//
+// On a device backend (train.device = cuda) the shards, gradients, bf16 image and the update live
+// in the backend's memory; that needs S = 1 and no other mesh dimension for now (one GPU).
+// Everything that hands tensors to the host (gather_named_*, load_tensors) copies through the
+// backend; master_shard and grads point into its memory.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,7 @@
 #include "comm/process_group.h"
 #include "config/config.h"
 #include "core/arena.h"
+#include "kernels/backend.h"
 #include "model/layout.h"
 #include "model/named_tensor.h"
 #include "model/param_source.h"
@@ -77,10 +83,11 @@ class ShardedParams final : public model::ParamSource {
   // one only. param_dtype: what parameters are all-gathered in; reduce_dtype: what gradients are
   // reduced in (bf16 halves the bytes; masters, gradient shards and moments stay fp32). With
   // param_dtype bf16 acquire_bf16 hands out the bf16 image for bf16 compute: the gathered bf16
-  // buffer itself, or with S = 1 the master rounded to bf16. The mesh outlives this object.
+  // buffer itself, or with S = 1 the master rounded to bf16. backend: where shards and updates
+  // live (a device backend needs a mesh of one rank). The mesh and the backend outlive this object.
   ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy, const parallel::Mesh& mesh,
                 int64_t accumulation, comm::Millis timeout, comm::DType param_dtype = comm::DType::kF32,
-                comm::DType reduce_dtype = comm::DType::kF32);
+                comm::DType reduce_dtype = comm::DType::kF32, kernels::Backend& backend = kernels::cpu_backend());
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -128,7 +135,9 @@ class ShardedParams final : public model::ParamSource {
   void load_tensors(const std::vector<model::NamedTensor>& tensors, const std::string& origin);
   // This rank's shard of `unit`: its elements of the unit's padded buffer (parallel::shard_range).
   parallel::ShardRange shard_range(int unit) const;
-  float* master_shard(int unit);  // (marks the unit's bf16 image stale: the caller may write it)
+  // In the backend's memory (marks the unit's bf16 image stale: the caller may write it).
+  float* master_shard(int unit);
+  kernels::Backend& backend() const { return backend_; }
   StateBytes state_bytes() const;
   ArenaBytes arena_bytes() const { return {state_.capacity(), pool_.capacity(), 0, 0, 0}; }  // as allocated
   double exposed_comm_seconds() const { return exposed_seconds_; }
@@ -155,6 +164,7 @@ class ShardedParams final : public model::ParamSource {
   void join_tied_gradients();        // the copy's gradient shard added to the table's
 
   model::ModelLayout layout_;
+  kernels::Backend& backend_;
   Strategy strategy_;
   int shard_rank_, shards_;            // this rank's coordinate in dp_shard, S
   comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
@@ -165,7 +175,8 @@ class ShardedParams final : public model::ParamSource {
   comm::CollectiveOptions options_;
   comm::DType param_dtype_, reduce_dtype_;
   std::vector<std::unique_ptr<Unit>> units_;
-  Arena state_;  // shards: master, grads, m, v
+  kernels::Memory state_memory_;  // the backend's memory under state_
+  Arena state_;                   // shards: master, grads and their bf16 companions
   Arena pool_;   // full parameter and gradient buffers
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
   std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer

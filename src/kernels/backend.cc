@@ -2,16 +2,30 @@
 #include "kernels/backend.h"
 
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "tessera/build_config.h"
 
 #if TESSERA_CUDA
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace tessera::kernels {
 
 const char* device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+std::vector<std::string> cuda_device_names(std::string* why) {
+  std::vector<std::string> names;
+#if TESSERA_CUDA
+  for (const cuda::DeviceInfo& d : cuda::devices(why)) names.push_back(d.name);
+  if (names.empty() && why->empty()) *why = "no CUDA device is visible";
+#else
+  *why = "this tessera was built without CUDA";
+#endif
+  return names;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options) {
 #if TESSERA_CUDA

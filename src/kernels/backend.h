@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/ref/adamw.h"
 
@@ -35,6 +37,9 @@ class Backend {
 
   // Memory: `bytes` zero-filled and aligned to at least 256 bytes.
   virtual Memory allocate(size_t bytes) = 0;
+  // Host memory the backend copies to and from at full speed (pinned on CUDA), zero-filled: the
+  // staging of checkpoints.
+  virtual Memory allocate_host(size_t bytes) = 0;
   virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
   // Waits for the work queued before it.
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
@@ -116,6 +121,9 @@ struct CudaOptions {
   int device = 0;           // the visible device's index
   bool allow_tf32 = false;  // fp32 GEMMs on TF32 tensor cores (model.allow_tf32)
 };
+// The name of each visible CUDA device (empty with `why` set when this build has no CUDA, there is
+// no driver or no device).
+std::vector<std::string> cuda_device_names(std::string* why);
 // A CUDA backend on `options.device`; throws std::runtime_error naming the reason when this build
 // has no CUDA or the device cannot be used.
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options);

@@ -13,17 +13,19 @@ std::optional<double> gpu_peak_flops(std::string_view device_name, std::string_v
   // Dense (no sparsity) figures from the vendors' datasheets, SXM/OAM parts unless named.
   struct Row {
     std::string_view match;  // a substring of the CUDA device name
-    double bf16, fp32;
+    double bf16, fp32, tf32;  // tf32: 0 where not listed here
   };
   static constexpr Row kTable[] = {
-      {"B200", 2250e12, 80e12},      {"H200", 989.4e12, 66.9e12},     {"H100 PCIe", 756.5e12, 51.2e12},
-      {"H100 NVL", 835.5e12, 60e12}, {"H100", 989.4e12, 66.9e12},     {"GH200", 989.4e12, 66.9e12},
-      {"A100", 312e12, 19.5e12},     {"L40S", 362.05e12, 91.6e12},    {"L4", 121e12, 30.3e12},
-      {"A10G", 70e12, 35e12},        {"RTX 4090", 165.2e12, 82.6e12},
+      {"B200", 2250e12, 80e12, 0},       {"H200", 989.4e12, 66.9e12, 494.7e12}, {"H100 PCIe", 756.5e12, 51.2e12, 0},
+      {"H100 NVL", 835.5e12, 60e12, 0},  {"H100", 989.4e12, 66.9e12, 494.7e12}, {"GH200", 989.4e12, 66.9e12, 494.7e12},
+      {"A100", 312e12, 19.5e12, 156e12}, {"L40S", 362.05e12, 91.6e12, 0},       {"L4", 121e12, 30.3e12, 0},
+      {"A10G", 70e12, 35e12, 0},         {"RTX 4090", 165.2e12, 82.6e12, 0},
   };
-  if (dtype != "bf16" && dtype != "fp32") return std::nullopt;
+  if (dtype != "bf16" && dtype != "fp32" && dtype != "tf32") return std::nullopt;
   for (const Row& row : kTable) {
-    if (device_name.find(row.match) != std::string_view::npos) return dtype == "bf16" ? row.bf16 : row.fp32;
+    if (device_name.find(row.match) == std::string_view::npos) continue;
+    const double peak = dtype == "bf16" ? row.bf16 : dtype == "fp32" ? row.fp32 : row.tf32;
+    return peak > 0 ? std::optional<double>(peak) : std::nullopt;
   }
   return std::nullopt;
 }

@@ -9,8 +9,8 @@
 namespace tessera::metrics {
 
 // Dense datasheet peak of a GPU, found by its CUDA device name (e.g. "NVIDIA H100 80GB HBM3"),
-// for "bf16" (tensor cores) or "fp32" (CUDA cores, no TF32); nullopt for a device or precision
-// not in the table.
+// for "bf16" (tensor cores), "fp32" (CUDA cores) or "tf32" (tensor cores, fp32 GEMMs with
+// model.allow_tf32); nullopt for a device or precision not in the table.
 std::optional<double> gpu_peak_flops(std::string_view device_name, std::string_view dtype);
 
 // The best FLOP/s of repeated n x n x n GEMMs in `dtype` ("fp32", or "bf16": bf16 in, fp32

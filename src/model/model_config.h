@@ -23,6 +23,9 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tied_embeddings = false;
   double init_std = 0.02;
+  // Not part of the shape: fp32 GEMMs on a GPU may run on TF32 tensor cores (10-bit mantissa
+  // inputs, fp32 accumulation), as torch.backends.cuda.matmul.allow_tf32. Off by default.
+  bool allow_tf32 = false;
 
   int64_t head_dim() const { return dim / n_heads; }
   int64_t qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }

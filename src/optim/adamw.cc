@@ -3,12 +3,11 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/adamw.h"
-
 namespace tessera::optim {
 
-void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                  float* v, const AdamWConfig& config, double lr, int64_t step, const UpdateOptions& options) {
+void adamw_update(kernels::Backend& backend, const model::UnitLayout& unit, int64_t begin, int64_t end, float* p,
+                  const float* g, float* m, float* v, const AdamWConfig& config, double lr, int64_t step,
+                  const UpdateOptions& options) {
   kernels::AdamWParams ap;
   ap.lr = static_cast<float>(lr);
   ap.beta1 = static_cast<float>(config.beta1);
@@ -21,7 +20,7 @@ void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, flo
     if (lo >= hi) continue;
     ap.weight_decay = t.decay ? static_cast<float>(config.weight_decay) : 0.0f;
     const int64_t o = lo - begin;
-    kernels::cpu::adamw_step(p + o, g + o, m + o, v + o, hi - lo, ap, options.image ? options.image + o : nullptr);
+    backend.adamw_step(p + o, g + o, m + o, v + o, hi - lo, ap, options.image ? options.image + o : nullptr);
   }
 }
 
@@ -31,8 +30,12 @@ uint64_t AdamW::planned_bytes(const std::vector<int64_t>& slice_sizes) {
   return bytes;
 }
 
-AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes)
-    : config_(config), sizes_(slice_sizes), arena_(planned_bytes(slice_sizes)) {
+AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes, kernels::Backend& backend)
+    : config_(config),
+      sizes_(slice_sizes),
+      backend_(backend),
+      memory_(backend.allocate(planned_bytes(slice_sizes))),
+      arena_(memory_.get(), planned_bytes(slice_sizes)) {
   for (int64_t n : sizes_) {
     m_.push_back(arena_.take<float>(static_cast<size_t>(n)));
     v_.push_back(arena_.take<float>(static_cast<size_t>(n)));
@@ -41,7 +44,7 @@ AdamW::AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes)
 
 void AdamW::update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
                    int64_t step, const UpdateOptions& options) {
-  adamw_update(unit, begin, begin + sizes_[u], master, grad, m_[u], v_[u], config_, lr, step, options);
+  adamw_update(backend_, unit, begin, begin + sizes_[u], master, grad, m_[u], v_[u], config_, lr, step, options);
 }
 
 uint64_t AdamW::bytes() const {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/arena.h"
-
+#include "kernels/backend.h"
 #include "kernels/ref/adamw.h"
 #include "model/layout.h"
 
@@ -31,18 +31,21 @@ struct UpdateOptions {
   uint16_t* image = nullptr;   // optional: the updated parameters rounded to bf16, written too
 };
 
-// Updates elements [begin, end) of `unit`: p, g, m, v (and options.image) point at element
-// `begin`. Padding is left untouched; tensors without decay (norm gains) get weight_decay 0.
-// step is 1-based.
-void adamw_update(const model::UnitLayout& unit, int64_t begin, int64_t end, float* p, const float* g, float* m,
-                  float* v, const AdamWConfig& config, double lr, int64_t step, const UpdateOptions& options = {});
+// Updates elements [begin, end) of `unit` on `backend`: p, g, m, v (and options.image) point at
+// element `begin`, in the backend's memory. Padding is left untouched; tensors without decay (norm
+// gains) get weight_decay 0. step is 1-based.
+void adamw_update(kernels::Backend& backend, const model::UnitLayout& unit, int64_t begin, int64_t end, float* p,
+                  const float* g, float* m, float* v, const AdamWConfig& config, double lr, int64_t step,
+                  const UpdateOptions& options = {});
 
 // AdamW's state for one rank: the fp32 first and second moments (exp_avg, exp_avg_sq) of its
-// slice of each unit, zero at the start, planned in one arena.
+// slice of each unit, zero at the start, planned in one arena in the backend's memory.
 class AdamW {
  public:
   // slice_sizes[u]: how many elements of unit u this rank updates (its shard of the padded unit).
-  AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes);
+  // backend: where the moments live and the update runs (it outlives this object).
+  AdamW(const AdamWConfig& config, const std::vector<int64_t>& slice_sizes,
+        kernels::Backend& backend = kernels::cpu_backend());
 
   // Updates this rank's slice of unit u, which starts at element `begin` of the unit (the
   // tensors it overlaps decide the weight decay): master and grad hold slice_sizes[u] elements.
@@ -50,6 +53,7 @@ class AdamW {
   void update(const model::UnitLayout& unit, int u, int64_t begin, float* master, const float* grad, double lr,
               int64_t step, const UpdateOptions& options = {});
 
+  // The moments of unit u's slice, in the backend's memory.
   float* exp_avg(int u) { return m_[u]; }
   float* exp_avg_sq(int u) { return v_[u]; }
   uint64_t bytes() const;  // of both moments
@@ -61,6 +65,8 @@ class AdamW {
  private:
   AdamWConfig config_;
   std::vector<int64_t> sizes_;
+  kernels::Backend& backend_;
+  kernels::Memory memory_;  // the arena's
   Arena arena_;
   std::vector<float*> m_, v_;
 };

@@ -41,7 +41,8 @@ int pipeline_in_flight(PipelineSchedule schedule, int stages, int stage, int mic
 
 PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64_t micro_batch, int threads,
                                          int64_t recompute_every, bool bf16, PipelineSchedule schedule,
-                                         int micro_batches, comm::ProcessGroup* group, comm::Millis timeout)
+                                         int micro_batches, comm::ProcessGroup* group, comm::Millis timeout,
+                                         kernels::Backend& backend)
     : layout_(layout), schedule_(schedule), micro_batches_(micro_batches), group_(group) {
   const model::PipelineStage& st = layout.stage();
   CHECK((group == nullptr) == (st.size == 1));
@@ -49,7 +50,7 @@ PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64
   options_.timeout = timeout;
   const int n = pipeline_in_flight(schedule, st.size, st.rank, micro_batches);
   for (int i = 0; i < n; ++i) {
-    models_.push_back(std::make_unique<model::Llama>(layout, micro_batch, threads, recompute_every, bf16));
+    models_.push_back(std::make_unique<model::Llama>(layout, micro_batch, threads, recompute_every, bf16, backend));
     slots_.emplace_back();
     slots_.back().inputs.resize(static_cast<size_t>(micro_batch * layout.config().seq_len));
   }

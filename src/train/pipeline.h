@@ -42,10 +42,10 @@ class PipelineStageRunner {
  public:
   // layout: this stage's (its PipelineStage names its place); group: the pipeline group (rank =
   // stage), null for one stage. The models are built as Trainer builds its one (micro_batch,
-  // threads, recompute_every, bf16).
+  // threads, recompute_every, bf16, backend).
   PipelineStageRunner(const model::ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every,
                       bool bf16, PipelineSchedule schedule, int micro_batches, comm::ProcessGroup* group,
-                      comm::Millis timeout);
+                      comm::Millis timeout, kernels::Backend& backend = kernels::cpu_backend());
 
   // Micro-batch b's inputs and targets (B, T); read once per micro-batch, in order.
   using BatchSource = std::function<data::Loader::Batch(int micro_batch)>;

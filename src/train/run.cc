@@ -252,11 +252,14 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
   log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()));
   if (!leader) log::set_console_level(log::Level::kWarn);
-  Trainer trainer(config, dataset, dist);
+  const ComputeDevice device(config, dist.world_size());
+  log_device(config, device);
+  Trainer trainer(config, dataset, dist, device.backend());
   health_check(dist, config);  // every rank, before any time goes into training
   log_model_and_batch(config, dist, trainer);
-  const metrics::Peak peak = job_peak(config, dist);  // before step 0: a collective, and the cores busy
-  const nlohmann::ordered_json run_info = describe_run(config, dataset, run_dir, dist, trainer, peak);
+  const metrics::Peak peak = job_peak(config, dist, device);  // before step 0: a collective, and the cores busy
+  nlohmann::ordered_json run_info = describe_run(config, dataset, run_dir, dist, trainer, peak);
+  run_info["device"] = device.description();
 
   const std::string root = run_dir + "/checkpoints";
   std::vector<std::string> candidates;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -49,7 +50,7 @@ std::string format_count(double n) {
   return fmt::format("{:.0f}", n);
 }
 
-metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist) {
+metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist, const ComputeDevice& device) {
   const int world = dist.world_size();
   const double configured = config.metrics.peak_flops;
   if (configured < 0) return {};
@@ -57,8 +58,17 @@ metrics::Peak job_peak(const config::Config& config, const parallel::Distributed
     return {configured * world,
             fmt::format("configured: metrics.peak_flops = {:.4g} FLOP/s per rank x {} rank(s)", configured, world)};
   }
-  // Training runs on the CPU: each rank measures its GEMM throughput, all at once.
   const std::string dtype = config::name(config.parallel.param_dtype);
+  if (device.cuda()) {
+    const std::string gemm = dtype == "fp32" && config.model.allow_tf32 ? "tf32" : dtype;
+    const std::optional<double> peak = metrics::gpu_peak_flops(device.gpu_name(), gemm);
+    if (!peak) {
+      log::warn("no datasheet {} peak for {}: set metrics.peak_flops for MFU", gemm, device.gpu_name());
+      return {};
+    }
+    return {*peak * world, fmt::format("datasheet: dense {} peak of {} x {} rank(s)", gemm, device.gpu_name(), world)};
+  }
+  // Training runs on the CPU: each rank measures its GEMM throughput, all at once.
   const double t0 = now_seconds();
   float sum = static_cast<float>(metrics::calibrate_cpu_peak(dtype));
   if (dist.world() != nullptr) {

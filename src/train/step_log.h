@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "metrics/mfu.h"
 #include "metrics/prometheus.h"
+#include "train/device.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -20,9 +21,10 @@ namespace tessera::train {
 // 1234 -> "1.2k", 3.4e6 -> "3.40M".
 std::string format_count(double n);
 
-// The job's peak FLOP/s for MFU: metrics.peak_flops per rank when set; otherwise every rank
-// measures its own (metrics::calibrate_cpu_peak) and the ranks sum them (a collective).
-metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist);
+// The job's peak FLOP/s for MFU: metrics.peak_flops per rank when set; on a GPU its datasheet
+// dense peak for the compute precision (bf16, fp32, or tf32 with model.allow_tf32); otherwise
+// every rank measures its own (metrics::calibrate_cpu_peak) and the ranks sum them (a collective).
+metrics::Peak job_peak(const config::Config& config, const parallel::Distributed& dist, const ComputeDevice& device);
 
 // RELIABILITY row 17: a rank whose busy time stays above `factor` x the median of the other
 // ranks' for `steps` steps in a row is a straggler (its peers spend that time waiting for it).

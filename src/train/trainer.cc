@@ -51,7 +51,8 @@ int configure_threads(const config::Config& config) {
   return num_threads();
 }
 
-Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist)
+Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist,
+                 kernels::Backend& backend)
     : config_(config),
       dist_(dist),
       layout_(config.model, 16 * dist.mesh->size(parallel::Dim::kDpShard),
@@ -61,13 +62,13 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       params_(std::make_unique<fsdp::ShardedParams>(
           layout_, static_cast<uint64_t>(config.train.seed), config.parallel.strategy, *dist.mesh,
           config.accumulation_steps(), comm::Millis(config.parallel.timeout_ms), dtype_of(config.parallel.param_dtype),
-          dtype_of(config.parallel.reduce_dtype))),
-      optimizer_(adamw_config(config), params_->shard_sizes()),
+          dtype_of(config.parallel.reduce_dtype), backend)),
+      optimizer_(adamw_config(config), params_->shard_sizes(), backend),
       pipeline_(std::make_unique<PipelineStageRunner>(
           layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
           config.parallel.param_dtype == config::Precision::kBf16, config.parallel.pipeline_schedule,
           static_cast<int>(config.accumulation_steps()), dist.mesh->group(parallel::Dim::kPp),
-          comm::Millis(config.parallel.timeout_ms))),
+          comm::Millis(config.parallel.timeout_ms), backend)),
       train_stream_(open_split(dataset_dir, "train", config.data.cache_dir)),
       val_stream_(open_split(dataset_dir, "val", config.data.cache_dir)),
       synthetic_train_(static_cast<uint64_t>(config.train.seed), config.model.vocab_size),
@@ -157,7 +158,7 @@ std::vector<model::NamedTensor> Trainer::whole_model_tensors() {
 }
 
 checkpoint::RankShards Trainer::shards() {
-  checkpoint::RankShards out{&layout_, {}};
+  checkpoint::RankShards out{&layout_, {}, &params_->backend()};
   for (int u = 0; u < layout_.num_units(); ++u) {
     out.units.push_back(
         {params_->shard_range(u), params_->master_shard(u), optimizer_.exp_avg(u), optimizer_.exp_avg_sq(u)});

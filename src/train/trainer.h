@@ -63,8 +63,10 @@ class Trainer {
  public:
   // dataset_dir: a prepared dataset (its train and val splits), or empty for synthetic tokens.
   // Throws ConfigError when the model's vocabulary does not match the dataset's tokenizer. A
-  // single process is the same code as rank 0 of 1.
-  Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist = {});
+  // single process is the same code as rank 0 of 1. backend: where the model, its parameters and
+  // optimizer state live (train/device.h resolves train.device to it); it outlives the trainer.
+  Trainer(const config::Config& config, const std::string& dataset_dir, const parallel::Distributed& dist = {},
+          kernels::Backend& backend = kernels::cpu_backend());
 
   // One optimizer step over the next global batch. On a non-finite loss or gradient norm (seen
   // by every rank in the same step: both are all-reduced) parameters and optimizer state are
@@ -105,12 +107,14 @@ class Trainer {
   // This stage's model (its first activation slot); the whole model without pipeline parallelism.
   model::Llama& model() { return pipeline_->model(); }
   fsdp::ShardedParams& params() { return *params_; }
-  // AdamW's moments of this rank's shards.
+  // AdamW's moments of this rank's shards (in the backend's memory).
   optim::AdamW& optimizer() { return optimizer_; }
+  kernels::Backend& backend() const { return params_->backend(); }
   // Every parameter tensor of the whole model, on rank 0 (gathered from the shards, the tp blocks
   // and the pipeline stages); this stage's tensors elsewhere. A collective: every rank calls it.
   std::vector<model::NamedTensor> whole_model_tensors();
-  // This rank's shards of the parameters and moments, as checkpoints save and load them.
+  // This rank's shards of the parameters and moments, as checkpoints save and load them (through
+  // the backend).
   checkpoint::RankShards shards();
   int64_t steps_done() const { return step_; }
   TrainingState state() const { return {step_, tokens_, loader_->state().position, optimizer_steps_}; }

@@ -546,6 +546,21 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
+// Pinned host memory is host memory: a device pointer never points into it.
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (p == nullptr) return set_error(cudaErrorInvalidValue);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  if (posix_memalign(p, 256, bytes) != 0) return set_error(cudaErrorMemoryAllocation);
+  std::memset(*p, 0x5a, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   if (!emu::in_allocation(p, n)) {

@@ -57,13 +57,27 @@ done
 compile "$HERE/emu_runtime.cc" "$OUT/emu_runtime.o" &
 objs+=("$OUT/emu_runtime.o")
 wait
+# The release build's libraries under the trainer (tessera_train and what it links), as its link
+# line names them, less the real CUDA runtime and cuBLASLt (emulated here).
+train_libs() {
+  local line
+  line=$(grep -A3 "build bin/tessera:" "$REL/build.ninja" | grep -o "LINK_LIBRARIES = .*")
+  for w in ${line#LINK_LIBRARIES = }; do
+    case $w in
+      src/libtessera_cli_lib.a | src/libtessera_launch.a | src/libtessera_plan.a | src/libtessera_cuda.a) ;;
+      src/*.a) echo "$REL/$w" ;;
+      *cudart* | *cublasLt* | -lcudadevrt | -Wl,-rpath*) ;;
+      *) echo "$w" ;;
+    esac
+  done
+}
+mapfile -t TRAIN_LIBS < <(train_libs)
 tests=()
-for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test; do
+for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test train/trainer_cuda_test; do
   n=$(basename $t)
   compile "$REPO/src/$t.cc" "$OUT/$n.o"
   g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \
-    "$REL/src/libtessera_model.a" "$REL/src/libtessera_kernels.a" "$REL/src/libtessera_core.a" \
-    -lgtest_main -lgtest -ldnnl -lfmt -lpthread
+    -Wl,--start-group "${TRAIN_LIBS[@]}" -Wl,--end-group -lgtest_main -lgtest -ldnnl -lfmt -lpthread
   tests+=("$OUT/$n")
 done
 [[ $ACTION == build ]] && exit 0

@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
     zero(p, rounded);  // touched here, by the threads that will use it, not in the first step
     return Memory(static_cast<std::byte*>(p), MemoryFree{free_host});
   }
+  Memory allocate_host(size_t bytes) override { return allocate(bytes); }
   void to_device(void* dst, const void* host_src, size_t bytes) override { copy(dst, host_src, bytes); }
   void to_host(void* host_dst, const void* src, size_t bytes) override { copy(host_dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override {

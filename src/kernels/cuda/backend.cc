@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +24,7 @@ namespace tessera::kernels::cuda {
 namespace {
 
 void free_device(void* p) { cudaFree(p); }
+void free_pinned(void* p) { cudaFreeHost(p); }
 
 class CudaBackend final : public Backend {
  public:
@@ -46,6 +48,16 @@ class CudaBackend final : public Backend {
     }
     CUDA_CHECK(cudaMemset(p, 0, bytes));
     return Memory(static_cast<std::byte*>(p), MemoryFree{free_device});
+  }
+  Memory allocate_host(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t st = cudaMallocHost(&p, bytes == 0 ? 256 : bytes);
+    if (st != cudaSuccess) {
+      throw std::runtime_error("cannot allocate " + std::to_string(bytes) +
+                               " bytes of pinned host memory: " + cudaGetErrorString(st));
+    }
+    std::memset(p, 0, bytes);
+    return Memory(static_cast<std::byte*>(p), MemoryFree{free_pinned});
   }
   // From pageable memory the runtime stages the copy and the stream waits anyway; waiting here too
   // lets the caller reuse host_src whatever memory it is.

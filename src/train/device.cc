@@ -1,0 +1,55 @@
+// Where a process computes.
+#include "train/device.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tessera/build_config.h"
+
+namespace tessera::train {
+
+ComputeDevice::ComputeDevice(const config::Config& config, int world_size) {
+  const config::Device asked = config.train.device;
+  if (asked == config::Device::kCpu) return;
+  std::vector<std::string> names = kernels::cuda_device_names(&why_not_cuda_);
+  if (why_not_cuda_.empty() && world_size > 1) {
+    why_not_cuda_ =
+        fmt::format("the job has {} processes; training on several GPUs (NCCL) is not built yet", world_size);
+  }
+  if (why_not_cuda_.empty() && (config.parallel.tensor > 1 || config.parallel.pipeline > 1)) {
+    why_not_cuda_ = "tensor and pipeline parallelism run on the CPU only";
+  }
+  if (!why_not_cuda_.empty()) {
+    if (asked == config::Device::kCuda) {
+      throw ConfigError(
+          fmt::format("config key train.device = \"cuda\": {}; set train.device = \"cpu\"", why_not_cuda_));
+    }
+    return;
+  }
+  try {
+    owned_ = kernels::make_cuda_backend({0, config.model.allow_tf32});
+  } catch (const std::runtime_error& e) {
+    why_not_cuda_ = e.what();
+    if (asked == config::Device::kCuda) {
+      throw ConfigError(fmt::format("config key train.device = \"cuda\": {}", why_not_cuda_));
+    }
+    return;
+  }
+  backend_ = owned_.get();
+  gpu_name_ = names.front();
+  description_ = fmt::format("cuda:0 ({}){}", names.front(), config.model.allow_tf32 ? ", TF32 on" : "");
+}
+
+void log_device(const config::Config& config, const ComputeDevice& device) {
+  if (device.cuda() || config.train.device == config::Device::kCpu || !TESSERA_CUDA) {
+    log::info("device: {}", device.description());
+    return;
+  }
+  log::info("device: cpu (train.device = auto: {})", device.why_not_cuda());
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,36 @@
+// Layer train: where a process computes (train.device), resolved once at start-up.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "kernels/backend.h"
+
+namespace tessera::train {
+
+// The backend a training process runs its model and optimizer on, and what it is in words.
+class ComputeDevice {
+ public:
+  // train.device for a job of `world_size` processes: "cuda" needs this build's CUDA, a visible
+  // GPU, one process and no tensor or pipeline parallelism (several GPUs: NCCL, issue 17) and
+  // throws ConfigError naming the key and what is missing otherwise; "auto" takes the GPU exactly
+  // where "cuda" would work and the CPU elsewhere, saying why in why_not_cuda().
+  ComputeDevice(const config::Config& config, int world_size);
+  kernels::Backend& backend() const { return *backend_; }
+  bool cuda() const { return backend_->device() == kernels::Device::kCuda; }
+  const std::string& description() const { return description_; }    // "cpu", "cuda:0 (NVIDIA H200)"
+  const std::string& gpu_name() const { return gpu_name_; }          // the CUDA device name; "" on the CPU
+  const std::string& why_not_cuda() const { return why_not_cuda_; }  // "" on a GPU
+
+ private:
+  std::unique_ptr<kernels::Backend> owned_;
+  kernels::Backend* backend_ = &kernels::cpu_backend();
+  std::string description_ = "cpu", why_not_cuda_, gpu_name_;
+};
+
+// Logs where the process computes, and why not on a GPU when train.device = auto found none usable
+// in a build that has CUDA.
+void log_device(const config::Config& config, const ComputeDevice& device);
+
+}  // namespace tessera::train
