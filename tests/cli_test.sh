@@ -32,6 +32,11 @@ expect_exit 2 "model.dim = 100: must be divisible by model.n_heads = 8" -- train
 expect_exit 2 "unknown option --bogus" -- train --bogus
 expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml
 expect_exit 2 "train.batch_size = 6" -- config --set train.batch_size=6 --set train.micro_batch_size=4
+# train.device = cuda where no GPU can be used (CI): a config error naming the key and the reason.
+if ! "$tessera" info | grep -q "^cuda device 0:"; then
+  expect_exit 2 'config key train.device = "cuda": (no usable CUDA device|this tessera was built without CUDA)' -- \
+    bench --preset tiny --steps 3 --set train.device=cuda
+fi
 # The parallel layout: hybrid sharding in groups of 2 at 8 ranks (the output stays TOML).
 expect_exit 0 "# dp_replicate \(2 groups of 4\): \[0 2 4 6\] \[1 3 5 7\]" -- config --nproc 8 \
   --set parallel.strategy=hybrid_shard --set parallel.shard_group_size=2 --set train.batch_size=48
@@ -96,6 +101,10 @@ if [[ -s $dir/a/model.safetensors ]] &&
   echo "step-1 loss: init_from hf $from_hf, run $from_run, import $from_imp; random init $fresh"
   check "train.init_from starts at the same loss from every form of the weights" \
     '[[ -n $from_hf && $from_hf == "$from_run" && $from_hf == "$from_imp" && $from_hf != "$fresh" ]]'
+  # The export read by an independent HF-convention Llama (transformers' semantics; the GPU check
+  # runs transformers itself) gives the log-probabilities `generate --token-ids` prints.
+  check "an HF reader's log-probabilities of the export equal generate's" \
+    '/usr/bin/python3 "$(dirname "$0")/hf_transformers_check.py" "$tessera" "$dir/a" "$dir/hf_check" --reference torch_ref'
   expect_exit 2 "config key model.dim = 128 does not match train.init_from" -- train --set model.preset=tiny --set model.dim=128 \
     --set data.synthetic=true --set train.max_steps=1 --set train.init_from="$dir/hf" --run-dir "$dir/bad_init"
   cp -r "$dir/hf" "$dir/hf_bad"

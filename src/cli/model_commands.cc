@@ -34,7 +34,8 @@ constexpr const char* kGenerateUsage =
     "  Quote a prompt of several words: every word after --prompt is a prompt of its own.\n"
     "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path).\n"
     "  --token-ids: prompts are token ids (\"1 2 3\"), no tokenizer; prints one JSON object with the\n"
-    "  new ids and the time, and runs max-tokens tokens whatever they are (for benchmarks).\n";
+    "  new ids, their log-probabilities under the model and the time, and runs max-tokens tokens\n"
+    "  whatever they are (for benchmarks).\n";
 
 std::vector<std::string> prompt_texts(const ParsedArgs& a) {
   std::vector<std::string> prompts = a.get_list("--prompt");
@@ -75,11 +76,14 @@ int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, c
     prompt_tokens += static_cast<int64_t>(prompts.back().size());
   }
   const double t0 = now_seconds();
-  const auto out = train::generate(layout, params, prompts, -1, options, [](int64_t, int32_t) {});
+  std::vector<std::vector<double>> logprobs(prompts.size());
+  const auto out = train::generate(layout, params, prompts, -1, options,
+                                   [&](int64_t b, int32_t, double logprob) { logprobs[b].push_back(logprob); });
   const double seconds = now_seconds() - t0;
   int64_t new_tokens = 0;
   for (const auto& o : out) new_tokens += static_cast<int64_t>(o.size());
   const nlohmann::ordered_json j = {{"tokens", out},
+                                    {"logprobs", logprobs},
                                     {"prompts", prompts.size()},
                                     {"prompt_tokens", prompt_tokens},
                                     {"new_tokens", new_tokens},
@@ -103,7 +107,8 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
     prompts.back().insert(prompts.back().end(), text_ids.back().begin(), text_ids.back().end());
   }
   if (texts.size() > 1) {
-    const auto out = train::generate(layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t) {});
+    const auto out =
+        train::generate(layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t, double) {});
     for (size_t i = 0; i < texts.size(); ++i) {
       text_ids[i].insert(text_ids[i].end(), out[i].begin(), out[i].end());
       fmt::print("=== {}/{} ===\n{}\n", i + 1, texts.size(), tokenizer.decode(text_ids[i]));
@@ -115,7 +120,7 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
   std::string text = tokenizer.decode(text_ids[0]);
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
-  train::generate(layout, params, prompts, tokenizer.eos_id(), options, [&](int64_t, int32_t token) {
+  train::generate(layout, params, prompts, tokenizer.eos_id(), options, [&](int64_t, int32_t token, double) {
     text_ids[0].push_back(token);
     const std::string now = tokenizer.decode(text_ids[0]);
     if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {

@@ -86,6 +86,14 @@ class Sampler {
   std::vector<double> probs_;
 };
 
+// log softmax(z)[token] over the V logits z, in double.
+double log_probability(const float* z, int64_t V, int32_t token) {
+  const double top = *std::max_element(z, z + V);
+  double sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - top);
+  return static_cast<double>(z[token]) - top - std::log(sum);
+}
+
 // The last seq_len tokens of a context: what the model sees of it.
 std::span<const int32_t> window(const std::vector<int32_t>& context, int64_t T) {
   const int64_t n = std::min<int64_t>(T, static_cast<int64_t>(context.size()));
@@ -95,7 +103,7 @@ std::span<const int32_t> window(const std::vector<int32_t>& context, int64_t T) 
 // Without a cache: a full forward over each prompt's window for every token, one prompt at a time.
 void generate_uncached(const model::ModelLayout& layout, model::ParamSource& params,
                        std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
-                       const std::function<void(int64_t, int32_t)>& on_token) {
+                       const TokenCallback& on_token) {
   const model::ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, V = c.vocab_size;
   model::Llama model(layout, 1, num_threads(), 0, options.bf16);
@@ -108,17 +116,18 @@ void generate_uncached(const model::ModelLayout& layout, model::ParamSource& par
       const std::span<const int32_t> w = window(contexts[b], T);
       std::copy(w.begin(), w.end(), padded.begin());
       model.forward_logits(params, padded.data(), logits.data());
-      const int32_t next = sampler.next(logits.data() + (w.size() - 1) * V, static_cast<int64_t>(b), i);
+      const float* z = logits.data() + (w.size() - 1) * V;
+      const int32_t next = sampler.next(z, static_cast<int64_t>(b), i);
       if (next == eos) break;
       contexts[b].push_back(next);
-      on_token(static_cast<int64_t>(b), next);
+      on_token(static_cast<int64_t>(b), next, log_probability(z, V, next));
     }
   }
 }
 
 void generate_cached(const model::ModelLayout& layout, model::ParamSource& params,
                      std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
-                     const std::function<void(int64_t, int32_t)>& on_token) {
+                     const TokenCallback& on_token) {
   const model::ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, V = c.vocab_size, B = static_cast<int64_t>(contexts.size());
   std::vector<std::span<const int32_t>> feed(B);
@@ -143,7 +152,7 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
         continue;
       }
       contexts[b].push_back(next);
-      on_token(b, next);
+      on_token(b, next, log_probability(logits + b * V, V, next));
       all_done = false;
       if (decoder.length(b) < decoder.max_context()) {
         feed[b] = {&contexts[b].back(), 1};
@@ -161,8 +170,7 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
 
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
                                            const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options,
-                                           const std::function<void(int64_t, int32_t)>& on_token) {
+                                           const SamplingOptions& options, const TokenCallback& on_token) {
   CHECK(!prompts.empty());
   for (const std::vector<int32_t>& p : prompts) CHECK(!p.empty());
   std::vector<std::vector<int32_t>> contexts = prompts;

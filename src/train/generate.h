@@ -21,19 +21,21 @@ struct SamplingOptions {
   bool bf16 = false;  // weight GEMMs on the source's bf16 images (when it has them)
 };
 
+// Called for each new token: the prompt's index, the token and its log-probability under the
+// model (the log-softmax of its logits over the whole vocabulary, at temperature 1 whatever the
+// sampling options; computed in double from the fp32 logits).
+using TokenCallback = std::function<void(int64_t prompt, int32_t token, double logprob)>;
+
 // Continues each prompt (token ids, at least one each) one token at a time until max_tokens or
-// `eos`, calling on_token(prompt index, token) for each new token; returns the new tokens per
-// prompt. The prompts run as one batch. A context longer than seq_len is cut to its last seq_len
-// tokens, as a model trained at seq_len saw them (RoPE positions are absolute): with the cache,
-// a sequence that reaches seq_len re-runs its last seq_len tokens for every further token, which
-// is what the uncached path does for every token, so both give the same tokens throughout.
-// Sampling draws from a stream per prompt index (prompt 0's is the single-prompt stream), so a
-// prompt's continuation does not depend on the others in the batch, up to the rounding of the
-// batched GEMMs (which could flip a draw that lands within ~1e-7 of a boundary). Deterministic
-// for a seed and thread count.
+// `eos`, calling on_token for each new token; returns the new tokens per prompt. The prompts run as one batch. A
+// context longer than seq_len is cut to its last seq_len tokens, as a model trained at seq_len saw them (RoPE positions
+// are absolute): with the cache, a sequence that reaches seq_len re-runs its last seq_len tokens for every further
+// token, which is what the uncached path does for every token, so both give the same tokens throughout. Sampling draws
+// from a stream per prompt index (prompt 0's is the single-prompt stream), so a prompt's continuation does not depend
+// on the others in the batch, up to the rounding of the batched GEMMs (which could flip a draw that lands within ~1e-7
+// of a boundary). Deterministic for a seed and thread count.
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
                                            const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options,
-                                           const std::function<void(int64_t, int32_t)>& on_token);
+                                           const SamplingOptions& options, const TokenCallback& on_token);
 
 }  // namespace tessera::train

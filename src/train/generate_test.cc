@@ -7,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
 #include "core/rng.h"
 #include "core/threads.h"
 #include "fsdp/sharded_params.h"
+#include "model/llama.h"
 
 namespace tessera::train {
 namespace {
@@ -39,7 +42,8 @@ class Generate : public ::testing::Test {
   }
   std::vector<std::vector<int32_t>> run(const std::vector<std::vector<int32_t>>& prompts, SamplingOptions o) {
     std::vector<std::vector<int32_t>> seen(prompts.size());
-    auto out = generate(*layout_, *params_, prompts, -1, o, [&](int64_t b, int32_t t) { seen[b].push_back(t); });
+    auto out =
+        generate(*layout_, *params_, prompts, -1, o, [&](int64_t b, int32_t t, double) { seen[b].push_back(t); });
     EXPECT_EQ(seen, out) << "on_token saw other tokens than returned";
     return out;
   }
@@ -86,6 +90,48 @@ TEST_F(Generate, SamplingPerPromptIndependentOfTheBatch) {
   EXPECT_NE(batch[1], other[1]);
   o.kv_cache = false;
   EXPECT_EQ(run({a}, o), one);
+}
+
+// The log-probabilities handed out are the model's: the log-softmax of a full forward's logits at
+// the position before each token (the uncached path's own logits: to double rounding), at
+// temperature 1 although sampling ran at 0.8 with top-k; the cached path's within twice the
+// decoder's logit bound (1e-5, model/decoder_test.cc).
+TEST_F(Generate, LogProbabilitiesAreTheModelsLogSoftmax) {
+  SamplingOptions o;
+  o.temperature = 0.8;
+  o.seed = 3;
+  o.max_tokens = 6;
+  const std::vector<int32_t> prompt = tokens(7, 8);
+  const auto sample = [&](SamplingOptions options) {
+    std::vector<int32_t> got;
+    std::vector<double> logprobs;
+    generate(*layout_, *params_, {prompt}, -1, options, [&](int64_t, int32_t t, double logprob) {
+      got.push_back(t);
+      logprobs.push_back(logprob);
+    });
+    return std::make_pair(got, logprobs);
+  };
+  o.kv_cache = false;
+  const auto [got, logprobs] = sample(o);
+  ASSERT_EQ(got.size(), 6u);
+  const int64_t T = layout_->config().seq_len, V = layout_->config().vocab_size;
+  model::Llama model(*layout_, 1, 2);
+  std::vector<int32_t> context = prompt, padded(T, 0);
+  std::vector<float> logits(T * V);
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::copy(context.begin(), context.end(), padded.begin());
+    model.forward_logits(*params_, padded.data(), logits.data());
+    const float* z = logits.data() + (context.size() - 1) * V;
+    long double sum = 0.0L;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<long double>(z[v]));
+    const double expected = static_cast<double>(static_cast<long double>(z[got[i]]) - std::log(sum));
+    EXPECT_NEAR(logprobs[i], expected, 1e-9) << "token " << i;
+    context.push_back(got[i]);
+  }
+  o.kv_cache = true;
+  const auto [cached, cached_logprobs] = sample(o);
+  EXPECT_EQ(cached, got);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(cached_logprobs[i], logprobs[i], 2e-5) << "token " << i;
 }
 
 }  // namespace
