@@ -214,6 +214,14 @@ gtest_step() {
   step "$name" "$limit" "$@" "--gtest_output=json:$json"
 }
 
+# json_step NAME TIMEOUT CMD...: a step whose CMD prints one JSON line on stdout (tessera bench,
+# the PyTorch peer), kept as OUT_DIR/NAME.json.
+json_step() {
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" bash -c 'out=$1; shift; "$@" >"$out"; rc=$?; cat "$out"; exit $rc' _ "$out/$name.json" "$@"
+}
+
 # summary.json from the recorded steps; ERROR, when given, says why the run stopped early.
 write_summary() {
   timeout 30 python3 - "$steps_tsv" "$out/summary.json" "${1:-}" <<'EOF'
@@ -330,17 +338,51 @@ run_check() {
   local ld_path
   ld_path=$(printf '%s\n' "${ld_dirs[@]}" | awk '!seen[$0]++' | paste -sd:)
   bundle_env=(env "LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  # For scripts that run tessera themselves: a wrapper giving the bundle's libraries to it alone.
+  printf '#!/bin/sh\nexec env "LD_LIBRARY_PATH=%s" "%s" "$@"\n' "$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$PWD/$bundle/bin/tessera" >"$prefix/tessera"
+  chmod +x "$prefix/tessera"
   echo "LD_LIBRARY_PATH for the bundle: $ld_path"
 
-  # Steps: append later ones (model vs the CPU reference, a 50-step loss curve, tessera bench
-  # --preset gpu-1b, the PyTorch peer, HF logits) here. $out holds at most 8 files that come back.
+  # Steps, most important first (each is cut to what is left of the budget). $out holds at most 8
+  # files that come back: gpu_check.log, summary.json and one per step below that writes one.
   step nvidia-smi 30 nvidia-smi
   # shellcheck disable=SC2016  # expanded by the inner bash
   step ldd 30 "${bundle_env[@]}" bash -c \
     'rc=0; for b; do l=$(ldd "$b"); printf "%s:\n%s\n" "$b" "$l"; grep "not found" <<<"$l" && rc=1; done; exit $rc' \
     _ "$bundle"/bin/*
   step info 60 "${bundle_env[@]}" "$bundle/bin/tessera" info
-  gtest_step cuda_tests 300 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests"
+  gtest_step cuda_tests 240 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests"
+  # The 50-step loss curve of `tessera train` on the bundled default (bf16, learning the bundled
+  # corpus: 8.4 -> 4.8 nats) on the GPU and on this machine's CPU, compared within the bf16 bound.
+  local tessera=("${bundle_env[@]}" "$bundle/bin/tessera")
+  local curve=(train --set train.max_steps=50 --set parallel.param_dtype=bf16 --set train.eval_interval=0)
+  rm -rf /tmp/tessera-curve-cpu /tmp/tessera-curve-cuda
+  step curve_cpu 120 "${tessera[@]}" "${curve[@]}" --set train.device=cpu --run-dir /tmp/tessera-curve-cpu
+  step curve_cuda 60 "${tessera[@]}" "${curve[@]}" --set train.device=cuda --run-dir /tmp/tessera-curve-cuda
+  step curve_compare 20 python3 -c '
+import json, sys
+runs = [[json.loads(line) for line in open(d + "/metrics.jsonl")] for d in sys.argv[1:]]
+device = json.load(open(sys.argv[2] + "/run.json"))["device"]
+a, b = ([r["loss"] for r in run] for run in runs)
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+rate = runs[1][-1]["tokens_per_s"]
+print(f"{len(a)} steps: loss {a[0]:.4f} -> {a[-1]:.4f} on the CPU, {b[0]:.4f} -> {b[-1]:.4f} on {device}; "
+      f"largest relative difference {worst:.2e} (bound 1e-2); GPU tokens/s at step 50: {rate:.0f}")
+sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cuda") else 1)' \
+    /tmp/tessera-curve-cpu /tmp/tessera-curve-cuda
+  # The GPU-trained run exported to HF and read by transformers' LlamaForCausalLM on the GPU: its
+  # log-probabilities of a greedy continuation against `tessera generate`'s.
+  rm -rf /tmp/tessera-hf-check
+  step hf_transformers 60 python3 tests/hf_transformers_check.py "$prefix/tessera" /tmp/tessera-curve-cuda \
+    /tmp/tessera-hf-check --reference transformers --device cuda
+  # gpu-1b in bf16: Tessera (with three timed checkpoints: the stall is the device-to-host copy)
+  # and the PyTorch eager peer on the same model and batch.
+  json_step bench_gpu1b 150 "${tessera[@]}" bench --preset gpu-1b --steps 12 --set parallel.param_dtype=bf16 \
+    --set train.device=cuda --checkpoint-dir /tmp/tessera-gpu-check-ckpt
+  rm -rf /tmp/tessera-gpu-check-ckpt
+  json_step peer_gpu1b 150 python3 bench/peers/torch_llama_bench.py --preset gpu-1b --steps 12 --dtype bf16 \
+    --device cuda
 
   echo
   echo "=== summary ($((SECONDS - t0))s)"

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch peer for Tessera's training benchmark: same model, same step, one JSON line out.
 
-    /usr/bin/python3 bench/peers/torch_llama_bench.py [--preset bench|tiny] [--steps 12]
+    /usr/bin/python3 bench/peers/torch_llama_bench.py [--preset bench|tiny|gpu-1b] [--steps 12]
                                                       [--threads 2] [--dtype fp32|bf16]
+                                                      [--device cpu|cuda]
 
 Method (BENCHMARKS.md): fp32, random tokens from a fixed seed, AdamW lr 3e-4, betas 0.9/0.95,
 weight decay 0.1 (2-D tensors), grad-norm clip 1.0; one step = forward, backward, clip, update;
@@ -12,6 +13,10 @@ code that checks Tessera's numerics, so the peer cannot quietly compute somethin
 --dtype bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's
 mixed precision on CPU (fp32 parameters, optimizer and gradients; bf16 GEMMs), the peer of
 Tessera's parallel.param_dtype = bf16.
+--device cuda is the GPU peer (PyTorch 2.x, as the GPU image has): the model on one GPU, eager,
+attention through F.scaled_dot_product_attention (causal), autocast to bf16 with --dtype bf16,
+torch.optim.AdamW(fused=True), TF32 off as in Tessera's default; it also reports the GPU's name
+and torch.cuda.max_memory_allocated.
 
 The environment is deliberately left alone: bench/run_bench.sh runs this script twice, once as
 given and once tuned (tcmalloc, OpenBLAS core type auto-detected), and the difference is the
@@ -33,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "tests", "torch_ref"))
 import llama  # noqa: E402  (path set just above)
 
-MICRO_BATCH = {"bench": 4, "tiny": 4}
+MICRO_BATCH = {"bench": 4, "tiny": 4, "gpu-1b": 8}  # BENCHMARKS.md
 DATA_SEED = 1234
 INIT_SEED = 42
 
@@ -74,6 +79,9 @@ def main():
     ap.add_argument("--save-dir", default="",
                     help="then time three checkpoints (torch.save of model and optimizer state, fsynced)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: PyTorch 2.x eager on one GPU, scaled_dot_product_attention, bf16 "
+                         "autocast with --dtype bf16, fused AdamW, TF32 off")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -82,24 +90,30 @@ def main():
     cfg = llama.PRESETS[args.preset]
     B, T = MICRO_BATCH[args.preset], cfg["seq_len"]
 
+    cuda = args.device == "cuda"
+    if cuda:
+        llama.USE_SDPA = True
+        torch.backends.cuda.matmul.allow_tf32 = False  # Tessera's fp32 default (model.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = False
     model = llama.Llama(cfg, torch.float32)
     llama.init_weights(model, INIT_SEED)
+    model.to(args.device)
     opt = llama.make_optimizer(model, lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8,
-                               weight_decay=0.1)
+                               weight_decay=0.1, **({"fused": True} if cuda else {}))
     gen = torch.Generator().manual_seed(DATA_SEED)
-    tokens = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=gen)
+    tokens = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=gen).to(args.device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
     times, losses = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             loss = llama.loss_fn(model(inputs), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())  # .item() also waits for the step; CPU ops are synchronous
+        losses.append(loss.item())  # .item() waits for the step (on a GPU too)
         times.append(time.perf_counter() - t0)
 
     saves = []
@@ -136,7 +150,9 @@ def main():
         "model_flops_per_s": flops_per_token * tokens_per_s,
         "threads": args.threads,
         "dtype": args.dtype,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_device_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "torch_version": torch.__version__,
         "step_times_s": [round(t, 4) for t in times],
         "first_loss": losses[0],

@@ -325,6 +325,14 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"losses", losses},
   };
   for (const auto& [phase, seconds] : split) out["median_split_s"][phase] = median_of_tail(seconds);
+  if (device.cuda()) {
+    // What the GPU holds after the steps (the saves' pinned buffers are host memory) against the
+    // arenas planned at start-up: nothing is allocated during a step, so in use is the peak.
+    const kernels::Backend::DeviceMemory m = device.backend().device_memory();
+    out["device_bytes_in_use"] = m.in_use;
+    out["device_bytes_total"] = m.total;
+    out["device_bytes_over_plan"] = static_cast<double>(m.in_use) / static_cast<double>(trainer.arena_bytes().total());
+  }
   if (!checkpoint_dir.empty()) {
     auto median3 = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -354,10 +362,12 @@ int cmd_bench(const Args& args) {
   const long long steps = a.get_int("--steps", 12);
   if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
   const long long nproc = a.get_int("--nproc", 1);
-  // BENCHMARKS.md: micro-batch 4 per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
-  config::Overrides o = {{"model.preset", a.get("--preset", "bench")},
-                         {"train.batch_size", std::to_string(4 * nproc)},
-                         {"train.micro_batch_size", "4"},
+  // BENCHMARKS.md: the preset's micro-batch per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
+  const std::string preset = a.get("--preset", "bench");
+  const int64_t micro_batch = model::bench_micro_batch(preset);
+  config::Overrides o = {{"model.preset", preset},
+                         {"train.batch_size", std::to_string(micro_batch * nproc)},
+                         {"train.micro_batch_size", std::to_string(micro_batch)},
                          {"parallel.nproc", std::to_string(nproc)},
                          {"train.max_steps", std::to_string(steps)},
                          {"train.lr", "3e-4"},

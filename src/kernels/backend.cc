@@ -20,7 +20,7 @@ std::vector<std::string> cuda_device_names(std::string* why) {
   std::vector<std::string> names;
 #if TESSERA_CUDA
   for (const cuda::DeviceInfo& d : cuda::devices(why)) names.push_back(d.name);
-  if (names.empty() && why->empty()) *why = "no CUDA device is visible";
+  if (names.empty()) *why = why->empty() ? "no CUDA device is visible" : "no usable CUDA device (" + *why + ")";
 #else
   *why = "this tessera was built without CUDA";
 #endif

@@ -46,6 +46,13 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // A device's memory in bytes: what it has in use now beyond what it had once the backend was made
+  // (the runtime's context and the GEMM workspace before, what the process allocated since), and
+  // its capacity. Zero on the CPU (its memory is the process's RSS).
+  struct DeviceMemory {
+    int64_t in_use = 0, total = 0;
+  };
+  virtual DeviceMemory device_memory() const { return {}; }
 
   // y (M,N) = x (M,K) . w (N,K)^T + beta y, in fp32 or on bf16 inputs with fp32 accumulation.
   virtual void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) = 0;

@@ -14,6 +14,8 @@ constexpr Preset kPresets[] = {
     {"default", 4096, 256, 4, 8, 4, 688, 256},
     {"tiny", 512, 64, 2, 4, 2, 192, 64},
     {"bench", 32000, 512, 8, 8, 8, 1408, 512},
+    // ~0.89B parameters, for GPU benchmarks (BENCHMARKS.md).
+    {"gpu-1b", 32000, 2048, 16, 16, 8, 5632, 2048},
     {"llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096},
     {"llama2-13b", 32000, 5120, 40, 40, 40, 13824, 4096},
     {"llama2-70b", 32000, 8192, 80, 64, 8, 28672, 4096},
@@ -39,6 +41,8 @@ bool model_preset(std::string_view name, ModelConfig* out) {
   }
   return false;
 }
+
+int64_t bench_micro_batch(std::string_view preset) { return preset == "gpu-1b" ? 8 : 4; }
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;

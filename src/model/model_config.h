@@ -34,6 +34,8 @@ struct ModelConfig {
 // The model shape of a preset; false when the name is unknown.
 bool model_preset(std::string_view name, ModelConfig* out);
 std::vector<std::string> model_preset_names();
+// The micro-batch per rank that benchmarks run a preset at (BENCHMARKS.md): 8 for gpu-1b, 4 otherwise.
+int64_t bench_micro_batch(std::string_view preset);
 
 // Counts derived from the shape (parameters, FLOPs, the layout's offsets, activation sizes) are
 // int64 products of its positive sizes. A shape whose parameter count and L x T x C stay under

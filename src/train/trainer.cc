@@ -282,6 +282,7 @@ model::LossSum Trainer::accumulate_gradients(const BatchSource& next, int64_t po
     }
   };
   hooks.after = [&](const PipelineOp& op, double head_backward_seconds) {
+    params_->backend().synchronize();  // work a GPU still has queued belongs to this phase
     const double seconds = clock.compute();
     (op.forward ? times.forward : times.backward) += seconds - head_backward_seconds;
     times.backward += head_backward_seconds;

@@ -34,7 +34,15 @@ PRESETS = {
     "bench": dict(vocab_size=32000, dim=512, n_layers=8, n_heads=8, n_kv_heads=8,
                   ffn_hidden=1408, seq_len=512, rope_theta=10000.0, norm_eps=1e-5,
                   tied_embeddings=False),
+    # GPU benchmarks (BENCHMARKS.md): ~0.89B parameters.
+    "gpu-1b": dict(vocab_size=32000, dim=2048, n_layers=16, n_heads=16, n_kv_heads=8,
+                   ffn_hidden=5632, seq_len=2048, rope_theta=10000.0, norm_eps=1e-5,
+                   tied_embeddings=False),
 }
+
+# Attention through torch's fused scaled_dot_product_attention (PyTorch 2.x; the GPU peer) instead
+# of the explicit softmax(QK^T)V that the numerics tests read. The same function either way.
+USE_SDPA = False
 
 
 def check_config(cfg):
@@ -113,6 +121,9 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if USE_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, float("-inf"))
@@ -201,13 +212,14 @@ def init_weights(model, seed, std=0.02, norm_jitter=0.0):
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
 
 
-def make_optimizer(model, lr, beta1, beta2, eps, weight_decay):
-    """torch AdamW with decay on 2-D tensors only (matrices and embeddings, not norm weights)."""
+def make_optimizer(model, lr, beta1, beta2, eps, weight_decay, **options):
+    """torch AdamW with decay on 2-D tensors only (matrices and embeddings, not norm weights);
+    options go to torch.optim.AdamW (fused=True on a GPU)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [dict(params=decay, weight_decay=weight_decay),
               dict(params=no_decay, weight_decay=0.0)]
-    return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=(beta1, beta2), eps=eps, **options)
 
 
 def count_params(model):

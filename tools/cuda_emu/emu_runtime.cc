@@ -546,6 +546,19 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
+// A device of 80 GiB holding the emulated allocations.
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  constexpr size_t kTotal = size_t{80} << 30;
+  size_t used = 0;
+  {
+    std::lock_guard<std::mutex> lock(emu::mem_mu);
+    for (const auto& [p, bytes] : emu::allocations) used += bytes;
+  }
+  *total = kTotal;
+  *free = kTotal - used;
+  return cudaSuccess;
+}
+
 // Pinned host memory is host memory: a device pointer never points into it.
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (p == nullptr) return set_error(cudaErrorInvalidValue);

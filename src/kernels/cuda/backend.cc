@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaOptions& options) : blas_(options.allow_tf32) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     sums_ = allocate(sizeof(double) * (1 + sum_squares_workspace_doubles()));
+    baseline_ = device_in_use();
   }
   ~CudaBackend() override {
     sums_.reset();
@@ -74,6 +75,11 @@ class CudaBackend final : public Backend {
   }
   void zero(void* dst, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  DeviceMemory device_memory() const override {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {static_cast<int64_t>(total - free) - baseline_, static_cast<int64_t>(total)};
+  }
 
   void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) override {
     linear_forward(blas_, y, x, w, M, N, K, beta, stream_);
@@ -192,6 +198,13 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   Blas blas_;
   Memory sums_;  // sum_squares' result and workspace
+  int64_t baseline_ = 0;  // device bytes in use once made
+
+  static int64_t device_in_use() {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(total - free);
+  }
 };
 
 }  // namespace
