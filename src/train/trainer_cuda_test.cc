@@ -27,6 +27,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/resume.h"
 #include "comm/test_util.h"
+#include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/test_util.h"
 #include "train/trainer.h"
@@ -185,6 +186,23 @@ TEST(TrainerCuda, LoadedTensorsReachTheGpu) {
   EXPECT_EQ(flat_parameters(cuda), flat_parameters(src));
   const StepStats a = cpu.step(), b = cuda.step();
   EXPECT_NEAR(b.loss, a.loss, 1e-2 * a.loss);
+}
+
+// A run the GPU cannot hold is a config error that says so and what to change (exit 2), not a
+// CUDA error: llama2-70b's state alone is over a terabyte.
+TEST(TrainerCuda, ARunTooLargeForTheGpuIsAConfigError) {
+  REQUIRE_CUDA_DEVICE();
+  const auto be = gpu();
+  const config::Config c = config::load("", {{"model.preset", "llama2-70b"}, {"train.batch_size", "1"}});
+  try {
+    Trainer t(c, "", {}, *be);
+    FAIL() << "a 70B model fit on one GPU";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the GPU cannot hold this run"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train.micro_batch_size"), std::string::npos) << e.what();
+  }
+  Trainer fits(tiny(), "", {}, *be);  // the device is usable after the refusal
+  EXPECT_TRUE(std::isfinite(fits.step().loss));
 }
 
 }  // namespace

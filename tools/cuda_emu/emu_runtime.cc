@@ -521,10 +521,21 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+// The emulated device's capacity: cudaMalloc refuses what would exceed it, as a full GPU does.
+constexpr size_t kDeviceBytes = size_t{80} << 30;
+
+size_t device_bytes_in_use() {
+  std::lock_guard<std::mutex> lock(emu::mem_mu);
+  size_t used = 0;
+  for (const auto& [p, bytes] : emu::allocations) used += bytes;
+  return used;
+}
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return set_error(cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;  // the runtime returns null for 0 bytes
+  if (bytes > kDeviceBytes - device_bytes_in_use()) return set_error(cudaErrorMemoryAllocation);
   void* q = nullptr;
   if (posix_memalign(&q, 256, bytes) != 0) return set_error(cudaErrorMemoryAllocation);
   std::memset(q, 0xa5, bytes);  // garbage, as fresh device memory (NaN-free; the NaN tests fill their own)
@@ -546,16 +557,9 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
-// A device of 80 GiB holding the emulated allocations.
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-  constexpr size_t kTotal = size_t{80} << 30;
-  size_t used = 0;
-  {
-    std::lock_guard<std::mutex> lock(emu::mem_mu);
-    for (const auto& [p, bytes] : emu::allocations) used += bytes;
-  }
-  *total = kTotal;
-  *free = kTotal - used;
+  *total = kDeviceBytes;
+  *free = kDeviceBytes - device_bytes_in_use();
   return cudaSuccess;
 }
 

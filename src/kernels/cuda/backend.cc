@@ -2,12 +2,14 @@
 #include "kernels/cuda/backend.h"
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "core/check.h"
+#include "core/error.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
@@ -43,6 +45,17 @@ class CudaBackend final : public Backend {
   Memory allocate(size_t bytes) override {
     void* p = nullptr;
     const cudaError_t st = cudaMalloc(&p, bytes == 0 ? 256 : bytes);  // 256-byte aligned
+    if (st == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clears it: the device is usable, only full
+      size_t free = 0, total = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      constexpr double kGiB = 1 << 30;
+      throw ConfigError(fmt::format(
+          "the GPU cannot hold this run: an arena of {:.2f} GiB does not fit in the {:.2f} GiB free of its {:.2f} "
+          "GiB; lower train.micro_batch_size, set parallel.activation_checkpointing, or see `tessera plan --hardware` "
+          "for what fits",
+          static_cast<double>(bytes) / kGiB, static_cast<double>(free) / kGiB, static_cast<double>(total) / kGiB));
+    }
     if (st != cudaSuccess) {
       throw std::runtime_error("cannot allocate " + std::to_string(bytes) +
                                " bytes of device memory: " + cudaGetErrorString(st));
