@@ -134,7 +134,10 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       be_(backend),
       memory_(backend.allocate(planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16, backend))),
       arena_(memory_.get(), planned_activation_bytes(layout, micro_batch, threads, recompute_every, bf16, backend)),
-      host_losses_(static_cast<size_t>(N_)) {
+      host_io_(backend.allocate_host(3 * sizeof(int32_t) * static_cast<size_t>(N_))),
+      host_tokens_(reinterpret_cast<int32_t*>(host_io_.get())),
+      host_targets_(host_tokens_ + N_),
+      host_losses_(reinterpret_cast<float*>(host_targets_ + N_)) {
   CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
   CHECK_MSG(
       backend.device() == kernels::Device::kCpu || (layout.tensor_parallel().size == 1 && layout.stage().size == 1),
@@ -265,9 +268,18 @@ void Llama::norm_backward(ParamSource& params, float* dgain, const float* dxn, c
   be_.add_inplace(dgain, b_.dgain, C);
 }
 
+void Llama::upload_ids(int32_t* dst, const int32_t* ids, int32_t* staging) {
+  // On a device, through pinned memory: the copy is one DMA, not staged by the driver.
+  if (be_.device() != kernels::Device::kCpu) {
+    std::copy_n(ids, N_, staging);
+    ids = staging;
+  }
+  be_.to_device(dst, ids, sizeof(int32_t) * N_);
+}
+
 void Llama::forward_blocks(ParamSource& params, const int32_t* inputs) {
   CHECK(num_threads() <= threads_);
-  be_.to_device(b_.tokens, inputs, sizeof(int32_t) * N_);
+  upload_ids(b_.tokens, inputs, host_tokens_);
   if (layout_.has_embedding()) embed(params);  // otherwise the stage's input is in place
   const int64_t L = layout_.num_layers();
   for (int64_t l = 0; l < L; ++l) {
@@ -370,9 +382,9 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   params.release(head);
   // The losses cross to the host once, and sum in row order (the same bits on every backend's
   // losses).
-  be_.to_host(host_losses_.data(), b_.losses, sizeof(float) * N_);
+  be_.to_host(host_losses_, b_.losses, sizeof(float) * N_);
   double loss_sum = 0.0;
-  for (const float l : host_losses_) loss_sum += l;
+  for (int64_t i = 0; i < N_; ++i) loss_sum += host_losses_[i];
   return {loss_sum, count_valid_targets(targets, N_)};
 }
 
@@ -401,7 +413,7 @@ LossSum Llama::forward_backward(ParamSource& params, const int32_t* inputs, cons
 }
 
 LossSum Llama::forward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float grad_scale) {
-  if (layout_.has_head()) be_.to_device(b_.targets, targets, sizeof(int32_t) * N_);
+  if (layout_.has_head()) upload_ids(b_.targets, targets, host_targets_);
   forward_blocks(params, inputs);
   head_backward_seconds_ = 0.0;
   return layout_.has_head() ? head_loss(params, targets, true, grad_scale) : LossSum{};
@@ -427,7 +439,7 @@ void Llama::backward(ParamSource& params, const int32_t* inputs) {
 }
 
 LossSum Llama::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets) {
-  if (layout_.has_head()) be_.to_device(b_.targets, targets, sizeof(int32_t) * N_);
+  if (layout_.has_head()) upload_ids(b_.targets, targets, host_targets_);
   forward_blocks(params, inputs);
   return layout_.has_head() ? head_loss(params, targets, false, 0.0f) : LossSum{};
 }

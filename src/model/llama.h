@@ -173,6 +173,8 @@ class Llama {
   const float* norm_weight(const UnitParams& p, int64_t offset, int slot);
 
   void forward_blocks(ParamSource& params, const int32_t* inputs);
+  // Copies N token ids from the host into dst (the backend's memory), through `staging` (host_io_).
+  void upload_ids(int32_t* dst, const int32_t* ids, int32_t* staging);
   void embed(ParamSource& params);  // b_.tokens into blocks[0].x
   // Forward of block l from acts.x, filling the rest of acts and writing the output to `out`.
   void block_forward(ParamSource& params, const UnitParams& w, const BlockActs& acts, float* out);
@@ -199,7 +201,11 @@ class Llama {
   kernels::Backend& be_;
   kernels::Memory memory_;  // the arena's
   Arena arena_;
-  std::vector<float> host_losses_;  // (N)
+  // Host memory the backend copies at full speed (pinned on a GPU): the token ids and targets on
+  // their way in, the per-row losses on their way out, N each.
+  kernels::Memory host_io_;
+  int32_t *host_tokens_, *host_targets_;
+  float* host_losses_;
   Buffers b_{};
   double head_backward_seconds_ = 0.0;  // in the last head_loss with gradients
 };
