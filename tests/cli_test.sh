@@ -37,6 +37,7 @@ if ! "$tessera" info | grep -q "^cuda device 0:"; then
   expect_exit 2 'config key train.device = "cuda": (no usable CUDA device|this tessera was built without CUDA)' -- \
     bench --preset tiny --steps 3 --set train.device=cuda
 fi
+expect_exit 2 "--device gpu: choose one of auto, cpu, cuda" -- generate --checkpoint "$dir/none" --prompt x --device gpu
 # The parallel layout: hybrid sharding in groups of 2 at 8 ranks (the output stays TOML).
 expect_exit 0 "# dp_replicate \(2 groups of 4\): \[0 2 4 6\] \[1 3 5 7\]" -- config --nproc 8 \
   --set parallel.strategy=hybrid_shard --set parallel.shard_group_size=2 --set train.batch_size=48

@@ -29,10 +29,11 @@ namespace {
 constexpr const char* kGenerateUsage =
     "usage: tessera generate --checkpoint PATH (--prompt TEXT [--prompt TEXT]... | --prompts-file FILE)\n"
     "         [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer MODEL] [--threads N]\n"
-    "         [--bf16] [--no-kv-cache] [--token-ids]\n"
+    "         [--bf16] [--no-kv-cache] [--token-ids] [--device auto|cpu|cuda]\n"
     "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
     "  Quote a prompt of several words: every word after --prompt is a prompt of its own.\n"
-    "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path).\n"
+    "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path,\n"
+    "  CPU only). --device: as train.device (auto: a GPU where one is usable, with the cache).\n"
     "  --token-ids: prompts are token ids (\"1 2 3\"), no tokenizer; prints one JSON object with the\n"
     "  new ids, their log-probabilities under the model and the time, and runs max-tokens tokens\n"
     "  whatever they are (for benchmarks).\n";
@@ -67,8 +68,8 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
 }
 
 // --token-ids: one JSON object with the new ids per prompt and the generation's time.
-int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, const std::vector<std::string>& texts,
-                 const train::SamplingOptions& options) {
+int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, kernels::Backend& backend,
+                 const std::vector<std::string>& texts, const train::SamplingOptions& options) {
   std::vector<std::vector<int32_t>> prompts;
   int64_t prompt_tokens = 0;
   for (const std::string& t : texts) {
@@ -77,8 +78,9 @@ int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, c
   }
   const double t0 = now_seconds();
   std::vector<std::vector<double>> logprobs(prompts.size());
-  const auto out = train::generate(layout, params, prompts, -1, options,
-                                   [&](int64_t b, int32_t, double logprob) { logprobs[b].push_back(logprob); });
+  const auto out = train::generate(
+      layout, params, prompts, -1, options, [&](int64_t b, int32_t, double logprob) { logprobs[b].push_back(logprob); },
+      backend);
   const double seconds = now_seconds() - t0;
   int64_t new_tokens = 0;
   for (const auto& o : out) new_tokens += static_cast<int64_t>(o.size());
@@ -97,8 +99,9 @@ int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, c
 }
 
 // Text: one prompt streams its continuation as it comes; several print a block each at the end.
-int generate_text(const model::ModelLayout& layout, model::ParamSource& params, const data::Tokenizer& tokenizer,
-                  const std::vector<std::string>& texts, const train::SamplingOptions& options) {
+int generate_text(const model::ModelLayout& layout, model::ParamSource& params, kernels::Backend& backend,
+                  const data::Tokenizer& tokenizer, const std::vector<std::string>& texts,
+                  const train::SamplingOptions& options) {
   std::vector<std::vector<int32_t>> prompts, text_ids;
   for (const std::string& t : texts) {
     text_ids.push_back(tokenizer.encode(t));
@@ -107,8 +110,8 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
     prompts.back().insert(prompts.back().end(), text_ids.back().begin(), text_ids.back().end());
   }
   if (texts.size() > 1) {
-    const auto out =
-        train::generate(layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t, double) {});
+    const auto out = train::generate(
+        layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t, double) {}, backend);
     for (size_t i = 0; i < texts.size(); ++i) {
       text_ids[i].insert(text_ids[i].end(), out[i].begin(), out[i].end());
       fmt::print("=== {}/{} ===\n{}\n", i + 1, texts.size(), tokenizer.decode(text_ids[i]));
@@ -120,7 +123,7 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
   std::string text = tokenizer.decode(text_ids[0]);
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
-  train::generate(layout, params, prompts, tokenizer.eos_id(), options, [&](int64_t, int32_t token, double) {
+  const auto stream = [&](int64_t, int32_t token, double) {
     text_ids[0].push_back(token);
     const std::string now = tokenizer.decode(text_ids[0]);
     if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
@@ -128,7 +131,8 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
       std::fflush(stdout);
       text = now;
     }
-  });
+  };
+  train::generate(layout, params, prompts, tokenizer.eos_id(), options, stream, backend);
   std::fputs("\n", stdout);
   return kExitOk;
 }
@@ -138,7 +142,7 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
 int cmd_generate(const Args& args) {
   const ParsedArgs a = parse_args(args,
                                   {"--checkpoint", "--prompts-file", "--max-tokens", "--temperature", "--top-k",
-                                   "--seed", "--tokenizer", "--threads"},
+                                   "--seed", "--tokenizer", "--threads", "--device"},
                                   {"--prompt"}, {"--bf16", "--no-kv-cache", "--token-ids"});
   if (a.help || !a.positional.empty()) {
     std::fputs(kGenerateUsage, a.help ? stdout : stderr);
@@ -155,6 +159,10 @@ int cmd_generate(const Args& args) {
   options.bf16 = a.flags.count("--bf16") != 0;
   if (options.max_tokens < 0 || options.temperature < 0 || options.top_k < 0) {
     throw ConfigError("--max-tokens, --temperature and --top-k must be >= 0");
+  }
+  const config::Device asked = config::parse_device(a.get("--device", options.kv_cache ? "auto" : "cpu"), "--device");
+  if (!options.kv_cache && asked == config::Device::kCuda) {
+    throw ConfigError("--device cuda: generation without the key/value cache (--no-kv-cache) runs on the CPU only");
   }
   const bool token_ids = a.flags.count("--token-ids") != 0;
   const std::vector<std::string> texts = prompt_texts(a);
@@ -174,13 +182,20 @@ int cmd_generate(const Args& args) {
   trained.config.train.threads = a.get_int("--threads", trained.config.train.threads);
   if (trained.config.train.threads < 0) throw ConfigError("--threads must be >= 0 (0: one per core)");
   train::configure_threads(trained.config);
+  // Where the run trained does not decide: --device does (the full-forward reference is CPU only).
+  config::Config where = trained.config;
+  where.parallel.tensor = where.parallel.pipeline = 1;
+  where.train.device = asked;
+  const train::ComputeDevice device(where, 1);
+  log::info("device: {}", device.description());
+  kernels::Backend& backend = device.backend();
   const model::ModelLayout layout(trained.config.model);
   // bf16: the source hands out bf16 images of its units (rounded from the fp32 weights).
   fsdp::ShardedParams params(layout, 0, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1, comm::Millis(0),
-                             options.bf16 ? comm::DType::kBF16 : comm::DType::kF32);
+                             options.bf16 ? comm::DType::kBF16 : comm::DType::kF32, comm::DType::kF32, backend);
   params.load_tensors(trained.tensors, trained.weights_path);
-  if (token_ids) return generate_ids(layout, params, texts, options);
-  return generate_text(layout, params, *tokenizer, texts, options);
+  if (token_ids) return generate_ids(layout, params, backend, texts, options);
+  return generate_text(layout, params, backend, *tokenizer, texts, options);
 }
 
 int cmd_eval(const Args& args) {

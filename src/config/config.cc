@@ -468,6 +468,14 @@ const char* name(OnFailure v) { return enum_name(v); }
 const char* name(PipelineSchedule v) { return enum_name(v); }
 const char* name(Device v) { return enum_name(v); }
 
+Device parse_device(const std::string& text, const std::string& what) {
+  Device d = Device::kAuto;
+  if (!parse_enum(text, &d)) {
+    throw ConfigError(fmt::format("{} {}: choose one of {}", what, text, enum_choices<Device>()));
+  }
+  return d;
+}
+
 namespace {
 
 // "must be a finite number > 0 (note)", "must be in [0, 1)", ...

@@ -42,6 +42,8 @@ const char* name(OnNonFinite v);
 const char* name(OnFailure v);
 const char* name(PipelineSchedule v);
 const char* name(Device v);
+// train.device's values spelled as on the command line; a ConfigError naming `what` otherwise.
+Device parse_device(const std::string& text, const std::string& what);
 
 struct TrainConfig {
   int64_t batch_size = 16;       // global sequences per optimizer step

@@ -44,6 +44,9 @@ class Backend {
   // Waits for the work queued before it.
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // rows x cols floats from rows src_stride apart to rows dst_stride apart.
+  virtual void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                         int64_t cols) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // A device's memory in bytes: what it has in use now beyond what it had once the backend was made
@@ -86,6 +89,14 @@ class Backend {
                                  int64_t D, float* workspace) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                   int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) = 0;
+
+  // Generation's attention of new rows over a key/value cache (kernels/cpu/attention.h's
+  // attention_cached): rows (B + 1) and start (B) in the backend's memory, and the same on the host.
+  virtual int64_t attention_cached_workspace_floats(int64_t max_context, int threads) const = 0;
+  virtual void attention_cached(float* out, const float* q, int64_t q_stride, const float* k, const float* v,
+                                int64_t kv_stride, int64_t max_context, const int64_t* rows, const int64_t* start,
+                                const int64_t* host_rows, const int64_t* host_start, int64_t B, int64_t H, int64_t Hkv,
+                                int64_t D, float* workspace) = 0;
 
   virtual void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) = 0;
   virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t n, int64_t F) = 0;

@@ -8,13 +8,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/threads.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
-#include "kernels/cpu/swiglu.h"
-#include "kernels/cpu/vector.h"
 
 namespace tessera::model {
 
@@ -26,7 +20,8 @@ int64_t Decoder::pass_rows(int64_t batch, int64_t max_context) {
   return std::max(batch, std::min(batch * max_context, kMaxPassRows));
 }
 
-void Decoder::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int64_t Tc, int threads, bool bf16) {
+void Decoder::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int64_t Tc, int threads, bool bf16,
+                   const kernels::Backend& backend) {
   const ModelConfig& c = layout.config();
   const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, D = c.head_dim(), KV = c.n_kv_heads * D;
   const int64_t P = pass_rows(B, Tc), L = c.n_layers, V = c.vocab_size;
@@ -41,7 +36,7 @@ void Decoder::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t 
   b.k_cache = take(L * B * Tc * KV);
   b.v_cache = take(L * B * Tc * KV);
   b.rope = take(c.seq_len * D);
-  b.attn_ws = take(k::attention_cached_workspace_floats(Tc, threads));
+  b.attn_ws = take(backend.attention_cached_workspace_floats(Tc, threads));
   b.last = take(B * C);
   b.logits = take(B * V);
   b.pass_out = take(B * V);
@@ -54,10 +49,11 @@ void Decoder::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t 
   }
 }
 
-size_t Decoder::planned_bytes(const ModelLayout& layout, int64_t batch, int64_t max_context, int threads, bool bf16) {
+size_t Decoder::planned_bytes(const ModelLayout& layout, int64_t batch, int64_t max_context, int threads, bool bf16,
+                              const kernels::Backend& backend) {
   Arena measure;
   Buffers b;
-  plan(measure, b, layout, batch, max_context, threads, bf16);
+  plan(measure, b, layout, batch, max_context, threads, bf16, backend);
   return measure.used();
 }
 
@@ -71,7 +67,8 @@ const ModelLayout& whole_model(const ModelLayout& layout) {
 }
 }  // namespace
 
-Decoder::Decoder(const ModelLayout& layout, int64_t batch, int64_t max_context, int threads, bool bf16)
+Decoder::Decoder(const ModelLayout& layout, int64_t batch, int64_t max_context, int threads, bool bf16,
+                 kernels::Backend& backend)
     : layout_(whole_model(layout)),
       B_(batch),
       Tc_(max_context),
@@ -79,15 +76,23 @@ Decoder::Decoder(const ModelLayout& layout, int64_t batch, int64_t max_context, 
       V_(layout.config().vocab_size),
       threads_(threads),
       bf16_(bf16),
-      arena_(planned_bytes(layout, batch, max_context, threads, bf16)),
+      be_(backend),
+      memory_(backend.allocate(planned_bytes(layout, batch, max_context, threads, bf16, backend))),
+      arena_(memory_.get(), planned_bytes(layout, batch, max_context, threads, bf16, backend)),
+      host_tokens_(P_),
+      host_rows_(batch + 1),
+      host_start_(batch),
+      host_logits_(batch * V_),
       length_(batch, 0),
       taken_(batch, 0),
       spans_(batch) {
   const ModelConfig& c = layout_.config();
   CHECK(batch > 0 && threads > 0);
   CHECK_MSG(max_context > 0 && max_context <= c.seq_len, "the cache holds 1 to seq_len positions");
-  plan(arena_, b_, layout_, B_, Tc_, threads_, bf16_);
-  k::rope_table(b_.rope, c.seq_len, c.head_dim(), static_cast<float>(c.rope_theta));
+  plan(arena_, b_, layout_, B_, Tc_, threads_, bf16_, be_);
+  std::vector<float> rope(static_cast<size_t>(c.seq_len * c.head_dim()));
+  k::rope_table(rope.data(), c.seq_len, c.head_dim(), static_cast<float>(c.rope_theta));
+  be_.to_device(b_.rope, rope.data(), sizeof(float) * rope.size());
 }
 
 const float* Decoder::prefill(ParamSource& params, const std::vector<std::vector<int32_t>>& prompts) {
@@ -115,14 +120,14 @@ const float* Decoder::append(ParamSource& params, std::span<const std::span<cons
     int64_t r = 0;
     for (int64_t b = 0; b < B_; ++b) {
       const int64_t n = std::min(static_cast<int64_t>(tokens[b].size()) - taken_[b], P_ - r);
-      b_.rows[b] = r;
-      b_.start[b] = length_[b];
-      std::copy_n(tokens[b].data() + taken_[b], n, b_.tokens + r);
+      host_rows_[b] = r;
+      host_start_[b] = length_[b];
+      std::copy_n(tokens[b].data() + taken_[b], n, host_tokens_.data() + r);
       taken_[b] += n;
       r += n;
     }
-    b_.rows[B_] = r;
-    if (r == 0) return b_.logits;
+    host_rows_[B_] = r;
+    if (r == 0) return host_logits_.data();
     pass(params);
   }
 }
@@ -131,25 +136,33 @@ UnitParams Decoder::acquire(ParamSource& params, int unit) const { return acquir
 
 void Decoder::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                      float beta) {
-  unit_linear(y, x, p, offset, M, N, K, beta, b_.x16);
+  if (p.bf16 != nullptr) {
+    be_.to_bf16(b_.x16, x, M * K);
+    be_.linear_bf16(y, b_.x16, p.bf16 + offset, M, N, K, beta);
+  } else {
+    be_.linear(y, x, p.f32 + offset, M, N, K, beta);
+  }
 }
 
 const float* Decoder::norm_weight(const UnitParams& p, int64_t offset) {
   if (p.bf16 == nullptr) return p.f32 + offset;
-  bf16_to_f32(p.bf16 + offset, b_.norm_w, layout_.config().dim);
+  be_.from_bf16(b_.norm_w, p.bf16 + offset, layout_.config().dim);
   return b_.norm_w;
 }
 
 void Decoder::pass(ParamSource& params) {
   CHECK(num_threads() <= threads_);
   const ModelConfig& c = layout_.config();
-  const int64_t n = b_.rows[B_];
+  const int64_t n = host_rows_[B_];
+  be_.to_device(b_.tokens, host_tokens_.data(), sizeof(int32_t) * n);
+  be_.to_device(b_.rows, host_rows_.data(), sizeof(int64_t) * (B_ + 1));
+  be_.to_device(b_.start, host_start_.data(), sizeof(int64_t) * B_);
   const int emb = layout_.embedding_unit();
   const UnitParams table = acquire(params, emb);
   if (table.bf16 != nullptr) {
-    k::embedding_forward_bf16(b_.x, b_.tokens, table.bf16, n, c.dim);
+    be_.embedding_forward_bf16(b_.x, b_.tokens, table.bf16, n, c.dim, 0, V_);
   } else {
-    k::embedding_forward(b_.x, b_.tokens, table.f32, n, c.dim);
+    be_.embedding_forward(b_.x, b_.tokens, table.f32, n, c.dim, 0, V_);
   }
   params.release(emb);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -157,8 +170,9 @@ void Decoder::pass(ParamSource& params) {
     block(acquire(params, unit), l, n);
     params.release(unit);
   }
-  for (int64_t b = 0; b < B_; ++b) length_[b] += b_.rows[b + 1] - b_.rows[b];
+  for (int64_t b = 0; b < B_; ++b) length_[b] += host_rows_[b + 1] - host_rows_[b];
   head(params);
+  be_.to_host(host_logits_.data(), b_.logits, sizeof(float) * host_logits_.size());
 }
 
 void Decoder::block(const UnitParams& w, int64_t layer, int64_t n) {
@@ -167,16 +181,16 @@ void Decoder::block(const UnitParams& w, int64_t layer, int64_t n) {
   const int64_t C = c.dim, F = c.ffn_hidden, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Q = c.qkv_dim();
   const float eps = static_cast<float>(c.norm_eps);
   const int64_t cache = layer * B_ * Tc_ * Hkv * D;
-  k::rms_norm_forward(b_.xn, b_.rstd, b_.x, norm_weight(w, o.attention_norm), n, C, eps);
+  be_.rms_norm_forward(b_.xn, b_.rstd, b_.x, norm_weight(w, o.attention_norm), n, C, eps);
   linear(b_.qkv, b_.xn, w, o.wqkv, n, Q, C, 0.0f);
   rope_and_cache(layer);
-  k::attention_cached(b_.att, b_.qkv, Q, b_.k_cache + cache, b_.v_cache + cache, Hkv * D, Tc_, b_.rows, b_.start, B_, H,
-                      Hkv, D, b_.attn_ws);
+  be_.attention_cached(b_.att, b_.qkv, Q, b_.k_cache + cache, b_.v_cache + cache, Hkv * D, Tc_, b_.rows, b_.start,
+                       host_rows_.data(), host_start_.data(), B_, H, Hkv, D, b_.attn_ws);
   // The residual adds ride on the GEMMs (beta = 1), in place in x.
   linear(b_.x, b_.att, w, o.wo, n, C, H * D, 1.0f);
-  k::rms_norm_forward(b_.xn, b_.rstd, b_.x, norm_weight(w, o.ffn_norm), n, C, eps);
+  be_.rms_norm_forward(b_.xn, b_.rstd, b_.x, norm_weight(w, o.ffn_norm), n, C, eps);
   linear(b_.h13, b_.xn, w, o.w13, n, 2 * F, C, 0.0f);
-  k::swiglu_forward(b_.g, b_.h13, n, F);
+  be_.swiglu_forward(b_.g, b_.h13, n, F);
   linear(b_.x, b_.g, w, o.w2, n, C, F, 1.0f);
 }
 
@@ -184,19 +198,17 @@ void Decoder::rope_and_cache(int64_t layer) {
   const ModelConfig& c = layout_.config();
   const int64_t H = c.n_heads, D = c.head_dim(), KV = c.n_kv_heads * D, Q = c.qkv_dim();
   for (int64_t b = 0; b < B_; ++b) {
-    const int64_t n = b_.rows[b + 1] - b_.rows[b];
+    const int64_t n = host_rows_[b + 1] - host_rows_[b];
     if (n == 0) continue;
     // rope_forward reads table row (row % T): with T = n rows and the table from start[b] on,
     // row i gets position start[b] + i.
-    float* r = b_.qkv + b_.rows[b] * Q;
-    const float* table = b_.rope + b_.start[b] * D;
-    k::rope_forward(r, table, 1, n, H, D, Q);
-    k::rope_forward(r + H * D, table, 1, n, c.n_kv_heads, D, Q);
-    const int64_t at = ((layer * B_ + b) * Tc_ + b_.start[b]) * KV;
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(b_.k_cache + at + i * KV, r + i * Q + H * D, sizeof(float) * KV);
-      std::memcpy(b_.v_cache + at + i * KV, r + i * Q + H * D + KV, sizeof(float) * KV);
-    }
+    float* r = b_.qkv + host_rows_[b] * Q;
+    const float* table = b_.rope + host_start_[b] * D;
+    be_.rope_forward(r, table, 1, n, H, D, Q);
+    be_.rope_forward(r + H * D, table, 1, n, c.n_kv_heads, D, Q);
+    const int64_t at = ((layer * B_ + b) * Tc_ + host_start_[b]) * KV;
+    be_.copy_rows(b_.k_cache + at, KV, r + H * D, Q, n, KV);
+    be_.copy_rows(b_.v_cache + at, KV, r + H * D + KV, Q, n, KV);
   }
 }
 
@@ -205,23 +217,23 @@ void Decoder::head(ParamSource& params) {
   const int64_t C = c.dim;
   int64_t m = 0;  // sequences with rows in this pass, in order
   for (int64_t b = 0; b < B_; ++b) {
-    if (b_.rows[b + 1] == b_.rows[b]) continue;
-    std::memcpy(b_.last + m * C, b_.x + (b_.rows[b + 1] - 1) * C, sizeof(float) * C);
+    if (host_rows_[b + 1] == host_rows_[b]) continue;
+    be_.copy(b_.last + m * C, b_.x + (host_rows_[b + 1] - 1) * C, sizeof(float) * C);
     ++m;
   }
   const int head = layout_.head_unit(), emb = layout_.embedding_unit();
   const UnitParams w = acquire(params, head);
   const UnitParams w_out = c.tied_embeddings ? acquire(params, emb) : w;
   const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
-  k::rms_norm_forward(b_.xn, b_.rstd, b_.last, norm_weight(w, layout_.head_norm_offset()), m, C,
-                      static_cast<float>(c.norm_eps));
+  be_.rms_norm_forward(b_.xn, b_.rstd, b_.last, norm_weight(w, layout_.head_norm_offset()), m, C,
+                       static_cast<float>(c.norm_eps));
   float* out = m == B_ ? b_.logits : b_.pass_out;
   linear(out, b_.xn, w_out, out_offset, m, V_, C, 0.0f);
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
   if (m == B_) return;
   for (int64_t b = 0, i = 0; b < B_; ++b) {
-    if (b_.rows[b + 1] > b_.rows[b]) std::memcpy(b_.logits + b * V_, out + i++ * V_, sizeof(float) * V_);
+    if (host_rows_[b + 1] > host_rows_[b]) be_.copy(b_.logits + b * V_, out + i++ * V_, sizeof(float) * V_);
   }
 }
 

@@ -57,6 +57,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
 double row_error(const float* got, const float* want, int64_t V) {
   double err = 0.0, scale = 0.0;
   for (int64_t v = 0; v < V; ++v) {
+    if (!std::isfinite(got[v])) return INFINITY;  // std::max would drop a NaN
     err = std::max(err, std::fabs(static_cast<double>(got[v]) - want[v]));
     scale = std::max(scale, std::fabs(static_cast<double>(want[v])));
   }

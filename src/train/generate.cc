@@ -127,7 +127,7 @@ void generate_uncached(const model::ModelLayout& layout, model::ParamSource& par
 
 void generate_cached(const model::ModelLayout& layout, model::ParamSource& params,
                      std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
-                     const TokenCallback& on_token) {
+                     const TokenCallback& on_token, kernels::Backend& backend) {
   const model::ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, V = c.vocab_size, B = static_cast<int64_t>(contexts.size());
   std::vector<std::span<const int32_t>> feed(B);
@@ -137,7 +137,7 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
     longest = std::max<int64_t>(longest, static_cast<int64_t>(feed[b].size()));
   }
   // A cache as long as any context gets, up to seq_len.
-  model::Decoder decoder(layout, B, std::min(T, longest + options.max_tokens), num_threads(), options.bf16);
+  model::Decoder decoder(layout, B, std::min(T, longest + options.max_tokens), num_threads(), options.bf16, backend);
   Sampler sampler(V, options);
   std::vector<bool> done(B, false);
   const float* logits = decoder.append(params, feed);
@@ -170,15 +170,17 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
 
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
                                            const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options, const TokenCallback& on_token) {
+                                           const SamplingOptions& options, const TokenCallback& on_token,
+                                           kernels::Backend& backend) {
   CHECK(!prompts.empty());
   for (const std::vector<int32_t>& p : prompts) CHECK(!p.empty());
   std::vector<std::vector<int32_t>> contexts = prompts;
   if (options.max_tokens > 0) {
     HeldParams held(params, layout.num_units());
     if (options.kv_cache) {
-      generate_cached(layout, held, contexts, eos, options, on_token);
+      generate_cached(layout, held, contexts, eos, options, on_token, backend);
     } else {
+      CHECK_MSG(backend.device() == kernels::Device::kCpu, "generation without the cache runs on the CPU only");
       generate_uncached(layout, held, contexts, eos, options, on_token);
     }
   }

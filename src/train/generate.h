@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "model/layout.h"
 #include "model/param_source.h"
 
@@ -33,9 +34,11 @@ using TokenCallback = std::function<void(int64_t prompt, int32_t token, double l
 // token, which is what the uncached path does for every token, so both give the same tokens throughout. Sampling draws
 // from a stream per prompt index (prompt 0's is the single-prompt stream), so a prompt's continuation does not depend
 // on the others in the batch, up to the rounding of the batched GEMMs (which could flip a draw that lands within ~1e-7
-// of a boundary). Deterministic for a seed and thread count.
+// of a boundary). Deterministic for a seed and thread count. backend: where the key/value-cache
+// decoder runs, params in its memory (the uncached reference path runs on the CPU only).
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
                                            const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options, const TokenCallback& on_token);
+                                           const SamplingOptions& options, const TokenCallback& on_token,
+                                           kernels::Backend& backend = kernels::cpu_backend());
 
 }  // namespace tessera::train

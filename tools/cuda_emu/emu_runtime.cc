@@ -629,6 +629,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   return cudaMemcpy(dst, src, n, kind);
 }
 
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t s) {
+  if (width > dpitch || width > spitch) return set_error(cudaErrorInvalidPitchValue);
+  for (size_t r = 0; r < height; ++r) {
+    const cudaError_t e = cudaMemcpyAsync(static_cast<char*>(dst) + r * dpitch,
+                                          static_cast<const char*>(src) + r * spitch, width, kind, s);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (s == nullptr || (flags & ~1u) != 0) return set_error(cudaErrorInvalidValue);
   *s = reinterpret_cast<cudaStream_t>(new char);

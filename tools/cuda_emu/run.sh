@@ -45,7 +45,7 @@ compile() {  # src obj; also when any header of the tree is newer than obj (no d
 
 echo "== build ($VARIANT) in $OUT"
 objs=()
-for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention device; do
+for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention attention_cached device; do
   python3 "$HERE/transform.py" "$REPO/src/kernels/cuda/$k.cu" "$OUT/$k.cu.cc.new" 2>/dev/null
   if ! cmp -s "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; then mv "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; else rm "$OUT/$k.cu.cc.new"; fi
   compile "$OUT/$k.cu.cc" "$OUT/$k.cu.o" &
@@ -74,7 +74,7 @@ train_libs() {
 }
 mapfile -t TRAIN_LIBS < <(train_libs)
 tests=()
-for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test train/trainer_cuda_test; do
+for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test model/decoder_cuda_test train/trainer_cuda_test; do
   n=$(basename $t)
   compile "$REPO/src/$t.cc" "$OUT/$n.o"
   g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \

@@ -44,6 +44,10 @@ class CpuBackend final : public Backend {
     parallel_for(static_cast<int64_t>(bytes),
                  [&](int64_t begin, int64_t end) { std::memcpy(d + begin, s + begin, end - begin); });
   }
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols) override {
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, sizeof(float) * cols);
+  }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   void synchronize() override {}
 
@@ -96,6 +100,16 @@ class CpuBackend final : public Backend {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
+  }
+  int64_t attention_cached_workspace_floats(int64_t max_context, int threads) const override {
+    return cpu::attention_cached_workspace_floats(max_context, threads);
+  }
+  void attention_cached(float* out, const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride,
+                        int64_t max_context, const int64_t*, const int64_t*, const int64_t* host_rows,
+                        const int64_t* host_start, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float* workspace) override {
+    cpu::attention_cached(out, q, q_stride, k, v, kv_stride, max_context, host_rows, host_start, B, H, Hkv, D,
+                          workspace);
   }
 
   void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) override {

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_cached.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/embedding.h"
@@ -86,6 +87,12 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols) override {
+    if (rows == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride, sizeof(float) * cols,
+                                 rows, cudaMemcpyDeviceToDevice, stream_));
+  }
   void zero(void* dst, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   DeviceMemory device_memory() const override {
@@ -145,6 +152,13 @@ class CudaBackend final : public Backend {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) override {
     cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace, stream_);
+  }
+  int64_t attention_cached_workspace_floats(int64_t, int) const override { return 0; }
+  void attention_cached(float* out, const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride,
+                        int64_t max_context, const int64_t* rows, const int64_t* start, const int64_t* host_rows,
+                        const int64_t*, int64_t B, int64_t H, int64_t Hkv, int64_t D, float*) override {
+    cuda::attention_cached(out, q, q_stride, k, v, kv_stride, max_context, rows, start, host_rows[B], B, H, Hkv, D,
+                           stream_);
   }
 
   void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) override {
