@@ -218,6 +218,7 @@ int cmd_eval(const Args& args) {
   c.parallel.pipeline_layers.clear();
   c.train.micro_batch_size = 0;
   c.train.init_from.clear();  // the weights come from the checkpoint
+  c.train.device = config::Device::kAuto;  // a GPU where one is usable, whatever the run trained on
   const train::ComputeDevice device(c, 1);
   train::log_device(c, device);
   train::Trainer trainer(c, train::resolve_dataset(c), {}, device.backend());
