@@ -11,8 +11,8 @@
 #     sequence parallelism, recompute and tied embeddings against one process), about 6 minutes;
 #   - tests/plan_vs_bench_test.py on the `tiny` and `bench` presets (`tessera plan --hardware cpu`
 #     beside `tessera bench`, every strategy at 1 and 2 processes), about 4 minutes;
-#   - tools/cuda_emu/run.sh: the CUDA kernels, the model on the CUDA backend and the trainer on
-#     it against the CPU, run unchanged under a CPU emulation of the CUDA subset they use (no GPU
+#   - tools/cuda_emu/run.sh: the CUDA kernels, the model, the decoder and the trainer on the CUDA
+#     backend against the CPU, run unchanged under a CPU emulation of the CUDA subset they use (no GPU
 #     here), about 13 minutes (the trainer's tests take 10 of them).
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
