@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/bf16.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -136,12 +135,7 @@ UnitParams Decoder::acquire(ParamSource& params, int unit) const { return acquir
 
 void Decoder::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                      float beta) {
-  if (p.bf16 != nullptr) {
-    be_.to_bf16(b_.x16, x, M * K);
-    be_.linear_bf16(y, b_.x16, p.bf16 + offset, M, N, K, beta);
-  } else {
-    be_.linear(y, x, p.f32 + offset, M, N, K, beta);
-  }
+  unit_linear(be_, y, x, p, offset, M, N, K, beta, b_.x16);
 }
 
 const float* Decoder::norm_weight(const UnitParams& p, int64_t offset) {

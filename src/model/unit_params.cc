@@ -1,12 +1,7 @@
 // One acquired unit and the weight GEMM over it.
 #include "model/unit_params.h"
 
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/vector.h"
-
 namespace tessera::model {
-
-namespace k = tessera::kernels::cpu;
 
 UnitParams acquire_unit(ParamSource& params, int unit, bool bf16) {
   UnitParams p;
@@ -15,13 +10,13 @@ UnitParams acquire_unit(ParamSource& params, int unit, bool bf16) {
   return p;
 }
 
-void unit_linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
-                 float beta, uint16_t* x16) {
+void unit_linear(kernels::Backend& be, float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M,
+                 int64_t N, int64_t K, float beta, uint16_t* x16) {
   if (p.bf16 != nullptr) {
-    k::to_bf16(x16, x, M * K);
-    k::gemm_bf16(false, true, M, N, K, 1.0f, x16, K, p.bf16 + offset, K, beta, y, N);
+    be.to_bf16(x16, x, M * K);
+    be.linear_bf16(y, x16, p.bf16 + offset, M, N, K, beta);
   } else {
-    k::gemm(false, true, M, N, K, 1.0f, x, K, p.f32 + offset, K, beta, y, N);
+    be.linear(y, x, p.f32 + offset, M, N, K, beta);
   }
 }
 

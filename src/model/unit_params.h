@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "model/param_source.h"
 
 namespace tessera::model {
@@ -19,9 +20,10 @@ struct UnitParams {
 // else its fp32 buffer. The caller releases it.
 UnitParams acquire_unit(ParamSource& params, int unit, bool bf16);
 
-// y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit. With a bf16
-// image the product takes bf16 inputs (x rounded into x16, M x K of them) and accumulates in fp32.
-void unit_linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
-                 float beta, uint16_t* x16);
+// y (M, N) = x (M, K) . W^T + beta y on `be`, W the (N, K) tensor at `offset` in the unit. With a
+// bf16 image the product takes bf16 inputs (x rounded into x16, M x K of them) and accumulates in
+// fp32.
+void unit_linear(kernels::Backend& be, float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M,
+                 int64_t N, int64_t K, float beta, uint16_t* x16);
 
 }  // namespace tessera::model
