@@ -19,26 +19,14 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/test_util.h"
 #include "model/decoder.h"
+#include "model/decoder_test_util.h"
 #include "model/layout.h"
 
 namespace tessera::model {
 namespace {
 
-double row_error(const float* got, const float* want, int64_t V) {
-  double err = 0.0, scale = 0.0;
-  for (int64_t v = 0; v < V; ++v) {
-    if (!std::isfinite(got[v])) return INFINITY;  // std::max would drop a NaN
-    err = std::max(err, std::fabs(static_cast<double>(got[v]) - want[v]));
-    scale = std::max(scale, std::fabs(static_cast<double>(want[v])));
-  }
-  return err / scale;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(rng::uniform(seed, 0, i) * V) % V;
-  return t;
-}
+using testing::random_tokens;
+using testing::row_error;
 
 class DecoderOnCuda : public ::testing::TestWithParam<bool> {};
 

@@ -26,11 +26,15 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "fsdp/sharded_params.h"
+#include "model/decoder_test_util.h"
 #include "model/layout.h"
 #include "model/llama.h"
 
 namespace tessera::model {
 namespace {
+
+using testing::random_tokens;
+using testing::row_error;
 
 std::unique_ptr<fsdp::ShardedParams> make_params(const ModelLayout& layout, bool bf16) {
   auto p = std::make_unique<fsdp::ShardedParams>(layout, 42, fsdp::Strategy::kNoShard, parallel::Mesh::single(), 1,
@@ -45,23 +49,6 @@ std::unique_ptr<fsdp::ShardedParams> make_params(const ModelLayout& layout, bool
     }
   }
   return p;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(rng::uniform(seed, 0, i) * V) % V;
-  return t;
-}
-
-// max |got - want| over a row, as a fraction of the row's largest |want|.
-double row_error(const float* got, const float* want, int64_t V) {
-  double err = 0.0, scale = 0.0;
-  for (int64_t v = 0; v < V; ++v) {
-    if (!std::isfinite(got[v])) return INFINITY;  // std::max would drop a NaN
-    err = std::max(err, std::fabs(static_cast<double>(got[v]) - want[v]));
-    scale = std::max(scale, std::fabs(static_cast<double>(want[v])));
-  }
-  return err / scale;
 }
 
 struct Shape {
