@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/rope.h"
 #include "tessera/build_config.h"
 
 #if TESSERA_CUDA
@@ -15,6 +16,12 @@
 namespace tessera::kernels {
 
 const char* device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, double theta) {
+  std::vector<float> host(static_cast<size_t>(T * D));
+  cpu::rope_table(host.data(), T, D, static_cast<float>(theta));
+  backend.to_device(table, host.data(), sizeof(float) * host.size());
+}
 
 std::vector<std::string> cuda_device_names(std::string* why) {
   std::vector<std::string> names;

@@ -7,11 +7,8 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/threads.h"
-#include "kernels/cpu/rope.h"
 
 namespace tessera::model {
-
-namespace k = tessera::kernels::cpu;
 
 int64_t Decoder::pass_rows(int64_t batch, int64_t max_context) {
   // Enough rows for a step of every sequence; a longer prefill runs in passes of this many rows
@@ -89,9 +86,7 @@ Decoder::Decoder(const ModelLayout& layout, int64_t batch, int64_t max_context, 
   CHECK(batch > 0 && threads > 0);
   CHECK_MSG(max_context > 0 && max_context <= c.seq_len, "the cache holds 1 to seq_len positions");
   plan(arena_, b_, layout_, B_, Tc_, threads_, bf16_, be_);
-  std::vector<float> rope(static_cast<size_t>(c.seq_len * c.head_dim()));
-  k::rope_table(rope.data(), c.seq_len, c.head_dim(), static_cast<float>(c.rope_theta));
-  be_.to_device(b_.rope, rope.data(), sizeof(float) * rope.size());
+  kernels::write_rope_table(be_, b_.rope, c.seq_len, c.head_dim(), c.rope_theta);
 }
 
 const float* Decoder::prefill(ParamSource& params, const std::vector<std::vector<int32_t>>& prompts) {

@@ -7,7 +7,6 @@
 #include "core/check.h"
 #include "core/threads.h"
 #include "core/timer.h"
-#include "kernels/cpu/rope.h"
 
 namespace tessera::model {
 
@@ -144,9 +143,7 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       "tensor and pipeline parallelism run on the CPU backend only");
   plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_, be_);
   const ModelConfig& c = layout_.config();
-  std::vector<float> rope(static_cast<size_t>(T_ * c.head_dim()));
-  kernels::cpu::rope_table(rope.data(), T_, c.head_dim(), static_cast<float>(c.rope_theta));
-  be_.to_device(b_.rope, rope.data(), rope.size() * sizeof(float));
+  kernels::write_rope_table(be_, b_.rope, T_, c.head_dim(), c.rope_theta);
 }
 
 UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }

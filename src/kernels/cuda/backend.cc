@@ -34,7 +34,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaOptions& options) : blas_(options.allow_tf32) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     sums_ = allocate(sizeof(double) * (1 + sum_squares_workspace_doubles()));
-    baseline_ = device_in_use();
+    baseline_ = memory_info().in_use;
   }
   ~CudaBackend() override {
     sums_.reset();
@@ -48,14 +48,14 @@ class CudaBackend final : public Backend {
     const cudaError_t st = cudaMalloc(&p, bytes == 0 ? 256 : bytes);  // 256-byte aligned
     if (st == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clears it: the device is usable, only full
-      size_t free = 0, total = 0;
-      CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      const DeviceMemory m = memory_info();
+      const auto free = static_cast<double>(m.total - m.in_use), total = static_cast<double>(m.total);
       constexpr double kGiB = 1 << 30;
       throw ConfigError(fmt::format(
           "the GPU cannot hold this run: an arena of {:.2f} GiB does not fit in the {:.2f} GiB free of its {:.2f} "
           "GiB; lower train.micro_batch_size, set parallel.activation_checkpointing, or see `tessera plan --hardware` "
           "for what fits",
-          static_cast<double>(bytes) / kGiB, static_cast<double>(free) / kGiB, static_cast<double>(total) / kGiB));
+          static_cast<double>(bytes) / kGiB, free / kGiB, total / kGiB));
     }
     if (st != cudaSuccess) {
       throw std::runtime_error("cannot allocate " + std::to_string(bytes) +
@@ -96,9 +96,9 @@ class CudaBackend final : public Backend {
   void zero(void* dst, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   DeviceMemory device_memory() const override {
-    size_t free = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return {static_cast<int64_t>(total - free) - baseline_, static_cast<int64_t>(total)};
+    DeviceMemory m = memory_info();
+    m.in_use -= baseline_;
+    return m;
   }
 
   void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) override {
@@ -227,10 +227,11 @@ class CudaBackend final : public Backend {
   Memory sums_;  // sum_squares' result and workspace
   int64_t baseline_ = 0;  // device bytes in use once made
 
-  static int64_t device_in_use() {
+  // What the device has in use (by every process) and in all.
+  static DeviceMemory memory_info() {
     size_t free = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return static_cast<int64_t>(total - free);
+    return {static_cast<int64_t>(total - free), static_cast<int64_t>(total)};
   }
 };
 
