@@ -172,8 +172,8 @@ const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
   return w;
 }
 
-void Llama::residual_linear(ParamSource& params, float* out, const float* residual, const float* x,
-                            const UnitParams& w, int64_t offset, int64_t K) {
+void Llama::residual_linear(ParamSource& params, float* out, const float* residual, const float* x, const UnitParams& w,
+                            int64_t offset, int64_t K) {
   const int64_t C = layout_.config().dim;
   if (sequence_parallel()) {  // this rank's rows of the group's sum, then their residual
     linear(b_.dxn, x, w, offset, N_, C, K, 0.0f);
@@ -200,7 +200,7 @@ void Llama::block_forward(ParamSource& params, const UnitParams& w, const BlockA
   linear(a.qkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C, 0.0f);
   be_.rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
   be_.rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  be_.attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, b_.attn_ws);
+  be_.attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, w.bf16 != nullptr, b_.attn_ws);
   residual_linear(params, a.xmid, a.x, a.att, w, o.wo, H * D);
   be_.rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), R_, C, eps);
   linear(a.h13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C, 0.0f);
@@ -223,7 +223,7 @@ void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, 
   norm_backward(params, dw + o.ffn_norm, complete_dxn(params), a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2);
   // Attention branch.
   linear_backward(b_.datt, dw + o.wo, gather_rows(params, b_.dx), a.att, w, o.wo, N_, C, H * D);
-  be_.attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, b_.attn_ws);
+  be_.attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, w.bf16 != nullptr, b_.attn_ws);
   be_.rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
   be_.rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
   linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C);

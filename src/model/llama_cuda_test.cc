@@ -8,8 +8,9 @@
 // orders (GEMM blocking, reductions), each sum erring by ~u sqrt(K) relative (u = 2^-24): the
 // loss within 1e-5 relative and each gradient within 1e-4 of its norm (the bound; the
 // expected error is ~1e-6). bf16: each GEMM input is rounded to bf16 on both backends, the
-// roundings differing wherever the fp32 values they round differ in the last bits, so the two
-// differ as bf16 differs from fp32: the loss within 1e-2 relative and each gradient's 1 - cosine
+// roundings differing wherever the fp32 values they round differ in the last bits, and CUDA's
+// attention takes its products on bf16 operands too (the CPU's stays fp32), so the two differ as
+// bf16 differs from fp32: the loss within 1e-2 relative and each gradient's 1 - cosine
 // within 1e-4 (model/mixed_precision_test.cc derives both). A wrong index, scale or missing term
 // moves a gradient by a sizeable fraction of its norm.
 #include <gtest/gtest.h>

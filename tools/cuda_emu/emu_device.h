@@ -181,3 +181,5 @@ requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>) inline std::common_t
   using C = std::common_type_t<A, B>;
   return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(b) : static_cast<C>(a);
 }
+
+#include "emu_wmma.h"  // nvcuda::wmma, after ::emu::fatal

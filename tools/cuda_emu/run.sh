@@ -45,7 +45,7 @@ compile() {  # src obj; also when any header of the tree is newer than obj (no d
 
 echo "== build ($VARIANT) in $OUT"
 objs=()
-for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention attention_cached device; do
+for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention attention_bf16 attention_cached device; do
   python3 "$HERE/transform.py" "$REPO/src/kernels/cuda/$k.cu" "$OUT/$k.cu.cc.new" 2>/dev/null
   if ! cmp -s "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; then mv "$OUT/$k.cu.cc.new" "$OUT/$k.cu.cc"; else rm "$OUT/$k.cu.cc.new"; fi
   compile "$OUT/$k.cu.cc" "$OUT/$k.cu.o" &

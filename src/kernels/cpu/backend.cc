@@ -94,11 +94,11 @@ class CpuBackend final : public Backend {
     return cpu::attention_workspace_floats(T, D, threads);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                         int64_t D, float* workspace) override {
+                         int64_t D, bool, float* workspace) override {
     cpu::attention_forward(out, lse, qkv, B, T, H, Hkv, D, workspace);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) override {
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, bool, float* workspace) override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
   }
   int64_t attention_cached_workspace_floats(int64_t max_context, int threads) const override {

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace tessera::kernels::cuda {
@@ -17,12 +18,11 @@ namespace {
 // tile rows 4ty..4ty+3, score columns tx, tx+16, tx+32, tx+48 and D/16 output columns. The 16
 // threads sharing a row are one half-warp, so row maxima and sums are shuffles, and a row of
 // probabilities passed through shared memory is read back by the warp that wrote it (__syncwarp).
-constexpr int kTile = 64;
+using namespace attention_detail;
 constexpr int kThreads = 256;
 constexpr int kGrid = 16;
 constexpr int kRows = kTile / kGrid;  // rows (and score columns) per thread
 constexpr int kPStride = kTile + 4;   // probability rows: the two half-warps' rows 4 apart land 16 banks apart
-constexpr size_t kDefaultSmem = 48 * 1024;
 
 // Q, K, V and dO rows in shared memory are padded by 4 floats: row starts stay 16-byte aligned for
 // float4 reads, and the 8 rows one quarter-warp reads at once (tx + 16j) fall in distinct banks.
@@ -38,12 +38,6 @@ constexpr int kVec = kCols<D> < 4 ? kCols<D> : 4;
 // blocks of the backward fit, one for D = 128, whose tiles fill shared memory anyway.
 template <int D>
 constexpr int kMinBlocks = D <= 64 ? 2 : 1;
-
-struct Dims {
-  int64_t T;
-  int64_t row;  // floats per token of qkv and dqkv: (H + 2 * Hkv) * D
-  int H, Hkv, group, tiles;
-};
 
 // The first of thread tx's kVec adjacent output columns in group k; its j-th column is
 // group_col(tx, j / kVec) + j % kVec. Adjacent threads read adjacent vectors: no bank conflicts.
@@ -84,14 +78,6 @@ __device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t 
   for (int k = 0; k < kPer; ++k) {
     const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
     *reinterpret_cast<float4*>(dst + r * kStride<D> + 4 * c) = v[k];
-  }
-}
-
-// Per-row values t0 .. t0+63 (lse or dout . out) into shared memory, zeros past T.
-__device__ __forceinline__ void load_row_values(float* dst, const float* src, int64_t t0, int64_t T) {
-  if (threadIdx.x < kTile) {
-    const int64_t t = t0 + threadIdx.x;
-    dst[threadIdx.x] = t < T ? src[t] : 0.0f;
   }
 }
 
@@ -427,60 +413,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>)
   store_rows<D>(dqkv + b * T * dims.row + int64_t{h} * D, dims.row, dq, dq_scale, q0, T, ty, tx);
 }
 
-// Kernels over 48 KB of dynamic shared memory must say so before their launch.
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > kDefaultSmem) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  }
-}
-
-// Calls f(std::integral_constant<int, D>) for a supported head dim; the kernels unroll over D.
-template <typename F>
-void with_head_dim(int64_t D, F f) {
-  switch (D) {
-    case 16:
-      return f(std::integral_constant<int, 16>{});
-    case 32:
-      return f(std::integral_constant<int, 32>{});
-    case 64:
-      return f(std::integral_constant<int, 64>{});
-    case 128:
-      return f(std::integral_constant<int, 128>{});
-    default:
-      CHECK_MSG(false, "CUDA attention supports head dims D of 16, 32, 64 and 128 only");
-  }
-}
-
-Dims make_dims(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  CHECK_MSG(Hkv > 0 && H % Hkv == 0, "attention: H must be a positive multiple of Hkv");
-  CHECK_MSG(H <= 65535 && B <= 65535, "attention: H and B index grid dimensions (65535 at most)");
-  const int64_t tiles = (T + kTile - 1) / kTile;
-  CHECK_MSG(tiles <= 0x7fffffff, "attention: T too long for the grid");
-  return Dims{T,
-              (H + 2 * Hkv) * D,
-              static_cast<int>(H),
-              static_cast<int>(Hkv),
-              static_cast<int>(H / Hkv),
-              static_cast<int>(tiles)};
-}
-
-// Tiles are read as float4s: the rows' strides are multiples of 4 floats (D is), the bases must be too.
-void check_aligned(const float* p, const char* what) { CHECK_MSG(reinterpret_cast<uintptr_t>(p) % 16 == 0, what); }
-
-// 1/sqrt(D) rounded once from double, as the reference's scale.
-float score_scale(int64_t D) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))); }
 }  // namespace
+
+namespace attention_detail {
+void row_dots(float* drow, const float* dout, const float* out, int64_t B, int64_t T, int64_t H, int64_t D,
+              cudaStream_t stream) {
+  const int64_t rows = B * T * H;
+  row_dot_kernel<<<grid_for(rows * kWarp, kThreads), kThreads, 0, stream>>>(drow, dout, out, rows, T, H,
+                                                                            static_cast<int>(D));
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace attention_detail
 
 int64_t attention_backward_workspace_floats(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, cudaStream_t stream) {
+                       int64_t D, bool bf16, cudaStream_t stream) {
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const Dims dims = make_dims(B, T, H, Hkv, D);
     check_aligned(qkv, "attention_forward: qkv must be 16-byte aligned");
     if (B == 0 || T == 0 || H == 0) return;
+    if (bf16) return forward_bf16(out, lse, qkv, dims, B, D, stream);
     const size_t smem = forward_smem_floats<kD>() * sizeof(float);
     allow_smem(forward_kernel<kD>, smem);
     const dim3 grid(static_cast<unsigned>(dims.tiles), static_cast<unsigned>(H), static_cast<unsigned>(B));
@@ -490,16 +444,16 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
-                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace, cudaStream_t stream) {
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, bool bf16, float* workspace,
+                        cudaStream_t stream) {
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const Dims dims = make_dims(B, T, H, Hkv, D);
     check_aligned(qkv, "attention_backward: qkv must be 16-byte aligned");
     check_aligned(dout, "attention_backward: dout must be 16-byte aligned");
     if (B == 0 || T == 0 || H == 0) return;
-    const int64_t rows = B * T * H;
-    row_dot_kernel<<<grid_for(rows * kWarp, kThreads), kThreads, 0, stream>>>(workspace, dout, out, rows, T, H, kD);
-    CUDA_CHECK_LAUNCH();
+    row_dots(workspace, dout, out, B, T, H, D, stream);
+    if (bf16) return backward_bf16(dqkv, dout, qkv, lse, workspace, dims, B, D, stream);
 
     const size_t smem = backward_smem_floats<kD>() * sizeof(float);
     const float scale = score_scale(D);

@@ -1,6 +1,6 @@
-// CUDA attention against kernels/ref/attention on random inputs: MHA and GQA, every supported head
-// dim, sequence lengths on and off the 64-row tiles; backward bit for bit reproducible; an
-// unsupported head dim refused. Skipped without a device.
+// CUDA attention, fp32 and bf16 tensor-core variants, against kernels/ref/attention on random
+// inputs: MHA and GQA, every supported head dim, sequence lengths on and off the 64-row tiles;
+// backward bit for bit reproducible; an unsupported head dim refused. Skipped without a device.
 //
 // Tolerances. Inputs are unit normals, so scaled scores are O(1) (a D-term dot over sqrt(D)) and a
 // float dot of K terms errs by about u sqrt(K) times the terms' size (u = 2^-24; kernels/cpu/
@@ -58,13 +58,13 @@ struct Outputs {
 
 // Forward, then backward from the device's own out and lse. Outputs start as NaN, so any element a
 // kernel leaves unwritten fails the comparison.
-Outputs run_cuda(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout) {
+Outputs run_cuda(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16) {
   DeviceBuffer<float> d_qkv(qkv), d_dout(dout);
   DeviceBuffer<float> out(std::vector<float>(s.out_floats(), NAN)), lse(std::vector<float>(s.lse_floats(), NAN));
   DeviceBuffer<float> dqkv(std::vector<float>(s.qkv_floats(), NAN));
   DeviceBuffer<float> workspace(static_cast<size_t>(attention_backward_workspace_floats(s.B, s.T, s.H)));
-  attention_forward(out.get(), lse.get(), d_qkv.get(), s.B, s.T, s.H, s.Hkv, s.D, nullptr);
-  attention_backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), s.B, s.T, s.H, s.Hkv, s.D,
+  attention_forward(out.get(), lse.get(), d_qkv.get(), s.B, s.T, s.H, s.Hkv, s.D, bf16, nullptr);
+  attention_backward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), s.B, s.T, s.H, s.Hkv, s.D, bf16,
                      workspace.get(), nullptr);
   return Outputs{out.download(), lse.download(), dqkv.download()};
 }
@@ -88,10 +88,28 @@ TEST_P(CudaAttention, MatchesRef) {
   const Shape s = GetParam();
   const auto qkv = random_floats(static_cast<size_t>(s.qkv_floats()), 11);
   const auto dout = random_floats(static_cast<size_t>(s.out_floats()), 12);
-  const Outputs got = run_cuda(s, qkv, dout), want = run_ref(s, qkv, dout);
+  const Outputs got = run_cuda(s, qkv, dout, false), want = run_ref(s, qkv, dout);
   EXPECT_TRUE(all_close(got.out, want.out, 2e-5f, 1e-4f)) << "out";
   EXPECT_TRUE(all_close(got.lse, want.lse, 2e-5f, 1e-4f)) << "lse";
   EXPECT_TRUE(all_close(got.dqkv, want.dqkv, 1e-4f, 1e-4f)) << "dqkv";
+}
+
+// The tensor-core variant against the same fp32 reference. Its operands are rounded to bf16
+// (relative error 2^-9): scores of size O(1) err by about 2^-9 sqrt(2) per unit of their D-term
+// dot over sqrt(D), ~4e-3, which moves lse by as much and out (convex combinations of values of size
+// ~1, the probabilities rounded again) by ~1e-2; the gradients, sums over up to G * T pairs of
+// products of bf16-rounded probabilities, score gradients and values, by a few times that. Seen
+// at most (fp32 emulation of the tensor cores): out 1.3e-2, lse 8.5e-3, dqkv 2.5e-2. Bounds out and
+// lse 2e-2 + 2e-2 |want|, dqkv 5e-2 + 5e-2 |want|; a wrong mask, head or scale errs by order one.
+TEST_P(CudaAttention, Bf16MatchesRef) {
+  REQUIRE_CUDA_DEVICE();
+  const Shape s = GetParam();
+  const auto qkv = random_floats(static_cast<size_t>(s.qkv_floats()), 11);
+  const auto dout = random_floats(static_cast<size_t>(s.out_floats()), 12);
+  const Outputs got = run_cuda(s, qkv, dout, true), want = run_ref(s, qkv, dout);
+  EXPECT_TRUE(all_close(got.out, want.out, 2e-2f, 2e-2f)) << "out";
+  EXPECT_TRUE(all_close(got.lse, want.lse, 2e-2f, 2e-2f)) << "lse";
+  EXPECT_TRUE(all_close(got.dqkv, want.dqkv, 5e-2f, 5e-2f)) << "dqkv";
 }
 
 // Every head dim meets every sequence length: one row (T = 1), a part tile (7), one whole tile
@@ -121,10 +139,12 @@ TEST(CudaAttentionDeterminism, SameBitsTwice) {
   const Shape s{2, 257, 8, 2, 64};
   const auto qkv = random_floats(static_cast<size_t>(s.qkv_floats()), 21);
   const auto dout = random_floats(static_cast<size_t>(s.out_floats()), 22);
-  const Outputs first = run_cuda(s, qkv, dout), second = run_cuda(s, qkv, dout);
-  EXPECT_TRUE(same_bits(first.out, second.out));
-  EXPECT_TRUE(same_bits(first.lse, second.lse));
-  EXPECT_TRUE(same_bits(first.dqkv, second.dqkv));
+  for (const bool bf16 : {false, true}) {
+    const Outputs first = run_cuda(s, qkv, dout, bf16), second = run_cuda(s, qkv, dout, bf16);
+    EXPECT_TRUE(same_bits(first.out, second.out)) << "bf16 " << bf16;
+    EXPECT_TRUE(same_bits(first.lse, second.lse)) << "bf16 " << bf16;
+    EXPECT_TRUE(same_bits(first.dqkv, second.dqkv)) << "bf16 " << bf16;
+  }
 }
 
 // The kernels are instantiated per head dim; any other D must stop with a clear CHECK before any
@@ -132,9 +152,12 @@ TEST(CudaAttentionDeterminism, SameBitsTwice) {
 TEST(CudaAttentionDeathTest, UnsupportedHeadDim) {
   REQUIRE_CUDA_DEVICE();
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the CUDA runtime has threads: re-exec, never plain fork
-  EXPECT_DEATH(attention_forward(nullptr, nullptr, nullptr, 1, 8, 2, 1, 48, nullptr), "supports head dims");
-  EXPECT_DEATH(attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 1, 256, nullptr, nullptr),
-               "supports head dims");
+  for (const bool bf16 : {false, true}) {
+    EXPECT_DEATH(attention_forward(nullptr, nullptr, nullptr, 1, 8, 2, 1, 48, bf16, nullptr), "supports head dims");
+    EXPECT_DEATH(
+        attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 1, 256, bf16, nullptr, nullptr),
+        "supports head dims");
+  }
 }
 
 }  // namespace

@@ -146,12 +146,13 @@ class CudaBackend final : public Backend {
     return attention_backward_workspace_floats(B, T, H);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                         int64_t D, float*) override {
-    cuda::attention_forward(out, lse, qkv, B, T, H, Hkv, D, stream_);
+                         int64_t D, bool allow_bf16, float*) override {
+    cuda::attention_forward(out, lse, qkv, B, T, H, Hkv, D, allow_bf16, stream_);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) override {
-    cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace, stream_);
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, bool allow_bf16,
+                          float* workspace) override {
+    cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, allow_bf16, workspace, stream_);
   }
   int64_t attention_cached_workspace_floats(int64_t, int) const override { return 0; }
   void attention_cached(float* out, const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride,
