@@ -367,15 +367,25 @@ device = json.load(open(sys.argv[2] + "/run.json"))["device"]
 a, b = ([r["loss"] for r in run] for run in runs)
 worst = max(abs(x - y) / x for x, y in zip(a, b))
 rate = runs[1][-1]["tokens_per_s"]
+gpu = runs[1][-1].get("gpu", {})  # NVML, read off the step loop
 print(f"{len(a)} steps: loss {a[0]:.4f} -> {a[-1]:.4f} on the CPU, {b[0]:.4f} -> {b[-1]:.4f} on {device}; "
-      f"largest relative difference {worst:.2e} (bound 1e-2); GPU tokens/s at step 50: {rate:.0f}")
-sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cuda") else 1)' \
+      f"largest relative difference {worst:.2e} (bound 1e-2); GPU tokens/s at step 50: {rate:.0f}; "
+      f"NVML at step 50: {json.dumps(gpu)}")
+sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cuda") and
+         "gpu_util_pct" in gpu and "uuid" in gpu else 1)' \
     /tmp/tessera-curve-cpu /tmp/tessera-curve-cuda
   # The GPU-trained run exported to HF and read by transformers' LlamaForCausalLM on the GPU: its
   # log-probabilities of a greedy continuation against `tessera generate`'s.
   rm -rf /tmp/tessera-hf-check
   step hf_transformers 60 python3 tests/hf_transformers_check.py "$prefix/tessera" /tmp/tessera-curve-cuda \
     /tmp/tessera-hf-check --reference transformers --device cuda
+  # The health check's GPU verdict failed on purpose (XID 79 injected into the real reading): exit 4,
+  # naming the GPU by its PCI bus id.
+  # shellcheck disable=SC2016  # expanded by the inner bash
+  step gpu_health_fault 30 bash -c 'TESSERA_FAULT=0:0:health:gpu "$@" 2>&1 | tee /tmp/tessera-health.log;
+    rc=${PIPESTATUS[0]}; grep -q "XID 79 (GPU has fallen off the bus)" /tmp/tessera-health.log &&
+    grep -qE "PCI [0-9A-Fa-f]+:[0-9A-Fa-f]+:" /tmp/tessera-health.log && [ "$rc" = 4 ]' _ \
+    "${tessera[@]}" train --set train.max_steps=1 --set train.device=cuda --run-dir /tmp/tessera-health-fault
   # gpu-1b in bf16: Tessera (with three timed checkpoints: the stall is the device-to-host copy)
   # and the PyTorch eager peer on the same model and batch.
   json_step bench_gpu1b 150 "${tessera[@]}" bench --preset gpu-1b --steps 12 --set parallel.param_dtype=bf16 \

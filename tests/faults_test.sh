@@ -73,6 +73,13 @@ grep -q 'failed on 1 of 2 rank(s): rank 0 (' "$dir/health.log" && fail "health: 
 [[ ! -e "$dir/health/checkpoints/step_00000001" ]] || fail "health: a step was taken"
 echo "ok: health fault on rank 1: exit 4 in ${secs}s, rank 1 and the GEMM named"
 
+# --- health check: rank 1's GPU verdict fails (XID 79 injected; a CPU run makes up its GPU):
+# exit 4, every rank names rank 1, its GPU, the host and the XID
+TESSERA_FAULT=1:0:health:gpu run health-gpu 4
+has health-gpu "\[rank [01]\] error: health check before step 0 failed on 1 of 2 rank\(s\): rank 1 \(GPU 0 \(none: a CPU run, failed by TESSERA_FAULT\) on host $(hostname): failed: XID 79 \(GPU has fallen off the bus\)"
+grep -q 'failed on 1 of 2 rank(s): rank 0 (' "$dir/health-gpu.log" && fail "health-gpu: rank 0 was named as failing"
+echo "ok: GPU health fault on rank 1: exit 4 in ${secs}s, rank 1's GPU, host and XID named"
+
 # --- row 14, stop: NaN gradient on rank 1 at step 3; exit 11, both ranks report step 3
 TESSERA_FAULT=1:3:backward:nan run nan-stop 11
 has nan-stop 'step 3: loss [0-9.]+ and gradient norm nan'

@@ -16,7 +16,9 @@
 //   KIND   kill (SIGKILL itself), exit (exit code 1 at once), hang (stop forever), slow (sleep
 //          2 s), io (the write at that point fails as on a full disk; checkpoint phases),
 //          nan (the caller sets one of this rank's gradient values to NaN; backward only),
-//          fail (this rank's health check fails: its GEMM result is corrupted; health only)
+//          fail (this rank's health check fails: its GEMM result is corrupted; health only),
+//          gpu (this rank's GPU health verdict fails as if NVML had reported XID 79, the GPU
+//          fallen off the bus; on a CPU run, a GPU reading is made up for it; health only)
 // The fault acts in the first attempt only (TESSERA_RESTART_COUNT unset or 0) unless
 // TESSERA_FAULT_ALWAYS=1. A malformed TESSERA_FAULT ends the process with exit code 2.
 #pragma once
@@ -26,7 +28,7 @@
 
 namespace tessera::fault {
 
-enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo, kNan, kFail };
+enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo, kNan, kFail, kGpu };
 
 // A parsed TESSERA_FAULT.
 struct Spec {
@@ -43,8 +45,8 @@ bool parse(const std::string& text, Spec* spec, std::string* error);
 
 // Acts on the configured fault if it matches (rank, step, phase); kill, exit and hang never
 // return. Returns the kind the caller must act on (kIo: fail the operation as an I/O error;
-// kNan: poison a gradient; kFail: fail the health check), else kNone. Cheap when nothing is
-// configured.
+// kNan: poison a gradient; kFail: fail the health check's GEMM; kGpu: its GPU verdict), else kNone. Cheap when nothing
+// is configured.
 Kind point(const char* phase, int rank, int64_t step);
 
 }  // namespace tessera::fault

@@ -40,6 +40,7 @@ TEST(Fault, ParsesRankStepPhaseKind) {
   s = ok("0:0:health:fail");
   EXPECT_EQ(s.step, 0);
   EXPECT_EQ(s.kind, Kind::kFail);
+  EXPECT_EQ(ok("1:0:health:gpu").kind, Kind::kGpu);
 
   // The kinds and phases that existed before keep working.
   EXPECT_EQ(ok("0:4:checkpoint.shard:kill").kind, Kind::kKill);
@@ -71,6 +72,7 @@ TEST(Fault, RefusesMalformedSpecsNamingThePart) {
   const std::string nan_at_forward = refused("1:3:forward:nan");
   EXPECT_NE(nan_at_forward.find("backward only"), std::string::npos) << nan_at_forward;
   EXPECT_NE(refused("1:0:forward:fail").find("health only"), std::string::npos);
+  EXPECT_NE(refused("1:0:forward:gpu").find("health only"), std::string::npos);
 }
 
 TEST(Fault, PointIsInertWithoutTheVariable) {

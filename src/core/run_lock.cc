@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/host.h"
 #include "core/timer.h"
 
 namespace tessera {
@@ -23,9 +24,7 @@ namespace {
 
 // The holder's line: "job=ID host=H pid=P started=T" (no token: ID is public).
 std::string holder_line(const std::string& job) {
-  char host[256] = "";
-  ::gethostname(host, sizeof(host) - 1);
-  return fmt::format("job={} host={} pid={} started={}\n", job, host, ::getpid(), utc_now());
+  return fmt::format("job={} host={} pid={} started={}\n", job, host_name(), ::getpid(), utc_now());
 }
 
 std::string read_holder(int fd) {

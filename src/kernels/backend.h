@@ -56,6 +56,9 @@ class Backend {
     int64_t in_use = 0, total = 0;
   };
   virtual DeviceMemory device_memory() const { return {}; }
+  // The device's PCI bus id as the CUDA runtime writes it ("0000:19:00.0"), how NVML finds the
+  // same GPU; "" on the CPU.
+  virtual std::string pci_bus_id() const { return {}; }
 
   // y (M,N) = x (M,K) . w (N,K)^T + beta y, in fp32 or on bf16 inputs with fp32 accumulation.
   virtual void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) = 0;

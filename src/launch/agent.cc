@@ -27,6 +27,7 @@
 #include "comm/store.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/host.h"
 #include "core/log.h"
 #include "core/run_lock.h"
 #include "core/signals.h"
@@ -80,12 +81,6 @@ int stored_count(const comm::Bytes& value, const std::string& key) {
 }
 
 constexpr const char* kHeartbeatPrefix = "tessera-heartbeats.";
-
-std::string host_name() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 // Removes the heartbeat directories in `tmp` that agents of this user on this host left when they
 // were killed (kill -9 skips every destructor): a real directory owned by this user whose

@@ -46,6 +46,11 @@ void Exposition::counter(const std::string& name, const std::string& help, doubl
   add(name, help, "counter", value, labels);
 }
 
+void Exposition::counter_named_elsewhere(const std::string& name, const std::string& help, double value,
+                                         const Labels& labels) {
+  add(name, help, "counter", value, labels);
+}
+
 void Exposition::add(const std::string& name, const std::string& help, const char* type, double value,
                      const Labels& labels) {
   auto [it, added] = index_.emplace(name, families_.size());

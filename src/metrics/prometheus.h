@@ -23,6 +23,10 @@ class Exposition {
   void gauge(const std::string& name, const std::string& help, double value, const Labels& labels = {});
   // `name` must end in _total.
   void counter(const std::string& name, const std::string& help, double value, const Labels& labels = {});
+  // A counter whose name another exporter fixed (DCGM's DCGM_FI_DEV_*), so dashboards written for
+  // it apply: exempt from the _total rule, which the text format does not require.
+  void counter_named_elsewhere(const std::string& name, const std::string& help, double value,
+                               const Labels& labels = {});
   std::string text() const;
 
  private:

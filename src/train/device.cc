@@ -42,11 +42,32 @@ ComputeDevice::ComputeDevice(const config::Config& config, int world_size) {
   backend_ = owned_.get();
   gpu_name_ = names.front();
   description_ = fmt::format("cuda:0 ({}){}", names.front(), config.model.allow_tf32 ? ", TF32 on" : "");
+  watch_gpu();
+}
+
+void ComputeDevice::watch_gpu() {
+  std::unique_ptr<metrics::Nvml> nvml = metrics::Nvml::open(&why_no_gpu_metrics_);
+  if (nvml == nullptr) return;
+  const std::string bus_id = backend_->pci_bus_id();
+  const int index = nvml->index_of_pci_bus_id(bus_id);
+  if (index < 0) {
+    why_no_gpu_metrics_ = fmt::format("NVML lists no GPU at PCI bus id {}", bus_id);
+    return;
+  }
+  gpu_sampler_ = std::make_unique<metrics::GpuSampler>(std::move(nvml), index, std::chrono::milliseconds(2000));
+}
+
+std::optional<metrics::GpuReading> ComputeDevice::gpu_reading() const {
+  if (gpu_sampler_ == nullptr) return std::nullopt;
+  return gpu_sampler_->latest();
 }
 
 void log_device(const config::Config& config, const ComputeDevice& device) {
   if (device.cuda() || config.train.device == config::Device::kCpu || !TESSERA_CUDA) {
     log::info("device: {}", device.description());
+    if (device.cuda() && !device.why_no_gpu_metrics().empty()) {
+      log::warn("no GPU metrics or NVML health check: {}", device.why_no_gpu_metrics());
+    }
     return;
   }
   log::info("device: cpu (train.device = auto: {})", device.why_not_cuda());

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "config/config.h"
 #include "kernels/backend.h"
+#include "metrics/gpu.h"
+#include "metrics/nvml.h"
 
 namespace tessera::train {
 
@@ -23,14 +26,21 @@ class ComputeDevice {
   const std::string& gpu_name() const { return gpu_name_; }          // the CUDA device name; "" on the CPU
   const std::string& why_not_cuda() const { return why_not_cuda_; }  // "" on a GPU
 
+  // On a GPU, its latest NVML reading (metrics/nvml.h, sampled every 2 s off the step loop);
+  // empty on the CPU, or where NVML cannot be had (why_no_gpu_metrics() says why).
+  std::optional<metrics::GpuReading> gpu_reading() const;
+  const std::string& why_no_gpu_metrics() const { return why_no_gpu_metrics_; }
+
  private:
+  void watch_gpu();
   std::unique_ptr<kernels::Backend> owned_;
   kernels::Backend* backend_ = &kernels::cpu_backend();
-  std::string description_ = "cpu", why_not_cuda_, gpu_name_;
+  std::string description_ = "cpu", why_not_cuda_, gpu_name_, why_no_gpu_metrics_;
+  std::unique_ptr<metrics::GpuSampler> gpu_sampler_;
 };
 
 // Logs where the process computes, and why not on a GPU when train.device = auto found none usable
-// in a build that has CUDA.
+// in a build that has CUDA (on a GPU, also why it has no GPU metrics, if it has none).
 void log_device(const config::Config& config, const ComputeDevice& device);
 
 }  // namespace tessera::train

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/host.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -62,15 +63,44 @@ bool check_gemm(bool corrupt, double* worst) {
   return ok;
 }
 
+// Bytes of a failing GPU's description that travel to every rank (an all-gather copies them as
+// they are, typed as floats).
+constexpr size_t kGpuTextBytes = 512;
+
+// "" if this rank's GPU is fine (or it has none); else what fails and which GPU, on which host.
+// The gpu fault makes the GPU look fallen off the bus, on a CPU run a GPU made up for the purpose.
+std::string check_gpu(std::optional<metrics::GpuReading> gpu, bool injected, int rank) {
+  if (injected) {
+    if (!gpu) {
+      gpu.emplace();
+      gpu->name = "none: a CPU run, failed by TESSERA_FAULT";
+    }
+    ++gpu->xid_count;
+    gpu->last_xid = 79;
+  }
+  if (!gpu) return "";
+  const metrics::GpuVerdict v = metrics::judge_gpu(*gpu);
+  const std::string what = fmt::format("{} on host {}: {}", metrics::describe_gpu(*gpu), host_name(), v.summary());
+  if (v.status == metrics::GpuStatus::kDegraded) log::warn("health check: rank {}: {}", rank, what);
+  if (v.status != metrics::GpuStatus::kFailed) return "";
+  log::error("health check: rank {}: {}", rank, what);
+  return what.substr(0, kGpuTextBytes - 1);
+}
+
 }  // namespace
 
 HealthFigures health_check(const parallel::Distributed& dist, const config::Config& config,
-                           std::vector<double>* bus_gbps_per_rank) {
+                           const std::optional<metrics::GpuReading>& gpu, std::vector<double>* bus_gbps_per_rank) {
   const double t0 = now_seconds();
   const int rank = dist.rank(), world = dist.world_size();
   const comm::CollectiveOptions options{comm::Millis(config.parallel.timeout_ms)};
   HealthFigures f;
-  f.gemm_ok = check_gemm(fault::point("health", rank, 0) == fault::Kind::kFail, &f.gemm_worst);
+  const fault::Kind injected = fault::point("health", rank, 0);
+  f.gemm_ok = check_gemm(injected == fault::Kind::kFail, &f.gemm_worst);
+  const std::string gpu_failure = check_gpu(gpu, injected == fault::Kind::kGpu, rank);
+  f.gpu_ok = gpu_failure.empty();
+  // Every rank's GPU failure text, NUL-padded.
+  std::vector<char> gpu_texts(kGpuTextBytes * static_cast<size_t>(world), '\0');
   if (!f.gemm_ok) {
     log::error(
         "health check: rank {}: GEMM {}x{}x{} differs from the reference (worst error {:.3g} x the "
@@ -101,8 +131,12 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
     f.bus_gbps = 2.0 * (world - 1) / world * kBandwidthBytes / per / 1e9;
     const float mine[3] = {f.all_reduce_ok ? 1.0f : 0.0f, f.gemm_ok ? 1.0f : 0.0f, static_cast<float>(f.bus_gbps)};
     dist.world()->all_gather(mine, all.data(), 3, comm::DType::kF32, options)->wait();
+    std::vector<char> text(kGpuTextBytes, '\0');
+    std::copy(gpu_failure.begin(), gpu_failure.end(), text.begin());
+    dist.world()->all_gather(text.data(), gpu_texts.data(), kGpuTextBytes / 4, comm::DType::kF32, options)->wait();
   } else {
     all = {1.0f, f.gemm_ok ? 1.0f : 0.0f, 0.0f};
+    std::copy(gpu_failure.begin(), gpu_failure.end(), gpu_texts.begin());
   }
   f.seconds = now_seconds() - t0;
   std::vector<std::string> failures;
@@ -111,6 +145,8 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
     std::string what;
     if (all[3 * r] != 1.0f) what = "all-reduce result";
     if (all[3 * r + 1] != 1.0f) what += std::string(what.empty() ? "" : " and ") + "GEMM against the reference";
+    const char* gpu_text = gpu_texts.data() + kGpuTextBytes * static_cast<size_t>(r);
+    if (gpu_text[0] != '\0') what += std::string(what.empty() ? "" : " and ") + gpu_text;
     if (!what.empty()) failures.push_back(fmt::format("rank {} ({})", r, what));
     gbps[r] = all[3 * r + 2];
   }

@@ -1,12 +1,15 @@
 // The health check every rank runs before step 0 (ARCHITECTURE.md, launcher and resilience):
-// a known all-reduce checked exactly, its bandwidth, and a small GEMM against the reference
-// kernels, so that a broken rank is named before the job spends time training.
+// a known all-reduce checked exactly, its bandwidth, a small GEMM against the reference kernels
+// and, on a GPU, NVML's view of it (metrics::judge_gpu: ECC, row remapping, XID events, hardware
+// slowdown), so that a broken rank is named before the job spends time training.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "metrics/gpu.h"
 #include "train/trainer.h"
 
 namespace tessera::train {
@@ -15,17 +18,21 @@ namespace tessera::train {
 struct HealthFigures {
   bool all_reduce_ok = true;  // integer-valued all-reduce exactly equal to its known sum
   bool gemm_ok = true;        // cpu GEMM within the K-derived bound of the ref GEMM
+  bool gpu_ok = true;         // no failed GPU verdict (or no GPU)
   double gemm_worst = 0.0;    // largest |cpu - ref| / tolerance over the GEMM's outputs
   double bus_gbps = 0.0;      // all-reduce bus bandwidth, 2 (W-1)/W x bytes / time (0 at W = 1)
   double seconds = 0.0;       // the whole check
 };
 
 // Runs the checks on this rank; a collective over dist.world (every rank calls it once; a single
-// process checks the GEMM only). Every rank learns every rank's verdict through an all-gather,
-// so all of them throw the same HealthError naming the failing rank(s) and checks (exit code 4,
-// never restarted); rank 0 logs the figures. Fault point "health" (kind fail) corrupts this
-// rank's GEMM result. Returns this rank's figures and, in `bus_gbps_per_rank`, every rank's.
+// process checks the GEMM and its GPU only). Every rank learns every rank's verdict through
+// all-gathers, so all of them throw the same HealthError naming the failing rank(s) and checks,
+// a failing GPU by host, PCI bus id and serial (exit code 4, never restarted); rank 0 logs the
+// figures. `gpu`: this rank's GPU reading (ComputeDevice::gpu_reading), if it has one. Fault
+// point "health": kind fail corrupts this rank's GEMM result, kind gpu adds XID 79 to its GPU
+// reading. Returns this rank's figures and, in `bus_gbps_per_rank`, every rank's.
 HealthFigures health_check(const parallel::Distributed& dist, const config::Config& config,
+                           const std::optional<metrics::GpuReading>& gpu = std::nullopt,
                            std::vector<double>* bus_gbps_per_rank = nullptr);
 
 }  // namespace tessera::train

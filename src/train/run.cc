@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/host.h"
 #include "core/log.h"
 #include "core/run_lock.h"
 #include "core/signals.h"
@@ -181,12 +182,10 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
     log::info("data: synthetic tokens (seed {})", config.train.seed);
   }
   if (config.checkpoint.save_final) run_info["weights"] = "model.safetensors";
-  char host[256] = "";
-  ::gethostname(host, sizeof(host) - 1);
   const model::ModelConfig& m = config.model;
   run_info.update({{"version", TESSERA_VERSION},
                    {"started", utc_now()},
-                   {"host", host},
+                   {"host", host_name()},
                    {"world_size", dist.world_size()},
                    {"strategy", dist.world_size() > 1 ? config::name(config.parallel.strategy) : "single"},
                    {"tensor_parallel", config.parallel.tensor},
@@ -255,7 +254,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const ComputeDevice device(config, dist.world_size());
   log_device(config, device);
   Trainer trainer(config, dataset, dist, device.backend());
-  health_check(dist, config);  // every rank, before any time goes into training
+  health_check(dist, config, device.gpu_reading());  // every rank, before any time goes into training
   log_model_and_batch(config, dist, trainer);
   const metrics::Peak peak = job_peak(config, dist, device);  // before step 0: a collective, and the cores busy
   nlohmann::ordered_json run_info = describe_run(config, dataset, run_dir, dist, trainer, peak);
@@ -268,7 +267,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   resume_trainer(trainer, root, resume, candidates);
   if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
 
-  StepLog step_log(config, run_dir, dist, peak, trainer.steps_done());
+  StepLog step_log(config, run_dir, dist, peak, trainer.steps_done(), [&device] { return device.gpu_reading(); });
   const double start = now_seconds();
   LoopHooks hooks;
   hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };

@@ -95,6 +95,13 @@ class CudaBackend final : public Backend {
   }
   void zero(void* dst, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::string pci_bus_id() const override {
+    int device = 0;
+    char id[32] = {};
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device));
+    return id;
+  }
   DeviceMemory device_memory() const override {
     DeviceMemory m = memory_info();
     m.in_use -= baseline_;
@@ -225,7 +232,7 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   Blas blas_;
-  Memory sums_;  // sum_squares' result and workspace
+  Memory sums_;           // sum_squares' result and workspace
   int64_t baseline_ = 0;  // device bytes in use once made
 
   // What the device has in use (by every process) and in all.
