@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # "Runs" table, tessera_max_steps the step stat. Name a metric here, with the reason, to leave it out.
 UNUSED_OK = {}
 
+# The labels of the DCGM exporter's GPU families, which Tessera's endpoint uses too.
+DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
 # Labels every scraped series has whatever the endpoint serves (Prometheus adds them).
 SCRAPE_LABELS = {"job", "instance"}
 # Every selector must filter on these template variables, or runs would be mixed.
@@ -59,7 +61,7 @@ MATCH_OPS = {"=", "!=", "=~", "!~"}
 SUFFIX_UNITS = [("_bytes", {"bytes", "decbytes"}), ("_seconds", {"s"}), ("_ratio", {"percentunit"}),
                 ("_flops_per_second", {"flops"})]
 KNOWN_UNITS = {"short", "none", "s", "ms", "bytes", "decbytes", "percentunit", "percent", "sci",
-               "flops"}
+               "flops", "mbytes", "watt", "celsius"}
 
 TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -78,11 +80,16 @@ TOKEN = re.compile(r"""
 # docs/metrics.md
 
 def parse_metrics_doc(text):
-    """{name: {"type": "gauge"|"counter", "labels": set}} from the table under "## Prometheus"."""
-    metrics, in_section, header = {}, False, None
+    """{name: {"type": "gauge"|"counter", "labels": set}} from the tables under "## Prometheus":
+    Tessera's own (a labels column), and under its "### GPU metrics" subsection the DCGM
+    exporter's families (one or more names per row, every one with DCGM_LABELS)."""
+    metrics, in_section, header, dcgm = {}, False, None, False
     for line in text.splitlines():
         if line.startswith("## "):
             in_section = line.strip() == "## Prometheus"
+            continue
+        if line.startswith("### "):
+            header, dcgm = None, line.startswith("### GPU metrics")
             continue
         if not in_section or not line.startswith("|"):
             continue
@@ -93,14 +100,16 @@ def parse_metrics_doc(text):
         if set("".join(cells)) <= set("-: "):
             continue
         row = dict(zip(header, cells))
-        name = row["metric"].strip("`")
-        metrics[name] = {"type": row["type"].split()[0],
-                         "labels": set(re.findall(r"`([^`]+)`", row.get("labels", "")))}
+        labels = DCGM_LABELS if dcgm else set(re.findall(r"`([^`]+)`", row.get("labels", "")))
+        for name in re.findall(r"`([^`]+)`", row["metric"]):
+            metrics[name] = {"type": row["type"].split()[0], "labels": set(labels)}
     if not metrics:
         raise SystemExit("docs: no metric table under '## Prometheus'")
     for name, m in metrics.items():
         if m["type"] not in ("gauge", "counter"):
             raise SystemExit(f"docs: {name}: unknown type {m['type']!r}")
+        if name.startswith("DCGM_FI_"):  # DCGM's names, kept as they are: no _total rule
+            continue
         if (m["type"] == "counter") != name.endswith("_total"):
             raise SystemExit(f"docs: {name}: counters and only counters end in _total")
     return metrics
@@ -534,6 +543,12 @@ MUTATIONS = {
     "a documented metric on no panel": (
         lambda d: mutation_delete(d, "Stragglers"),
         "tessera_rank_straggler: documented but no panel"),
+    "a DCGM family on no panel": (
+        lambda d: mutation_delete(d, "GPU temperature"),
+        "DCGM_FI_DEV_GPU_TEMP: documented but no panel"),
+    "a GPU selected by a label DCGM's families lack": (
+        lambda d: set_expr(d, "GPU temperature", "A", lambda e: e.replace("{", '{gpu_index="0", ', 1)),
+        "has no label 'gpu_index'"),
     "no datasource variable": (
         lambda d: d["templating"].update(list=[v for v in d["templating"]["list"]
                                                if v["name"] != "datasource"]),

@@ -105,6 +105,10 @@ Metrics read_metrics(const std::string& path) {
         }
       } else if (kScalarKeys.count(key) || kRankKeys.count(key)) {
         fail(fmt::format("\"{}\" is not a number", key));
+      } else if (v.is_object()) {  // e.g. "gpu": its numbers as "gpu.temperature_c", ...
+        for (const auto& [member, x] : v.items()) {
+          if (x.is_number()) append(&m.scalars[key + "." + member], i, x.get<double>());
+        }
       }
     }
   }
@@ -693,9 +697,44 @@ std::string ranks_figure(const Metrics& m, const nlohmann::ordered_json& info) {
                 true);
 }
 
+// Rank 0's GPU as NVML read it at each step (metrics.jsonl "gpu"): utilization and power, with
+// the hottest reading and the XIDs seen in the remark. Only for runs on a GPU.
+std::string gpu_figures(const Metrics& m, const nlohmann::ordered_json& info) {
+  const bool on_gpu =
+      info.contains("device") && info["device"].is_string() && info["device"].get<std::string>().rfind("cuda", 0) == 0;
+  const auto* util = m.column("gpu.gpu_util_pct");
+  if (util == nullptr) {
+    return on_gpu ? figure("plot-gpu", "GPU",
+                           "no GPU readings: metrics.jsonl has no \"gpu\" records (NVML could not be loaded: see "
+                           "the run's log)",
+                           true)
+                  : "";
+  }
+  std::vector<Series> busy = {make_series("GPU utilization", m, *util)};
+  if (const auto* c = m.column("gpu.mem_copy_util_pct")) busy.push_back(make_series("memory copy utilization", m, *c));
+  std::string remark;
+  const auto* temperature = m.column("gpu.temperature_c");
+  if (temperature != nullptr && std::isfinite(max_of(*temperature))) {
+    remark = fmt::format("Hottest reading {:.0f} C.", max_of(*temperature));
+  }
+  double xids = 0, last_xid = 0;
+  size_t at = 0;
+  if (last_finite(m.column("gpu.xid_count"), &xids, &at) && xids > 0 &&
+      last_finite(m.column("gpu.last_xid"), &last_xid, &at)) {
+    remark += fmt::format("{}{:.0f} XID event(s), the last XID {:.0f}.", remark.empty() ? "" : " ", xids, last_xid);
+  }
+  std::string out = figure("plot-gpu", "GPU utilization (%, NVML, rank 0)",
+                           line_chart(busy, "GPU utilization", "%", true), false, remark);
+  if (const auto* power = m.column("gpu.power_w")) {
+    out += figure("plot-gpu-power", "GPU power draw (W, rank 0)",
+                  line_chart({make_series("power", m, *power)}, "GPU power", "W", true), false);
+  }
+  return out;
+}
+
 std::string figures(const Metrics& m, const nlohmann::ordered_json& info) {
   return loss_figure(m) + throughput_figure(m) + mfu_figure(m, info) + time_split_figure(m) + memory_figure(m) +
-         ranks_figure(m, info);
+         ranks_figure(m, info) + gpu_figures(m, info);
 }
 
 }  // namespace

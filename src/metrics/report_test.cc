@@ -301,6 +301,39 @@ TEST(ReportWrite, OldRecordsGetNotesNotFigures) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
 }
 
+// A GPU run's "gpu" records: utilization and power plotted, the hottest reading and the XIDs told;
+// a CPU run gets no GPU figure, a GPU run without readings a note.
+TEST(ReportWrite, GpuReadingsGetFigures) {
+  TempDir dir("gpu");
+  std::string lines;
+  for (int s = 1; s <= 5; ++s) {
+    lines += fmt::format(
+        "{{\"step\":{},\"loss\":6,\"gpu\":{{\"index\":0,\"uuid\":\"GPU-1\",\"xid_count\":{},\"last_xid\":{},"
+        "\"gpu_util_pct\":{},\"mem_copy_util_pct\":40,\"temperature_c\":{},\"power_w\":600.5}}}}\n",
+        s, s >= 4 ? 1 : 0, s >= 4 ? 79 : 0, 90 + s, 60 + s);
+  }
+  dir.file("metrics.jsonl", lines);
+  dir.file("run.json", R"j({"device": "cuda:0 (NVIDIA H200)"})j");
+  write_report(dir.path(), dir.path() + "/out.html");
+  std::string page = read(dir.path() + "/out.html");
+  EXPECT_NE(page.find("<figure id=\"plot-gpu\">"), std::string::npos);
+  EXPECT_NE(page.find("<figure id=\"plot-gpu-power\">"), std::string::npos);
+  EXPECT_NE(page.find("data-name=\"GPU utilization\""), std::string::npos);
+  EXPECT_NE(page.find("data-name=\"memory copy utilization\""), std::string::npos);
+  EXPECT_NE(page.find("Hottest reading 65 C. 1 XID event(s), the last XID 79."), std::string::npos);
+  const Metrics m = read_metrics(dir.path() + "/metrics.jsonl");
+  EXPECT_EQ((*m.column("gpu.gpu_util_pct"))[2], 93);
+  EXPECT_EQ(m.column("gpu.uuid"), nullptr);  // strings are not columns
+
+  dir.file("metrics.jsonl", "{\"step\":1,\"loss\":6}\n");
+  write_report(dir.path(), dir.path() + "/out.html");
+  EXPECT_NE(read(dir.path() + "/out.html").find("no GPU readings"), std::string::npos);
+  dir.file("run.json", R"({"device": "cpu"})");
+  write_report(dir.path(), dir.path() + "/out.html");
+  page = read(dir.path() + "/out.html");
+  EXPECT_EQ(page.find("plot-gpu"), std::string::npos);
+}
+
 TEST(ReportWrite, ConfigNamedByRunJsonIsReadOnlyBesideIt) {
   TempDir dir("config_path");
   fs::create_directories(dir.path() + "/run");
