@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kLaunchUsage =
     "usage: tessera launch --nnodes MIN[:MAX] --nproc-per-node N --rdzv URL --run-id ID\n"
-    "                      [--max-restarts R] [--monitor-interval S] [--hang-timeout S]\n"
+    "                      [--max-restarts R] [--monitor-interval S] [--hang-timeout S] [--gpu-idle-timeout S]\n"
     "                      [--kill-grace S] [--rdzv-timeout S] [--last-call S] [--host ADDR] [--run-dir DIR]\n"
     "                      [CONFIG] [--set key=value]...\n"
     "  one agent per node; every agent of a job has the same --rdzv (file://DIR on a shared file system,\n"
@@ -26,7 +26,9 @@ constexpr const char* kLaunchUsage =
     "  Workers train CONFIG into --run-dir (default runs/ID; on a file system all\n"
     "  nodes see), resuming from its latest checkpoint after a failure, up to R restarts (default 3).\n"
     "  --hang-timeout: seconds without a new step before a worker gets SIGTERM (default 1800), then\n"
-    "  SIGKILL after --kill-grace seconds (default 10).\n"
+    "  SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same after this many\n"
+    "  seconds without a new step once the worker has made one, if its GPU showed 0% utilization all\n"
+    "  that while (default 600; 0: off; CPU workers report no utilization).\n"
     "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
     "  SIGTERM or SIGINT: the workers checkpoint and exit 0; the agent exits 128 + the signal (143 or\n"
     "  130: not finished, launch again to resume). Exit 0: training finished.\n";
@@ -42,8 +44,8 @@ bool all_of_chars(const std::string& text, const char* allowed, size_t max_lengt
 
 int cmd_launch(const Args& args) {
   const ParsedArgs a = parse_args(args, {"--nnodes", "--nproc-per-node", "--rdzv", "--run-id", "--max-restarts",
-                                         "--monitor-interval", "--hang-timeout", "--rdzv-timeout", "--host",
-                                         "--run-dir", "--last-call", "--kill-grace"});
+                                         "--monitor-interval", "--hang-timeout", "--gpu-idle-timeout", "--rdzv-timeout",
+                                         "--host", "--run-dir", "--last-call", "--kill-grace"});
   if (a.help) {
     std::fputs(kLaunchUsage, stdout);
     return kExitOk;
@@ -90,12 +92,13 @@ int cmd_launch(const Args& args) {
   o.max_restarts = static_cast<int>(a.get_int("--max-restarts", 3));
   o.monitor_interval_s = a.get_double("--monitor-interval", 1.0);
   o.hang_timeout_s = a.get_double("--hang-timeout", 1800);
+  o.gpu_idle_timeout_s = a.get_double("--gpu-idle-timeout", 600);
   o.rdzv_timeout_s = a.get_double("--rdzv-timeout", 600);
   o.last_call_s = a.get_double("--last-call", 2);
   o.kill_grace_s = a.get_double("--kill-grace", 10);
   if (o.max_restarts < 0 || o.monitor_interval_s <= 0 || o.hang_timeout_s <= 0 || o.rdzv_timeout_s <= 0 ||
-      o.last_call_s < 0 || o.kill_grace_s < 0) {
-    throw ConfigError("--max-restarts must be >= 0 and the intervals and timeouts > 0");
+      o.last_call_s < 0 || o.kill_grace_s < 0 || o.gpu_idle_timeout_s < 0) {
+    throw ConfigError("--max-restarts must be >= 0 and the intervals and timeouts > 0 (--gpu-idle-timeout 0: off)");
   }
   o.host = a.get("--host", "127.0.0.1");
   o.run_dir = a.get("--run-dir", "runs/" + o.run_id);

@@ -34,6 +34,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/bundled.h"
+#include "launch/progress.h"
 
 extern char** environ;
 
@@ -61,10 +62,10 @@ struct Worker {
   bool exited = false;
   int status = 0;
   std::string heartbeat;  // file path
-  std::string last_beat;  // its last content
-  Clock::time_point progress;
+  ProgressWatch watch{0, 0};
   bool term_sent = false;
   bool hung = false;  // the watchdog sent the SIGTERM
+  std::string hung_why;
   Clock::time_point term_at;
 };
 
@@ -266,8 +267,8 @@ void Agent::start_workers(const Round& round, int restart_count) {
     if (fd >= 0) ::close(fd);
     if (!written)
       throw IoError(fmt::format("cannot write the heartbeat file {}: {}", w.heartbeat, std::strerror(errno)));
-    w.last_beat = "0\n";
-    w.progress = Clock::now();
+    w.watch = ProgressWatch(o_.hang_timeout_s, o_.gpu_idle_timeout_s);
+    w.watch.observe("0\n", seconds_since(round_start_));
     // The environment is built before fork: the child may only call async-signal-safe functions.
     const std::vector<std::pair<std::string, std::string>> vars = {
         {"TESSERA_RANK", std::to_string(w.rank)},
@@ -436,16 +437,14 @@ void Agent::watch_heartbeats(int r) {
   for (Worker& w : workers_) {
     if (w.exited) continue;
     std::ifstream in(w.heartbeat);
-    std::string beat((std::istreambuf_iterator<char>(in)), {});
-    if (beat != w.last_beat) {
-      w.last_beat = beat;
-      w.progress = Clock::now();
-    } else if (!w.term_sent && seconds_since(w.progress) > o_.hang_timeout_s) {
-      log::error("round {}: rank {} (pid {}) made no progress for {:.0f} s (--hang-timeout): SIGTERM", r, w.rank, w.pid,
-                 seconds_since(w.progress));
+    const std::string beat((std::istreambuf_iterator<char>(in)), {});
+    const std::string why = w.watch.observe(beat, seconds_since(round_start_));
+    if (!w.term_sent && !why.empty()) {
+      log::error("round {}: rank {} (pid {}) {}: SIGTERM", r, w.rank, w.pid, why);
       kill(w.pid, SIGTERM);
       w.term_sent = true;
       w.hung = true;
+      w.hung_why = why;
       w.term_at = Clock::now();
     } else if (w.term_sent && seconds_since(w.term_at) > o_.kill_grace_s) {
       log::error("round {}: rank {} (pid {}) still there {:.0f} s after SIGTERM: SIGKILL", r, w.rank, w.pid,
@@ -471,10 +470,7 @@ std::optional<Agent::Outcome> Agent::outcome_when_exited(int r) {
   // failure to restart from, not the end of training.
   for (const Worker& w : workers_) {
     if (!w.hung) continue;
-    record_cause(
-        r, kExitPeer,
-        fmt::format("rank {} made no progress for {:.0f} s and was stopped by the watchdog", w.rank, o_.hang_timeout_s),
-        false);
+    record_cause(r, kExitPeer, fmt::format("rank {} {} and was stopped by the watchdog", w.rank, w.hung_why), false);
     return Outcome::kFailed;
   }
   return counter(r, "rejoin") > 0 ? Outcome::kRejoin : Outcome::kDone;

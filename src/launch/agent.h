@@ -9,8 +9,9 @@
 // starts nproc_per_node workers (`tessera train` processes with TESSERA_RANK, TESSERA_WORLD_SIZE,
 // ... in their environment, resuming from the run's latest checkpoint). The agent then watches
 // its workers (exit status, heartbeat), the round's failure flag and its own stop signals:
-//   - a worker fails or hangs (no new step within hang_timeout: TERM, then KILL after a grace
-//     period): the agent names it in the store, stops its other workers, and every agent moves
+//   - a worker fails or hangs (no new step within hang_timeout, or within gpu_idle_timeout with
+//     its GPU idle all that while, launch/progress.h: TERM, then KILL after a grace period): the
+//     agent names it in the store, stops its other workers, and every agent moves
 //     to round r + 1, restarting from the latest checkpoint, up to max_restarts;
 //   - with etcd, each agent holds a leased key in the round: when an agent dies its key lapses
 //     and the others restart into a new round (a replacement agent is taken in there);
@@ -41,6 +42,7 @@ struct LaunchOptions {
   int max_restarts = 3;
   double monitor_interval_s = 1.0;
   double hang_timeout_s = 1800;      // no new step for this long: the worker is hung
+  double gpu_idle_timeout_s = 600;   // or this long, after a first step, with its GPU at 0% (0: off)
   double kill_grace_s = 10;          // between TERM and KILL
   double rdzv_timeout_s = 600;       // for MIN nodes to join
   double last_call_s = 2;            // after MIN nodes joined, how long to wait for more

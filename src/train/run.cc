@@ -8,12 +8,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
@@ -97,25 +101,54 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
 
 namespace {
 
-// The step a worker has reached, for its agent's hang watchdog: "STEP\n" rewritten in place after
-// every step (no fsync: the agent reads it through the page cache). Inert without a path.
+// The step a worker has reached, for its agent's hang watchdog (launch/progress.h): "STEP\n"
+// rewritten in place after every step and, on a GPU, once a step is made, "gpu_util PCT\n" below
+// it every 2 s from a thread of its own, steps or not (no fsync: the agent reads it through the
+// page cache). Inert without a path.
 class Heartbeat {
  public:
-  explicit Heartbeat(const std::string& path) {
+  using GpuUtil = std::function<std::optional<double>()>;
+  Heartbeat(const std::string& path, GpuUtil gpu_util) {
     if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!path.empty() && fd_ < 0) log::warn("cannot write the heartbeat file {}: {}", path, std::strerror(errno));
+    if (fd_ >= 0 && gpu_util && gpu_util()) {
+      pulse_ = std::thread([this, gpu_util = std::move(gpu_util)] { pulse(gpu_util); });
+    }
   }
   ~Heartbeat() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (pulse_.joinable()) pulse_.join();
     if (fd_ >= 0) ::close(fd_);
   }
   void beat(int64_t step) {
     if (fd_ < 0) return;
-    const std::string text = fmt::format("{:<20}\n", step);
-    if (::pwrite(fd_, text.data(), text.size(), 0) < 0) log::debug("heartbeat write failed: {}", std::strerror(errno));
+    write(0, fmt::format("{:<20}\n", step));
+    std::lock_guard lock(mutex_);
+    stepped_ = true;
   }
 
  private:
+  static constexpr int64_t kGpuLineAt = 21;  // after the step line
+  void write(int64_t at, const std::string& text) {
+    if (::pwrite(fd_, text.data(), text.size(), at) < 0) log::debug("heartbeat write failed: {}", std::strerror(errno));
+  }
+  void pulse(const GpuUtil& gpu_util) {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::seconds(2), [this] { return stop_; })) {
+      if (!stepped_) continue;  // the agent's "0" stands until the first step
+      const std::optional<double> util = gpu_util();
+      if (util) write(kGpuLineAt, fmt::format("gpu_util {:<8.1f}\n", *util));
+    }
+  }
   int fd_ = -1;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false, stepped_ = false;
+  std::thread pulse_;
 };
 
 void log_model_and_batch(const config::Config& config, const parallel::Distributed& dist, const Trainer& trainer) {
@@ -237,7 +270,6 @@ void log_final_validation(const data::DatasetManifest& manifest, const LoopEnd& 
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
                   const std::string& resume, const parallel::Distributed& dist,
                   const std::string& heartbeat_path = "") {
-  Heartbeat heartbeat(heartbeat_path);
   const bool leader = dist.rank() == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
   // only what goes wrong.
@@ -253,6 +285,10 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (!leader) log::set_console_level(log::Level::kWarn);
   const ComputeDevice device(config, dist.world_size());
   log_device(config, device);
+  Heartbeat heartbeat(heartbeat_path, [&device]() -> std::optional<double> {
+    const std::optional<metrics::GpuReading> r = device.gpu_reading();
+    return r ? r->gpu_util_pct : std::nullopt;
+  });
   Trainer trainer(config, dataset, dist, device.backend());
   health_check(dist, config, device.gpu_reading());  // every rank, before any time goes into training
   log_model_and_batch(config, dist, trainer);
