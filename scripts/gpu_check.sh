@@ -359,7 +359,35 @@ run_check() {
   local curve=(train --set train.max_steps=50 --set parallel.param_dtype=bf16 --set train.eval_interval=0)
   rm -rf /tmp/tessera-curve-cpu /tmp/tessera-curve-cuda
   step curve_cpu 120 "${tessera[@]}" "${curve[@]}" --set train.device=cpu --run-dir /tmp/tessera-curve-cpu
-  step curve_cuda 60 "${tessera[@]}" "${curve[@]}" --set train.device=cuda --run-dir /tmp/tessera-curve-cuda
+  # The GPU run serves Prometheus; a scraper keeps the last page that carries the GPU's DCGM
+  # families (NVML read off the step loop) and checks their names and labels.
+  # shellcheck disable=SC2016  # expanded by the inner bash
+  step curve_cuda 60 bash -c '"$@" & pid=$!; python3 - "$0" <<"PY" & scraper=$!
+import sys, time, urllib.request
+page, served, deadline = "", False, time.time() + 55
+while time.time() < deadline:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=1).read().decode()
+        served = True
+        if "DCGM_FI_DEV_GPU_UTIL{" in text:
+            page = text
+    except OSError:
+        if served:
+            break  # the run has ended
+    time.sleep(0.2)
+open(sys.argv[1], "w").write(page)
+PY
+    wait $pid; rc=$?; wait $scraper; exit $rc' "$out/prometheus.txt" "${tessera[@]}" "${curve[@]}" \
+    --set train.device=cuda --set metrics.prometheus_port=9464 --run-dir /tmp/tessera-curve-cuda
+  step prometheus_dcgm 10 python3 -c '
+import re, sys
+page = open(sys.argv[1]).read()
+need = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"]
+missing = [n for n in need if not re.search("^" + n + r"\{gpu=\"\d+\",UUID=\"GPU-[^\"]+\",pci_bus_id=\"[^\"]+\",device=\"nvidia\d+\",modelName=\"[^\"]+\",Hostname=\"[^\"]*\"\} [0-9.e+-]+$", page, re.M)]
+print("\n".join(l for l in page.splitlines() if l.startswith("DCGM_FI_DEV_")))
+print("missing or malformed:", missing or "none")
+sys.exit(1 if missing else 0)' "$out/prometheus.txt"
   step curve_compare 20 python3 -c '
 import json, sys
 runs = [[json.loads(line) for line in open(d + "/metrics.jsonl")] for d in sys.argv[1:]]
