@@ -60,25 +60,11 @@ __device__ __forceinline__ void load_floats(float* v, const float* p) {
   }
 }
 
-// Rows t0 .. t0+63 of one head's slice (token t at src + t * src_stride, 16-byte aligned) into a
-// padded shared tile, as float4s; rows past T become zeros, so the scores they give are finite and
-// the masks drop them. A thread's loads all go out before its stores, which the compiler could not
-// move past them (it cannot rule out that the pointers alias).
+// A head's rows t0 .. t0+63 into a padded fp32 tile (stage_tile).
 template <int D>
 __device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t src_stride, int64_t t0, int64_t T) {
-  constexpr int kQuads = D / 4, kPer = kTile * kQuads / kThreads;
-  float4 v[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
-    const int64_t t = t0 + r;
-    v[k] = t < T ? __ldg(reinterpret_cast<const float4*>(src + t * src_stride) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
-    *reinterpret_cast<float4*>(dst + r * kStride<D> + 4 * c) = v[k];
-  }
+  stage_tile<D, kThreads>(dst, kStride<D>, src, src_stride, t0, T,
+                          [](float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; });
 }
 
 // acc[i][j] = a[4ty + i] . b[tx + 16j] over D channels, for two padded shared tiles.

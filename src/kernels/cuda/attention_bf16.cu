@@ -73,27 +73,14 @@ constexpr size_t smem_bytes(int n_tiles, int n_ptiles, size_t floats) {
          n_ptiles * round32(sizeof(bf16) * kWarps * kF * kPStride) + round32(sizeof(float) * floats);
 }
 
-// Rows t0 .. t0+63 of one head's slice (token t at src + t * src_stride, 16-byte aligned), rounded
-// to bf16, into a padded shared tile; rows past T become zeros, so their scores are finite and the
-// masks drop them.
+// A head's rows t0 .. t0+63, rounded to bf16, into a padded tile (stage_tile).
 template <int D>
 __device__ __forceinline__ void load_tile(bf16* dst, const float* src, int64_t src_stride, int64_t t0, int64_t T) {
-  constexpr int kQuads = D / 4, kPer = kTile * kQuads / kThreads;
-  static_assert(kTile * kQuads % kThreads == 0, "whole float4s per thread");
-  float4 v[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
-    const int64_t t = t0 + r;
-    v[k] = t < T ? __ldg(reinterpret_cast<const float4*>(src + t * src_stride) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
-    auto* d = reinterpret_cast<__nv_bfloat162*>(dst + r * kHStride<D> + 4 * c);
-    d[0] = __floats2bfloat162_rn(v[k].x, v[k].y);
-    d[1] = __floats2bfloat162_rn(v[k].z, v[k].w);
-  }
+  stage_tile<D, kThreads>(dst, kHStride<D>, src, src_stride, t0, T, [](bf16* p, float4 v) {
+    auto* pair = reinterpret_cast<__nv_bfloat162*>(p);
+    pair[0] = __floats2bfloat162_rn(v.x, v.y);
+    pair[1] = __floats2bfloat162_rn(v.z, v.w);
+  });
 }
 
 // dst (16, 64) fp32 = A X^T: A the warp's 16 rows of a (64, D) tile, X another (64, D) tile.

@@ -71,6 +71,30 @@ inline void check_aligned(const float* p, const char* what) {
 // 1/sqrt(D) rounded once from double, as the reference's scale.
 inline float score_scale(int64_t D) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))); }
 
+// Rows t0 .. t0+63 of one head's slice (token t at src + t * src_stride, 16-byte aligned) into a
+// padded shared tile of `stride` elements a row, by the kThreads threads of a block, as float4s,
+// each handed to put(where its 4 elements go, the float4); rows past T become zeros, so the
+// scores they give are finite and the masks drop them. A thread's loads all go out before its
+// stores, which the compiler could not move past them (it cannot rule out that the pointers alias).
+template <int D, int kThreads, typename Elem, typename Put>
+__device__ __forceinline__ void stage_tile(Elem* dst, int stride, const float* src, int64_t src_stride, int64_t t0,
+                                           int64_t T, Put put) {
+  constexpr int kQuads = D / 4, kPer = kTile * kQuads / kThreads;
+  static_assert(kTile * kQuads % kThreads == 0, "whole float4s per thread");
+  float4 v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
+    const int64_t t = t0 + r;
+    v[k] = t < T ? __ldg(reinterpret_cast<const float4*>(src + t * src_stride) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int idx = threadIdx.x + k * kThreads, r = idx / kQuads, c = idx % kQuads;
+    put(dst + r * stride + 4 * c, v[k]);
+  }
+}
+
 // Per-row values t0 .. t0+63 (lse or dout . out) into shared memory, zeros past T.
 // A block of at least 64 threads.
 __device__ __forceinline__ void load_row_values(float* dst, const float* src, int64_t t0, int64_t T) {
