@@ -67,7 +67,7 @@ echo "ok: health check passed ($(grep -oE '[0-9.]+ GB/s bus bandwidth \(ranks [0
 TESSERA_FAULT=1:0:health:fail run health 4
 # Each rank throws the same error; the launcher kills the others at the first exit, so at least one says it.
 has health '\[rank [01]\] error: health check before step 0 failed on 1 of 2 rank\(s\): rank 1 \(GEMM against the reference\)'
-has health '\[rank 1\] error: health check: rank 1: GEMM 96x80x72 differs from the reference'
+has health '\[rank 1\] error: health check: rank 1: GEMM 96x80x72 on cpu differs from the reference'
 # The verdict names rank 1 only (the launcher's own summary names whichever worker exited first).
 grep -q 'failed on 1 of 2 rank(s): rank 0 (' "$dir/health.log" && fail "health: rank 0 was named as failing"
 [[ ! -e "$dir/health/checkpoints/step_00000001" ]] || fail "health: a step was taken"

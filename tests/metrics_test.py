@@ -36,7 +36,7 @@ ALWAYS = {"step": int, "time": float, "elapsed_s": float, "loss": float, "lr": f
           "tokens_per_s": float, "model_flops_per_s": float, "rss_bytes": int, "peak_rss_bytes": int}
 OPTIONAL = {"mfu": float, "val_loss": float, "val_tokens": int, "eval_s": float, "rank_busy_s": list, "rank_rss_bytes": list,
             "stragglers": list, "skipped": bool, "skipped_steps": int, "comm_tp_s": float, "comm_pp_s": float,
-            "pipeline_bubble": float, "checkpoint_upload_failures": int}
+            "pipeline_bubble": float, "checkpoint_upload_failures": int, "gpu": dict}
 SPLIT = ["data_wait_s", "forward_s", "backward_s", "comm_s", "optimizer_s", "other_s"]
 
 failures = []

@@ -320,6 +320,7 @@ const std::vector<Key>& schema() {
       KEY(parallel, strategy),
       KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
+      KEY(parallel, health_min_memory_gbps, ge(0, "0: measured and logged only")),
       KEY(parallel, param_dtype),
       KEY(parallel, reduce_dtype),
       KEY(parallel, activation_checkpointing, ge(0, "0: off, k: every k-th block")),

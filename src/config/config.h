@@ -108,6 +108,9 @@ struct ParallelConfig {
   Strategy strategy = Strategy::kFullShard;
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: every data-parallel rank
   int64_t timeout_ms = 300000;   // every collective
+  // The health check before step 0 on a GPU: its device memory bandwidth (a device-to-device copy,
+  // bytes read + written per second) must reach this floor, in GB/s (0: measured and logged only).
+  double health_min_memory_gbps = 0;
   // What parameters are all-gathered in and gradients reduced in: fp32 or bf16 (half the bytes).
   // param_dtype = bf16 is also mixed-precision compute (PyTorch FSDP's MixedPrecision with
   // param_dtype bf16, at any world size, 1 included): every weight GEMM reads bf16 weights and

@@ -43,7 +43,7 @@ TEST(Health, PassesOnHealthyRanksWithEveryRanksBandwidth) {
       parallel::Distributed d;
       d.mesh = &mesh;
       std::vector<double> gbps;
-      const HealthFigures f = health_check(d, config, std::nullopt, &gbps);
+      const HealthFigures f = health_check(d, config, kernels::cpu_backend(), std::nullopt, &gbps);
       REQUIRE(f.all_reduce_ok && f.gemm_ok);
       REQUIRE(static_cast<int>(gbps.size()) == world);
       for (double g : gbps) REQUIRE(world == 1 ? g == 0.0 : g > 0.0);
@@ -66,10 +66,10 @@ metrics::GpuReading recorded_gpu() {
 
 TEST(Health, AHealthyOrMerelyDegradedGpuPasses) {
   config::Config config;
-  EXPECT_TRUE(health_check({}, config, recorded_gpu()).gpu_ok);
+  EXPECT_TRUE(health_check({}, config, kernels::cpu_backend(), recorded_gpu()).gpu_ok);
   metrics::GpuReading app_fault = recorded_gpu();
   app_fault.xid_count = 1, app_fault.last_xid = 13;  // the application's own fault: a warning
-  EXPECT_TRUE(health_check({}, config, app_fault).gpu_ok);
+  EXPECT_TRUE(health_check({}, config, kernels::cpu_backend(), app_fault).gpu_ok);
 }
 
 // Rank 1's GPU has uncorrectable ECC errors: every rank stops with the same error naming rank 1's
@@ -88,7 +88,7 @@ TEST(Health, AFailedGpuStopsEveryRankNamingIt) {
     metrics::GpuReading gpu = recorded_gpu();
     if (rank == 1) gpu.ecc_dbe_volatile = 3;
     try {
-      health_check(d, config, gpu);
+      health_check(d, config, kernels::cpu_backend(), gpu);
     } catch (const HealthError& e) {
       const std::string m = e.what();
       REQUIRE(m.find("failed on 1 of 2 rank(s): rank 1 (GPU 0 (NVIDIA H100 80GB HBM3, PCI 00000000:19:00.0, serial "

@@ -290,7 +290,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
     return r ? r->gpu_util_pct : std::nullopt;
   });
   Trainer trainer(config, dataset, dist, device.backend());
-  health_check(dist, config, device.gpu_reading());  // every rank, before any time goes into training
+  health_check(dist, config, device.backend(), device.gpu_reading());  // every rank, before any time goes into training
   log_model_and_batch(config, dist, trainer);
   const metrics::Peak peak = job_peak(config, dist, device);  // before step 0: a collective, and the cores busy
   nlohmann::ordered_json run_info = describe_run(config, dataset, run_dir, dist, trainer, peak);

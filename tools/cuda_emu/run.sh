@@ -74,7 +74,8 @@ train_libs() {
 }
 mapfile -t TRAIN_LIBS < <(train_libs)
 tests=()
-for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test model/decoder_cuda_test train/trainer_cuda_test; do
+for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test model/decoder_cuda_test train/trainer_cuda_test \
+  train/health_cuda_test; do
   n=$(basename $t)
   compile "$REPO/src/$t.cc" "$OUT/$n.o"
   g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \
