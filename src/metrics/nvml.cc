@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -100,7 +101,9 @@ bool resolve(void* lib, Nvml::Api& a, std::string* why) {
   need(a.max_clock, "nvmlDeviceGetMaxClockInfo");
   need(a.temperature, "nvmlDeviceGetTemperature");
   need(a.power, "nvmlDeviceGetPowerUsage");
-  need(a.throttle, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  // Renamed "clocks event reasons" in recent drivers, which keep the old name as an alias.
+  need(a.throttle, "nvmlDeviceGetCurrentClocksEventReasons", false);
+  if (a.throttle == nullptr) need(a.throttle, "nvmlDeviceGetCurrentClocksThrottleReasons", false);
   need(a.ecc, "nvmlDeviceGetTotalEccErrors");
   need(a.retired_pending, "nvmlDeviceGetRetiredPagesPendingStatus");
   need(a.energy, "nvmlDeviceGetTotalEnergyConsumption", false);
@@ -115,10 +118,14 @@ bool resolve(void* lib, Nvml::Api& a, std::string* why) {
 // "00000000:19:00.0" and "0000:19:00.0" alike: the domain as a number, the rest lower case.
 std::string normal_bus_id(const std::string& id) {
   const size_t colon = id.find(':');
-  if (colon == std::string::npos) return id;
+  uint64_t domain = 0;
+  if (colon == std::string::npos ||
+      std::from_chars(id.data(), id.data() + colon, domain, 16).ptr != id.data() + colon) {
+    return id;
+  }
   std::string rest = id.substr(colon);
   std::transform(rest.begin(), rest.end(), rest.begin(), [](unsigned char c) { return std::tolower(c); });
-  return fmt::format("{:x}", std::stoull(id.substr(0, colon), nullptr, 16)) + rest;
+  return fmt::format("{:x}", domain) + rest;
 }
 
 }  // namespace
@@ -219,7 +226,7 @@ GpuReading Nvml::read(int index) {
   if (a.power(d, &v) == kSuccess) r.power_w = v / 1000.0;  // milliwatts
   unsigned long long w = 0;
   if (a.energy != nullptr && a.energy(d, &w) == kSuccess) r.energy_mj = static_cast<double>(w);
-  if (a.throttle(d, &w) == kSuccess) r.throttle_reasons = w;
+  if (a.throttle != nullptr && a.throttle(d, &w) == kSuccess) r.throttle_reasons = w;
   if (a.ecc(d, kEccCorrected, kEccVolatile, &w) == kSuccess) r.ecc_sbe_volatile = w;
   if (a.ecc(d, kEccUncorrected, kEccVolatile, &w) == kSuccess) r.ecc_dbe_volatile = w;
   if (int pending = 0; a.retired_pending(d, &pending) == kSuccess) r.retired_pages_pending = pending != 0 ? 1 : 0;
