@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 readonly bundle=gpu_bundle
 readonly max_bundle_bytes=$((48 * 1024 * 1024))  # the device tool carries 64 MiB with the tree
 readonly max_travel_bytes=$((64 * 1024 * 1024))
-readonly binaries=(tessera tessera_cuda_tests)
+readonly binaries=(tessera tessera_cuda_tests tessera_unit_tests)  # the last for its NCCL tests
 readonly prefix=/tmp/tessera-prefix
 readonly budget_s=480  # the whole run: the device call's 600 s, less start-up and copies
 
@@ -100,7 +100,9 @@ pack() {
   mkdir -p "$bundle/bin" "$bundle/debs"
   local b
   for b in "${binaries[@]}"; do
-    cp "build/gpu/bin/$b" "$bundle/bin/$b"
+    local built=build/gpu/bin/$b
+    [[ -f $built ]] || built=build/gpu/src/$b  # tessera_unit_tests sits beside the sources
+    cp "$built" "$bundle/bin/$b"
     strip "$bundle/bin/$b"
   done
 
@@ -353,6 +355,11 @@ run_check() {
     _ "$bundle"/bin/*
   step info 60 "${bundle_env[@]}" "$bundle/bin/tessera" info
   gtest_step cuda_tests 240 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests"
+  # The NCCL process group on this machine's GPUs (each rank a forked child): world size 1
+  # always, two ranks where there are two GPUs.
+  local nccl_tests='NcclGroup.WorldOneAllCollectives:NcclGroup.PeerThatNeverJoinsTimesOut'
+  if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') >= 2)); then nccl_tests='NcclGroup.*'; fi
+  gtest_step nccl_tests 60 "${bundle_env[@]}" "$bundle/bin/tessera_unit_tests" --gtest_filter="$nccl_tests"
   # The 50-step loss curve of `tessera train` on the bundled default (bf16, learning the bundled
   # corpus: 8.4 -> 4.8 nats) on the GPU and on this machine's CPU, compared within the bf16 bound.
   local tessera=("${bundle_env[@]}" "$bundle/bin/tessera")
