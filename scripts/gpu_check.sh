@@ -369,10 +369,10 @@ run_check() {
   # The GPU run serves Prometheus; a scraper keeps the last page that carries the GPU's DCGM
   # families (NVML read off the step loop) and checks their names and labels.
   # shellcheck disable=SC2016  # expanded by the inner bash
-  step curve_cuda 60 bash -c '"$@" & pid=$!; python3 - "$0" <<"PY" & scraper=$!
-import sys, time, urllib.request
+  step curve_cuda 60 bash -c '"$@" & pid=$!; python3 - "$0" "$pid" <<"PY" & scraper=$!
+import os, sys, time, urllib.request
 page, served, deadline = "", False, time.time() + 55
-while time.time() < deadline:
+while time.time() < deadline and os.path.exists(f"/proc/{sys.argv[2]}"):  # while the run lives
     try:
         text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=1).read().decode()
         served = True
