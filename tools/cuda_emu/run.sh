@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tessera's CUDA sources (src/kernels/cuda/*.cu via transform.py, matmul.cc, backend.cc)
 # against the CPU emulation (emu_device.h, emu_runtime.cc), links them with the repo's CPU/ref
-# kernels and model (the release build's static libraries) and runs the CUDA test files (kernels, model, decoder, trainer, health).
+# kernels and model (the release build's static libraries) and runs the CUDA test files (kernels,
+# model, decoder, trainer, health).
 #
 #   ./run.sh                 build (plain, -O2) and run every test
 #   ./run.sh asan            the same under -fsanitize=address,undefined (emulation and CUDA sources)
