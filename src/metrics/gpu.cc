@@ -172,16 +172,17 @@ void expose_gpus(Exposition& page, const std::vector<GpuReading>& readings, cons
       {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", false,
        [](const GpuReading& r) { return number(r.row_remap_failure); }},
   };
-  for (const Field& f : kFields) {
-    for (const GpuReading& r : readings) {
+  // The page keeps a family's samples together whatever the order they are added in.
+  for (const GpuReading& r : readings) {
+    const Labels labels = {{"gpu", std::to_string(r.index)},
+                           {"UUID", r.uuid},
+                           {"pci_bus_id", r.pci_bus_id},
+                           {"device", "nvidia" + std::to_string(r.index)},
+                           {"modelName", r.name},
+                           {"Hostname", hostname}};
+    for (const Field& f : kFields) {
       const std::optional<double> value = f.get(r);
       if (!value) continue;
-      const Labels labels = {{"gpu", std::to_string(r.index)},
-                             {"UUID", r.uuid},
-                             {"pci_bus_id", r.pci_bus_id},
-                             {"device", "nvidia" + std::to_string(r.index)},
-                             {"modelName", r.name},
-                             {"Hostname", hostname}};
       if (f.counter) {
         page.counter_named_elsewhere(f.name, f.help, *value, labels);
       } else {

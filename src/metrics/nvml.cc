@@ -157,6 +157,7 @@ Nvml::Nvml(void* library, std::unique_ptr<Api> api) : library_(library), api_(st
     if (api_->handle(i, &d) != kSuccess) d = nullptr;
     devices_.push_back(d);
   }
+  for (size_t i = 0; i < devices_.size(); ++i) identities_.push_back(identify(static_cast<int>(i)));
   xid_count_.assign(devices_.size(), 0);
   last_xid_.assign(devices_.size(), 0);
   if (api_->event_set_create != nullptr && api_->register_events != nullptr && api_->event_wait != nullptr &&
@@ -175,13 +176,22 @@ Nvml::~Nvml() {
   dlclose(library_);
 }
 
+GpuReading Nvml::identify(int index) const {
+  GpuReading r;
+  r.index = index;
+  const Device d = devices_[index];
+  if (d == nullptr) return r;
+  char text[96];
+  if (api_->name(d, text, sizeof(text)) == kSuccess) r.name = text;
+  if (api_->uuid(d, text, sizeof(text)) == kSuccess) r.uuid = text;
+  if (api_->serial(d, text, sizeof(text)) == kSuccess) r.serial = text;
+  if (PciInfo pci{}; api_->pci(d, &pci) == kSuccess) r.pci_bus_id = pci.bus_id;
+  return r;
+}
+
 int Nvml::index_of_pci_bus_id(const std::string& bus_id) const {
-  for (size_t i = 0; i < devices_.size(); ++i) {
-    PciInfo pci{};
-    if (devices_[i] != nullptr && api_->pci(devices_[i], &pci) == kSuccess &&
-        normal_bus_id(pci.bus_id) == normal_bus_id(bus_id)) {
-      return static_cast<int>(i);
-    }
+  for (const GpuReading& g : identities_) {
+    if (!g.pci_bus_id.empty() && normal_bus_id(g.pci_bus_id) == normal_bus_id(bus_id)) return g.index;
   }
   return -1;
 }
@@ -200,19 +210,17 @@ void Nvml::drain_xids() {
 }
 
 GpuReading Nvml::read(int index) {
-  GpuReading r;
-  r.index = index;
-  if (index < 0 || index >= static_cast<int>(devices_.size()) || devices_[index] == nullptr) return r;
+  if (index < 0 || index >= static_cast<int>(devices_.size()) || devices_[index] == nullptr) {
+    GpuReading none;
+    none.index = index;
+    return none;
+  }
+  GpuReading r = identities_[index];
   drain_xids();
   r.xid_count = xid_count_[index];
   r.last_xid = last_xid_[index];
   Device d = devices_[index];
   const Api& a = *api_;
-  char text[96];
-  if (a.name(d, text, sizeof(text)) == kSuccess) r.name = text;
-  if (a.uuid(d, text, sizeof(text)) == kSuccess) r.uuid = text;
-  if (a.serial(d, text, sizeof(text)) == kSuccess) r.serial = text;
-  if (PciInfo pci{}; a.pci(d, &pci) == kSuccess) r.pci_bus_id = pci.bus_id;
   if (Utilization u{}; a.utilization(d, &u) == kSuccess) r.gpu_util_pct = u.gpu, r.mem_copy_util_pct = u.memory;
   if (Memory m{}; a.memory(d, &m) == kSuccess) {
     r.fb_used_mib = static_cast<double>(m.used) / (1 << 20);

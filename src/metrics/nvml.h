@@ -34,10 +34,12 @@ class Nvml {
 
  private:
   Nvml(void* library, std::unique_ptr<Api> api);
+  GpuReading identify(int index) const;  // the fields that never change
   void drain_xids();
   void* library_;
   std::unique_ptr<Api> api_;
   std::vector<void*> devices_;
+  std::vector<GpuReading> identities_;  // each GPU's index, name, UUID, serial and PCI bus id, read once
   void* events_ = nullptr;  // XID critical-error event set, null where NVML offers none
   std::vector<uint64_t> xid_count_;
   std::vector<int> last_xid_;

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -107,13 +106,10 @@ namespace {
 // page cache). Inert without a path.
 class Heartbeat {
  public:
-  using GpuUtil = std::function<std::optional<double>()>;
-  Heartbeat(const std::string& path, GpuUtil gpu_util) {
+  Heartbeat(const std::string& path, const ComputeDevice& device) : device_(device) {
     if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!path.empty() && fd_ < 0) log::warn("cannot write the heartbeat file {}: {}", path, std::strerror(errno));
-    if (fd_ >= 0 && gpu_util && gpu_util()) {
-      pulse_ = std::thread([this, gpu_util = std::move(gpu_util)] { pulse(gpu_util); });
-    }
+    if (fd_ >= 0 && device.gpu_reading()) pulse_ = std::thread([this] { pulse(); });
   }
   ~Heartbeat() {
     {
@@ -136,14 +132,15 @@ class Heartbeat {
   void write(int64_t at, const std::string& text) {
     if (::pwrite(fd_, text.data(), text.size(), at) < 0) log::debug("heartbeat write failed: {}", std::strerror(errno));
   }
-  void pulse(const GpuUtil& gpu_util) {
+  void pulse() {
     std::unique_lock lock(mutex_);
     while (!wake_.wait_for(lock, std::chrono::seconds(2), [this] { return stop_; })) {
       if (!stepped_) continue;  // the agent's "0" stands until the first step
-      const std::optional<double> util = gpu_util();
-      if (util) write(kGpuLineAt, fmt::format("gpu_util {:<8.1f}\n", *util));
+      const std::optional<metrics::GpuReading> gpu = device_.gpu_reading();
+      if (gpu && gpu->gpu_util_pct) write(kGpuLineAt, fmt::format("gpu_util {:<8.1f}\n", *gpu->gpu_util_pct));
     }
   }
+  const ComputeDevice& device_;
   int fd_ = -1;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -285,10 +282,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (!leader) log::set_console_level(log::Level::kWarn);
   const ComputeDevice device(config, dist.world_size());
   log_device(config, device);
-  Heartbeat heartbeat(heartbeat_path, [&device]() -> std::optional<double> {
-    const std::optional<metrics::GpuReading> r = device.gpu_reading();
-    return r ? r->gpu_util_pct : std::nullopt;
-  });
+  Heartbeat heartbeat(heartbeat_path, device);
   Trainer trainer(config, dataset, dist, device.backend());
   health_check(dist, config, device.backend(), device.gpu_reading());  // every rank, before any time goes into training
   log_model_and_batch(config, dist, trainer);
@@ -303,7 +297,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   resume_trainer(trainer, root, resume, candidates);
   if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
 
-  StepLog step_log(config, run_dir, dist, peak, trainer.steps_done(), [&device] { return device.gpu_reading(); });
+  StepLog step_log(config, run_dir, dist, peak, trainer.steps_done(), device);
   const double start = now_seconds();
   LoopHooks hooks;
   hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };

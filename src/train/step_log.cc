@@ -104,7 +104,7 @@ double StragglerWatch::median_of_others(const std::vector<double>& busy, int ran
 }
 
 StepLog::StepLog(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
-                 const metrics::Peak& peak, int64_t first_step, GpuSource gpu)
+                 const metrics::Peak& peak, int64_t first_step, const ComputeDevice& device)
     : config_(config),
       metrics_path_(run_dir + "/metrics.jsonl"),
       leader_(dist.rank() == 0),
@@ -114,7 +114,8 @@ StepLog::StepLog(const config::Config& config, const std::string& run_dir, const
       start_(now_seconds()),
       terminal_(leader_ && ::isatty(STDOUT_FILENO) == 1),
       stragglers_(config.metrics.straggler_factor, config.metrics.straggler_steps, dist.world_size()),
-      gpu_(std::move(gpu)) {
+      device_(device),
+      host_(host_name()) {
   if (!leader_) return;
   if (first_step > 0) truncate_metrics(metrics_path_, first_step);
   metrics_.open(metrics_path_, first_step > 0 ? std::ios::app : std::ios::trunc);
@@ -141,7 +142,7 @@ void StepLog::record(const Trainer& trainer, const StepStats& s, const Extra& ex
         config_.metrics.straggler_factor, config_.metrics.straggler_steps);
   }
   if (extra.val_loss) last_val_loss_ = extra.val_loss;
-  last_gpu_ = gpu_ ? gpu_() : std::nullopt;
+  last_gpu_ = device_.gpu_reading();
   const StepTimes& t = s.times;
   total_.data_wait += t.data_wait;
   total_.forward += t.forward;
@@ -280,7 +281,7 @@ std::string StepLog::prometheus_page(const Trainer& trainer, const StepStats& s,
   // "other" is bookkeeping, noise around zero: not summed.
   e.gauge("tessera_step_phase_seconds", split_help, s.seconds - t.accounted(), {{"phase", "other"}});
   e.gauge("tessera_eta_seconds", "Estimated seconds to train.max_steps.", eta);
-  if (last_gpu_) metrics::expose_gpus(e, {*last_gpu_}, host_name());
+  if (last_gpu_) metrics::expose_gpus(e, {*last_gpu_}, host_);
   // Per rank (families stay together in the page whatever the order they are added in).
   const std::vector<double>& busy = trainer.rank_busy_seconds();
   for (size_t r = 0; r < busy.size(); ++r) {

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -49,11 +48,10 @@ class StepLog {
  public:
   // Opens RUN/metrics.jsonl (keeping the records up to `first_step` of a resumed run) and, with
   // metrics.prometheus_port set, the endpoint.
-  // `gpu`: this process's GPU reading now (ComputeDevice::gpu_reading), into each record's "gpu"
-  // and the page's DCGM_FI_DEV_* families; unset or empty on the CPU.
-  using GpuSource = std::function<std::optional<metrics::GpuReading>()>;
+  // `device`'s GPU reading (none on the CPU) goes into each record's "gpu" and the page's
+  // DCGM_FI_DEV_* families.
   StepLog(const config::Config& config, const std::string& run_dir, const parallel::Distributed& dist,
-          const metrics::Peak& peak, int64_t first_step, GpuSource gpu = {});
+          const metrics::Peak& peak, int64_t first_step, const ComputeDevice& device);
   ~StepLog();
 
   // What happened around the step besides Trainer::step.
@@ -94,7 +92,8 @@ class StepLog {
   StragglerWatch stragglers_;
   std::vector<int> new_stragglers_;
   std::optional<double> last_val_loss_;
-  GpuSource gpu_;
+  const ComputeDevice& device_;
+  const std::string host_;                       // the GPU families' Hostname label
   std::optional<metrics::GpuReading> last_gpu_;  // read at this step's record
   StepTimes total_;  // summed over this process's steps, for the _total counters
   double total_checkpoint_s_ = 0.0;

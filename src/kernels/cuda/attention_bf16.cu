@@ -137,6 +137,17 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t dst_stride, FragC
   }
 }
 
+// Multiplies each row r of a warp's (16, D) accumulator by factor[r]; rows.x[i] is the row of
+// element i (learned by loading row_ids, as the forward does).
+template <int D>
+__device__ __forceinline__ void scale_rows(FragC (&acc)[D / kF], const FragC& rows, const float* factor) {
+#pragma unroll
+  for (int n = 0; n < D / kF; ++n) {
+#pragma unroll
+    for (int i = 0; i < acc[n].num_elements; ++i) acc[n].x[i] *= factor[static_cast<int>(rows.x[i])];
+  }
+}
+
 // Two bf16s rounded from fp32, stored side by side (p 4-byte aligned).
 __device__ __forceinline__ void store_pair(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
@@ -204,23 +215,14 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
     if (half == 0) factor[row] = alpha;
     __syncwarp();
-
-#pragma unroll
-    for (int n = 0; n < D / kF; ++n) {
-#pragma unroll
-      for (int i = 0; i < o[n].num_elements; ++i) o[n].x[i] *= factor[static_cast<int>(rows.x[i])];
-    }
+    scale_rows<D>(o, rows, factor);
     accumulate<D>(o, ps, vs);
   }
 
   __syncwarp();  // every lane has read the last factors
   if (half == 0) factor[row] = 1.0f / l;
   __syncwarp();
-#pragma unroll
-  for (int n = 0; n < D / kF; ++n) {
-#pragma unroll
-    for (int i = 0; i < o[n].num_elements; ++i) o[n].x[i] *= factor[static_cast<int>(rows.x[i])];
-  }
+  scale_rows<D>(o, rows, factor);
   const int64_t out_stride = int64_t{dims.H} * D;
   store_rows<D>(out + b * T * out_stride + int64_t{h} * D, out_stride, o, 1.0f, ss, q0 + r0, T);
   const int64_t t = q0 + r0 + row;
