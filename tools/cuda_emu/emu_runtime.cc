@@ -2,7 +2,8 @@
 // how kernels run). Declarations come from the real CUDA headers, so every signature and enum value
 // is the toolkit's. Device memory is host memory from posix_memalign, exactly the bytes asked for
 // (ASan sees overruns), registered so that copies, memsets and kernel pointer arguments outside a
-// live allocation are reported. Work on streams runs synchronously at the call.
+// live allocation are reported. Kernels, copies and memsets run synchronously at the call, after
+// the stream's asynchronous work (emu_async.h: the emulated NCCL's collectives) is done.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -24,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "emu_async.h"
 #include "emu_device.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -74,9 +76,12 @@ bool in_allocation(const void* p, size_t n) {
 }
 
 std::mutex stream_mu;
-std::set<cudaStream_t> streams;
+std::map<cudaStream_t, unsigned> streams;  // created streams and their flags
+// Per stream (the legacy stream under nullptr): asynchronous work issued, not known to be done.
+std::map<cudaStream_t, std::vector<PendingPtr>> in_flight;
+cudaStream_t stream_key(cudaStream_t s) { return s == cudaStreamLegacy || s == cudaStreamPerThread ? nullptr : s; }
 bool valid_stream(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
+  if (stream_key(s) == nullptr) return true;
   std::lock_guard<std::mutex> lock(stream_mu);
   return streams.count(s) != 0;
 }
@@ -135,9 +140,44 @@ thread_local unsigned lin = 0;  // linear thread index in the block
 unsigned warp_size_of(const Block& b, unsigned warp) { return std::min(32u, b.n - 32 * warp); }
 
 // ---- fibers -------------------------------------------------------------------------------
+// Plain builds on x86-64 switch fibers with emu_switch_stack below: swapcontext saves and restores the
+// signal mask, a system call per switch that took ~85% of an emulated training step. ASan builds
+// keep ucontext (its interceptors and the fiber annotations are written for it).
+#if !EMU_ASAN && defined(__x86_64__)
+#define EMU_FAST_SWITCH 1
+// Saves the callee-saved registers on the current stack and its pointer to *save, then resumes the
+// stack at `load` (one that it saved, or one set up by start_stack).
+extern "C" void emu_switch_stack(void** save, void* load);
+asm(R"(
+  .text
+  .globl emu_switch_stack
+  .type emu_switch_stack, @function
+emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch_stack, .-emu_switch_stack
+)");
+#else
+#define EMU_FAST_SWITCH 0
+#endif
+
 enum class St { kReady, kAtBlock, kAtWarp, kDone };
 struct FiberState {
   ucontext_t ctx;
+  void* sp = nullptr;  // EMU_FAST_SWITCH: the saved stack pointer
   St st = St::kReady;
   char* stack = nullptr;
 #if EMU_ASAN
@@ -152,6 +192,7 @@ constexpr size_t kGuard = 4096;
 struct Scheduler {
   std::vector<FiberState> f;
   ucontext_t main;
+  void* main_sp = nullptr;
   unsigned current = 0;
   unsigned block_arrived = 0;
   std::vector<unsigned> warp_arrived;
@@ -189,7 +230,11 @@ void yield() {
 #if EMU_ASAN
   __sanitizer_start_switch_fiber(&me.fake, sched.main_bottom, sched.main_size);
 #endif
+#if EMU_FAST_SWITCH
+  emu_switch_stack(&me.sp, sched.main_sp);
+#else
   swapcontext(&me.ctx, &sched.main);
+#endif
 #if EMU_ASAN
   __sanitizer_finish_switch_fiber(me.fake, &sched.main_bottom, &sched.main_size);
 #endif
@@ -204,8 +249,28 @@ void fiber_entry() {
 #if EMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, sched.main_bottom, sched.main_size);
 #endif
+#if EMU_FAST_SWITCH
+  void* discarded = nullptr;  // this fiber's stack is never resumed
+  emu_switch_stack(&discarded, sched.main_sp);
+  __builtin_unreachable();
+#else
   setcontext(&sched.main);
+#endif
 }
+
+#if EMU_FAST_SWITCH
+// A fresh stack that emu_switch_stack enters at fiber_entry: six zero registers to pop, then
+// fiber_entry's address to return to, then a slot standing for fiber_entry's own return address,
+// so that it starts with the stack pointer 8 past a 16-byte boundary, as after a call.
+void* start_stack(char* stack, size_t size) {
+  auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<void**>(top);
+  *--slot = nullptr;                                // fiber_entry's return address: never used
+  *--slot = reinterpret_cast<void*>(&fiber_entry);  // where the first switch returns
+  for (int r = 0; r < 6; ++r) *--slot = nullptr;    // r15 .. rbp
+  return slot;
+}
+#endif
 
 const char* state_name(St s) {
   switch (s) {
@@ -253,11 +318,15 @@ void run_block_fibers(Block& b, const void* kernel, Body body, void* ctx) {
 #if EMU_ASAN
     __asan_unpoison_memory_region(fs.stack, kStack);  // frames left by the previous block's fibers
 #endif
+#if EMU_FAST_SWITCH
+    fs.sp = start_stack(fs.stack, kStack);
+#else
     getcontext(&fs.ctx);
     fs.ctx.uc_stack.ss_sp = fs.stack;
     fs.ctx.uc_stack.ss_size = kStack;
     fs.ctx.uc_link = nullptr;
     makecontext(&fs.ctx, fiber_entry, 0);
+#endif
   }
   std::vector<unsigned> order_v(n);
   for (unsigned t = 0; t < n; ++t) order_v[t] = order() == Order::kReverse ? n - 1 - t : t;
@@ -278,7 +347,11 @@ void run_block_fibers(Block& b, const void* kernel, Body body, void* ctx) {
 #if EMU_ASAN
       __sanitizer_start_switch_fiber(&sched.main_fake, fs.stack, kStack);
 #endif
+#if EMU_FAST_SWITCH
+      emu_switch_stack(&sched.main_sp, fs.sp);
+#else
       swapcontext(&sched.main, &fs.ctx);
+#endif
 #if EMU_ASAN
       __sanitizer_finish_switch_fiber(sched.main_fake, nullptr, nullptr);
 #endif
@@ -376,6 +449,35 @@ void check_kernel_pointer(const void* kernel, int index, const void* p) {
         p);
 }
 
+std::vector<PendingPtr> stream_dependencies(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(stream_mu);
+  return in_flight[stream_key(stream)];
+}
+
+void stream_push(cudaStream_t stream, PendingPtr work) {
+  std::lock_guard<std::mutex> lock(stream_mu);
+  in_flight[stream_key(stream)] = {std::move(work)};
+}
+
+// The legacy stream (nullptr) also waits for the streams created without cudaStreamNonBlocking,
+// as CUDA's implicit synchronization does; all = true: every stream (cudaDeviceSynchronize).
+void drain(cudaStream_t stream, bool all) {
+  std::vector<PendingPtr> wait_for;
+  {
+    std::lock_guard<std::mutex> lock(stream_mu);
+    const cudaStream_t key = stream_key(stream);
+    for (auto& [s, list] : in_flight) {
+      const bool blocking = s == nullptr || (streams.count(s) != 0 && (streams[s] & cudaStreamNonBlocking) == 0);
+      if (s == key || all || (key == nullptr && blocking)) wait_for.insert(wait_for.end(), list.begin(), list.end());
+    }
+  }
+  for (const PendingPtr& p : wait_for) p->wait();
+  std::lock_guard<std::mutex> lock(stream_mu);
+  for (auto& [s, list] : in_flight) std::erase_if(list, [](const PendingPtr& p) { return p->done(); });
+}
+
+void stream_drain(cudaStream_t stream) { drain(stream, false); }
+
 long launches = 0;
 
 cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Body body, void* ctx) {
@@ -392,6 +494,7 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaS
     if (it == max_dynamic_smem.end() || static_cast<size_t>(it->second) < smem) return set_error(cudaErrorInvalidValue);
   }
   if (cur != nullptr) fatal("kernel launched from device code (dynamic parallelism is not emulated)");
+  stream_drain(stream);
   bdim = block;
   gdim = grid;
   for (unsigned z = 0; z < grid.z; ++z) {
@@ -477,16 +580,37 @@ cudaError_t cudaGetLastError(void) {
 }
 cudaError_t cudaPeekAtLastError(void) { return emu::last_error; }
 
+// EMU_DEVICES devices (default 2, so that two ranks each have their own), all of them this process's
+// memory; the current one is per thread, as in CUDA.
+namespace emu {
+int device_count() {
+  static const int n = [] {
+    const char* e = std::getenv("EMU_DEVICES");
+    return e == nullptr ? 2 : std::max(1, std::atoi(e));
+  }();
+  return n;
+}
+bool valid_device(int d) { return d >= 0 && d < device_count(); }
+thread_local int current_device = 0;
+}  // namespace emu
+
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = emu::device_count();
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : set_error(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  if (!emu::valid_device(device)) return set_error(cudaErrorInvalidDevice);
+  emu::current_device = device;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = emu::current_device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  emu::drain(nullptr, true);
+  return cudaSuccess;
+}
 cudaError_t cudaRuntimeGetVersion(int* v) {
   *v = CUDART_VERSION;
   return cudaSuccess;
@@ -496,12 +620,12 @@ cudaError_t cudaDriverGetVersion(int* v) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
-  if (device != 0) return set_error(cudaErrorInvalidDevice);
-  std::snprintf(id, static_cast<size_t>(len), "0000:00:00.0");
+  if (!emu::valid_device(device)) return set_error(cudaErrorInvalidDevice);
+  std::snprintf(id, static_cast<size_t>(len), "0000:%02x:00.0", device);
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
-  if (device != 0) return set_error(cudaErrorInvalidDevice);
+  if (!emu::valid_device(device)) return set_error(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
   std::snprintf(p->name, sizeof p->name, "CPU emulation of an sm_90 device");
   p->major = 9;
@@ -583,7 +707,17 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
+namespace emu {
+cudaError_t memset_now(void* p, int value, size_t n);
+cudaError_t memcpy_now(void* dst, const void* src, size_t n, cudaMemcpyKind kind);
+}  // namespace emu
+
 cudaError_t cudaMemset(void* p, int value, size_t n) {
+  emu::stream_drain(nullptr);
+  return emu::memset_now(p, value, n);
+}
+
+cudaError_t emu::memset_now(void* p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   if (!emu::in_allocation(p, n)) {
     std::fprintf(stderr, "CUDA EMULATION: cudaMemset of %zu bytes at %p outside device memory\n", n, p);
@@ -595,10 +729,16 @@ cudaError_t cudaMemset(void* p, int value, size_t n) {
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s) {
   if (!emu::valid_stream(s)) return set_error(cudaErrorInvalidResourceHandle);
-  return cudaMemset(p, value, n);
+  emu::stream_drain(s);
+  return emu::memset_now(p, value, n);
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  emu::stream_drain(nullptr);
+  return emu::memcpy_now(dst, src, n, kind);
+}
+
+cudaError_t emu::memcpy_now(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   if (n == 0) return cudaSuccess;
   const bool dst_dev = emu::in_allocation(dst, n), src_dev = emu::in_allocation(src, n);
   bool ok = true;
@@ -631,7 +771,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
   if (!emu::valid_stream(s)) return set_error(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(dst, src, n, kind);
+  emu::stream_drain(s);
+  return emu::memcpy_now(dst, src, n, kind);
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
@@ -649,17 +790,62 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (s == nullptr || (flags & ~1u) != 0) return set_error(cudaErrorInvalidValue);
   *s = reinterpret_cast<cudaStream_t>(new char);
   std::lock_guard<std::mutex> lock(emu::stream_mu);
-  emu::streams.insert(*s);
+  emu::streams[*s] = flags;
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return emu::valid_stream(s) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+  if (!emu::valid_stream(s)) return set_error(cudaErrorInvalidResourceHandle);
+  emu::stream_drain(s);
+  return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!emu::valid_stream(s) || s == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+  emu::stream_drain(s);  // CUDA lets the work finish before releasing the stream
   std::lock_guard<std::mutex> lock(emu::stream_mu);
-  if (s == nullptr || emu::streams.erase(s) == 0) return set_error(cudaErrorInvalidResourceHandle);
+  emu::streams.erase(s);
+  emu::in_flight.erase(s);
   delete reinterpret_cast<char*>(s);
+  return cudaSuccess;
+}
+
+// Events: what the stream had in flight when the event was recorded.
+struct EmuEvent {
+  std::vector<emu::PendingPtr> work;
+};
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  if (e == nullptr || (flags & ~0xfu) != 0) return set_error(cudaErrorInvalidValue);
+  *e = reinterpret_cast<cudaEvent_t>(new EmuEvent);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+  delete reinterpret_cast<EmuEvent*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr || !emu::valid_stream(s)) return set_error(cudaErrorInvalidResourceHandle);
+  reinterpret_cast<EmuEvent*>(e)->work = emu::stream_dependencies(s);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+  for (const emu::PendingPtr& p : reinterpret_cast<EmuEvent*>(e)->work)
+    if (!p->done()) return cudaErrorNotReady;  // not an error: the last error is left alone
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return set_error(cudaErrorInvalidResourceHandle);
+  for (const emu::PendingPtr& p : reinterpret_cast<EmuEvent*>(e)->work) p->wait();
+  return cudaSuccess;
+}
+// Later work on s waits for the event's work: it joins what s has in flight.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  if (e == nullptr || !emu::valid_stream(s) || flags != 0) return set_error(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(emu::stream_mu);
+  std::vector<emu::PendingPtr>& list = emu::in_flight[emu::stream_key(s)];
+  for (const emu::PendingPtr& p : reinterpret_cast<EmuEvent*>(e)->work) list.push_back(p);
   return cudaSuccess;
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds tessera's CUDA sources (src/kernels/cuda/*.cu via transform.py, matmul.cc, backend.cc)
-# against the CPU emulation (emu_device.h, emu_runtime.cc), links them with the repo's CPU/ref
-# kernels and model (the release build's static libraries) and runs the CUDA test files (kernels,
-# model, decoder, trainer, health).
+# against the CPU emulation (emu_device.h, emu_runtime.cc; NCCL: emu_nccl.cc), links them with the
+# repo's CPU/ref kernels and model (the release build's static libraries) and runs the CUDA test
+# files (kernels, model, decoder, trainer, health, several GPUs over NCCL, the NCCL process group).
 #
 #   ./run.sh                 build (plain, -O2) and run every test
 #   ./run.sh asan            the same under -fsanitize=address,undefined (emulation and CUDA sources)
@@ -27,6 +27,7 @@ done
 OUT=${EMU_BUILD:-$REPO/build/cuda_emu}/$VARIANT
 mkdir -p "$OUT"
 CXXFLAGS=(-std=c++20 -g -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unknown-pragmas -DFMT_SHARED -DGTEST_HAS_PTHREAD=1
+  -DTESSERA_HAS_NCCL=1
   -I"$HERE" -I"$REPO/src" -I"$REL/generated" -isystem /usr/local/cuda/include)
 LDFLAGS=()
 if [[ $VARIANT == asan ]]; then
@@ -37,7 +38,7 @@ else
 fi
 
 compile() {  # src obj; also when any header of the tree is newer than obj (no dependency files here)
-  if [[ ! -f $2 || $1 -nt $2 || $HERE/emu_device.h -nt $2 || $0 -nt $2 ||
+  if [[ ! -f $2 || $1 -nt $2 || $HERE/emu_device.h -nt $2 || $HERE/emu_async.h -nt $2 || $0 -nt $2 ||
     -n $(find "$REPO/src" -name '*.h' -newer "$2" -print -quit) ]]; then
     echo "  c++ $(basename "$1")"
     g++ "${CXXFLAGS[@]}" -c "$1" -o "$2"
@@ -58,6 +59,10 @@ for f in kernels/cuda/matmul kernels/cuda/backend; do
 done
 compile "$HERE/emu_runtime.cc" "$OUT/emu_runtime.o" &
 objs+=("$OUT/emu_runtime.o")
+compile "$HERE/emu_nccl.cc" "$OUT/emu_nccl.o" &
+objs+=("$OUT/emu_nccl.o")
+compile "$REPO/src/comm/nccl_group.cc" "$OUT/nccl_group.o" &
+objs+=("$OUT/nccl_group.o")
 wait
 # The release build's libraries under the trainer (tessera_train and what it links), as its link
 # line names them, less the real CUDA runtime and cuBLASLt (emulated here).
@@ -68,7 +73,7 @@ train_libs() {
     case $w in
       src/libtessera_cli_lib.a | src/libtessera_launch.a | src/libtessera_plan.a | src/libtessera_cuda.a) ;;
       src/*.a) echo "$REL/$w" ;;
-      *cudart* | *cublasLt* | -lcudadevrt | -Wl,-rpath*) ;;
+      *cudart* | *cublasLt* | *nccl* | -lcudadevrt | -Wl,-rpath*) ;;
       *) echo "$w" ;;
     esac
   done
@@ -76,7 +81,7 @@ train_libs() {
 mapfile -t TRAIN_LIBS < <(train_libs)
 tests=()
 for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test model/decoder_cuda_test train/trainer_cuda_test \
-  train/health_cuda_test; do
+  train/health_cuda_test train/multi_gpu_cuda_test comm/nccl_group_test; do
   n=$(basename $t)
   compile "$REPO/src/$t.cc" "$OUT/$n.o"
   g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \
