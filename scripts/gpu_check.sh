@@ -354,12 +354,15 @@ run_check() {
     'rc=0; for b; do l=$(ldd "$b"); printf "%s:\n%s\n" "$b" "$l"; grep "not found" <<<"$l" && rc=1; done; exit $rc' \
     _ "$bundle"/bin/*
   step info 60 "${bundle_env[@]}" "$bundle/bin/tessera" info
-  gtest_step cuda_tests 240 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests"
+  # The several-GPU tests fork their ranks, which cannot use CUDA once their parent has: in a process of
+  # its own, after the others (it skips below two GPUs).
+  gtest_step cuda_tests 240 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests" --gtest_filter='-*OnGpus*'
   # The NCCL process group on this machine's GPUs (each rank a forked child): world size 1
   # always, two ranks where there are two GPUs.
   local nccl_tests='NcclGroup.WorldOneAllCollectives:NcclGroup.PeerThatNeverJoinsTimesOut'
   if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') >= 2)); then nccl_tests='NcclGroup.*'; fi
   gtest_step nccl_tests 60 "${bundle_env[@]}" "$bundle/bin/tessera_unit_tests" --gtest_filter="$nccl_tests"
+  step multi_gpu 120 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests" --gtest_filter='*OnGpus*'
   # The 50-step loss curve of `tessera train` on the bundled default (bf16, learning the bundled
   # corpus: 8.4 -> 4.8 nats) on the GPU and on this machine's CPU, compared within the bf16 bound.
   local tessera=("${bundle_env[@]}" "$bundle/bin/tessera")

@@ -258,8 +258,7 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
 
 // Runs c.train.max_steps steps; rank 0 prints the JSON line.
 void bench_worker(const config::Config& c, long long steps, const parallel::Distributed& dist,
-                  const std::string& checkpoint_dir) {
-  const train::ComputeDevice device(c, dist.world_size());
+                  const train::ComputeDevice& device, const std::string& checkpoint_dir) {
   train::log_device(c, device);
   train::Trainer trainer(c, "", dist, device.backend());
   const metrics::Peak peak = train::job_peak(c, dist, device);
@@ -382,16 +381,18 @@ int cmd_bench(const Args& args) {
   const int world = static_cast<int>(c.parallel.nproc);
   if (world == 1) {
     train::configure_threads(c);
-    bench_worker(c, steps, {}, checkpoint_dir);
+    const train::ComputeDevice device(c, 1);
+    bench_worker(c, steps, {}, device, checkpoint_dir);
     return kExitOk;
   }
   if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
   const std::string store = fmt::format("/tmp/tessera-bench-{}", getpid());
   const int rc = launch::run_local_workers(world, [&](int rank) {
     train::configure_threads(c);
+    const train::ComputeDevice device(c, world, rank, world);  // one node: rank i on GPU i
     const parallel::Job job({store, "bench", "0", rank, world}, parallel::dims_for(c, world),
-                            comm::Millis(c.parallel.timeout_ms));
-    bench_worker(c, steps, job.view(), checkpoint_dir);
+                            comm::Millis(c.parallel.timeout_ms), device.nccl_device());
+    bench_worker(c, steps, job.view(), device, checkpoint_dir);
     return 0;
   });
   std::error_code ec;

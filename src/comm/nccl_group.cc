@@ -370,6 +370,8 @@ class NcclGroup final : public ProcessGroup {
       why = "cudaSetDevice(" + std::to_string(s.device) + "): " + cuda_message(e);
     } else if (e = cudaEventCreateWithFlags(&event->ev, cudaEventDisableTiming); e != cudaSuccess) {
       why = "cudaEventCreateWithFlags: " + cuda_message(e);
+    } else if (std::string late = follow(static_cast<cudaStream_t>(options.after)); !late.empty()) {
+      why = std::move(late);
     } else {
       ncclResult_t r = call(s.comm, s.stream);
       if (r == ncclInProgress) {
@@ -395,6 +397,20 @@ class NcclGroup final : public ProcessGroup {
     s.last_deadline = std::max(s.last_deadline, deadline);
     bytes_[static_cast<int>(kind)].fetch_add(s.size == 1 ? 0 : bytes, std::memory_order_relaxed);
     return work(std::move(event));
+  }
+
+  // Orders the group's stream after the work issued so far on `producer` (null: nothing to do).
+  // Returns an empty string on success.
+  std::string follow(cudaStream_t producer) {
+    if (producer == nullptr) return {};
+    Event produced;
+    if (cudaError_t e = cudaEventCreateWithFlags(&produced.ev, cudaEventDisableTiming); e != cudaSuccess)
+      return "cudaEventCreateWithFlags: " + cuda_message(e);
+    if (cudaError_t e = cudaEventRecord(produced.ev, producer); e != cudaSuccess)
+      return "cudaEventRecord on the producing stream: " + cuda_message(e);
+    if (cudaError_t e = cudaStreamWaitEvent(s_->stream, produced.ev, 0); e != cudaSuccess)
+      return "cudaStreamWaitEvent: " + cuda_message(e);
+    return {};  // the wait outlives the event: CUDA keeps what it needs
   }
 
   // Waits until the stream has run everything issued, an error, or the latest deadline of the

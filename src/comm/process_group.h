@@ -24,6 +24,10 @@ const char* op_name(OpKind op);
 
 struct CollectiveOptions {
   Millis timeout{std::chrono::seconds(300)};
+  // Device groups (NCCL): a cudaStream_t whose work issued so far the collective must follow (the
+  // compute stream that wrote its inputs), ordered on the device by an event, the host not
+  // waiting. Null: the caller has finished writing the inputs. Gloo ignores it.
+  void* after = nullptr;
 };
 
 // A lost peer, a timeout or a transport failure. Exit code 12: a restart can cure it.

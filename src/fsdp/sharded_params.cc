@@ -48,8 +48,9 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       strategy_(strategy),
       shard_rank_(mesh.rank(parallel::Dim::kDpShard)),
       shards_(mesh.size(parallel::Dim::kDpShard)),
-      shard_group_(mesh.group(parallel::Dim::kDpShard)),
-      replica_group_(mesh.group(parallel::Dim::kDpReplicate)),
+      shard_group_(mesh.device_group(parallel::Dim::kDpShard)),
+      replica_group_(mesh.device_group(parallel::Dim::kDpReplicate)),
+      host_shard_group_(mesh.group(parallel::Dim::kDpShard)),
       tp_group_(mesh.group(parallel::Dim::kTp)),
       pp_group_(mesh.group(parallel::Dim::kPp)),
       accumulation_(accumulation),
@@ -63,9 +64,10 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   CHECK_MSG(
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
-  CHECK_MSG(backend.device() == kernels::Device::kCpu || mesh.size() == 1,
-            "parameters on a device backend need a mesh of one rank");
+  CHECK_MSG(backend.device() == kernels::Device::kCpu || (tp_group_ == nullptr && pp_group_ == nullptr),
+            "parameters on a device backend: tensor and pipeline parallelism are not built there");
   options_.timeout = timeout;
+  options_.after = backend.stream();  // a collective follows the compute that wrote its inputs
   const ArenaBytes plan = planned_bytes(layout_, strategy_, S, accumulation_, param_dtype_, reduce_dtype_);
   const int n = layout_.num_units() + (layout_.tied_copy() != nullptr ? 1 : 0);
   const bool bf16 = S > 1 && (param_dtype_ == comm::DType::kBF16 || reduce_dtype_ == comm::DType::kBF16);
@@ -93,7 +95,8 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     units_.push_back(std::move(u));
   }
   if (S > 1) {
-    pool_ = Arena(plan.buffers);
+    pool_memory_ = backend_.allocate(plan.buffers);
+    pool_ = Arena(pool_memory_.get(), plan.buffers);
     auto take = [&](std::vector<float*>* free_list) {
       float* f = pool_.take<float>(max_padded);
       free_list->push_back(f);
@@ -194,7 +197,7 @@ const float* ShardedParams::acquire(int unit) {
   // A bf16 gather lands in the buffer's companion; widened for fp32 readers, once per gather
   // (bf16 compute reads the companion itself, through acquire_bf16).
   if (shards_ > 1 && param_dtype_ == comm::DType::kBF16 && !u.widened) {
-    bf16_to_f32(companion_.at(u.full), u.full, u.padded);
+    backend_.from_bf16(u.full, companion_.at(u.full), u.padded);
     u.widened = true;
   }
   return u.full;
@@ -245,7 +248,7 @@ void ShardedParams::complete_oldest_reduction() {
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
-  if (reduce_dtype_ == comm::DType::kBF16) bf16_to_f32(u.recv16, u.grad, u.range.size);
+  if (reduce_dtype_ == comm::DType::kBF16) backend_.from_bf16(u.grad, u.recv16, u.range.size);
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
   issue_replica_reduction(pending_unit);
@@ -265,7 +268,7 @@ float* ShardedParams::grads(int unit) {
     if (free_grad_buffers_.empty()) complete_oldest_reduction();
     u.full_grad = free_grad_buffers_.back();
     free_grad_buffers_.pop_back();
-    std::memset(u.full_grad, 0, sizeof(float) * u.padded);
+    backend_.zero(u.full_grad, sizeof(float) * u.padded);
   }
   return u.full_grad;
 }
@@ -284,7 +287,7 @@ void ShardedParams::grads_ready(int unit) {
     // buffer's companion, reduced into a staging shard that is widened on completion).
     if (reduce_dtype_ == comm::DType::kBF16) {
       uint16_t* h = companion_.at(u.full_grad);
-      f32_to_bf16(u.full_grad, h, u.padded);
+      backend_.to_bf16(h, u.full_grad, u.padded);
       u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.range.size, comm::DType::kBF16, options_);
     } else {
       u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.range.size, comm::DType::kF32, options_);
@@ -328,7 +331,7 @@ double ShardedParams::finish_step() {
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
   // tp ranks' blocks and the pipeline's stages.
   float sum = static_cast<float>(local_sum_squares());
-  for (comm::ProcessGroup* g : {shard_group_, tp_group_, pp_group_}) {
+  for (comm::ProcessGroup* g : {host_shard_group_, tp_group_, pp_group_}) {
     if (g != nullptr) wait(*g->all_reduce(&sum, 1, comm::DType::kF32, options_));
   }
   recording_ = false;
@@ -417,18 +420,18 @@ std::vector<model::NamedTensor> ShardedParams::gather_named_gradients() { return
 std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard) {
   const int T = layout_.tensor_parallel().size;
   std::vector<model::NamedTensor> out;
-  std::vector<float> full, blocks;
+  std::vector<float> mine, full, blocks;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = *units_[i];
     const float* p = u.*shard;
-    if (backend_.device() != kernels::Device::kCpu) {  // S = 1: the whole unit, on the device
-      full.resize(u.padded);
-      backend_.to_host(full.data(), p, sizeof(float) * u.padded);
-      p = full.data();
+    if (backend_.device() != kernels::Device::kCpu) {  // this rank's shard, to the host
+      mine.resize(u.range.size);
+      backend_.to_host(mine.data(), p, sizeof(float) * u.range.size);
+      p = mine.data();
     }
-    if (shards_ > 1) {
+    if (shards_ > 1) {  // over the host group: the whole model is wanted in host memory
       full.resize(u.padded);
-      shard_group_->all_gather(u.*shard, full.data(), u.range.size, comm::DType::kF32, options_)->wait();
+      host_shard_group_->all_gather(p, full.data(), u.range.size, comm::DType::kF32, options_)->wait();
       p = full.data();
     }
     // Every tp rank's unit has the same layout, its own blocks: gathered whole, each tensor is

@@ -29,10 +29,13 @@
 // Megatron-LM all-reduces the two gradients and steps both copies; this sends the same bytes
 // and keeps optimizer state and checkpoints to the one table.
 //
-// On a device backend (train.device = cuda) the shards, gradients, bf16 image and the update live
-// in the backend's memory; that needs S = 1 and no other mesh dimension for now (one GPU).
-// Everything that hands tensors to the host (gather_named_*, load_tensors) copies through the
-// backend; master_shard and grads point into its memory.
+// On a device backend (train.device = cuda) the shards, gradients, bf16 image, the pool of unit
+// buffers and the update live in the backend's memory, and the data-parallel collectives run on
+// the mesh's device groups (NCCL), each ordered after the compute stream's work so far
+// (CollectiveOptions::after) and waited for on the host before compute reads its output; the
+// gradient norm's sum and the whole-model gathers (gather_named_*) go over the host groups.
+// Tensor and pipeline parallelism are CPU-only. Everything that hands tensors to the host copies
+// through the backend; master_shard and grads point into its memory.
 #pragma once
 
 #include <cstdint>
@@ -167,8 +170,9 @@ class ShardedParams final : public model::ParamSource {
   kernels::Backend& backend_;
   Strategy strategy_;
   int shard_rank_, shards_;            // this rank's coordinate in dp_shard, S
-  comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1)
-  comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas)
+  comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1), for the backend's memory
+  comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas), the same
+  comm::ProcessGroup* host_shard_group_;  // dp_shard for host memory (the norm, gather_named)
   comm::ProcessGroup* tp_group_;       // tp (null without tensor parallelism)
   comm::ProcessGroup* pp_group_;       // pp (null without pipeline parallelism)
   int64_t accumulation_;
@@ -177,6 +181,7 @@ class ShardedParams final : public model::ParamSource {
   std::vector<std::unique_ptr<Unit>> units_;
   kernels::Memory state_memory_;  // the backend's memory under state_
   Arena state_;                   // shards: master, grads and their bf16 companions
+  kernels::Memory pool_memory_;   // the backend's memory under pool_
   Arena pool_;   // full parameter and gradient buffers
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
   std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer

@@ -59,6 +59,11 @@ class Backend {
   // The device's PCI bus id as the CUDA runtime writes it ("0000:19:00.0"), how NVML finds the
   // same GPU; "" on the CPU.
   virtual std::string pci_bus_id() const { return {}; }
+  // The CUDA stream (a cudaStream_t) its work runs on, in issue order, for a device collective to
+  // follow (comm::CollectiveOptions::after); null on the CPU, where every op is done when it returns.
+  virtual void* stream() const { return nullptr; }
+  // The CUDA device it runs on; -1 on the CPU.
+  virtual int device_index() const { return -1; }
 
   // y (M,N) = x (M,K) . w (N,K)^T + beta y, in fp32 or on bf16 inputs with fp32 accumulation.
   virtual void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) = 0;

@@ -6,7 +6,7 @@
 
 namespace tessera::parallel {
 
-Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout)
+Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout, int nccl_device)
     : ranks_per_node_(address.ranks_per_node) {
   CHECK_MSG(dims.world() == address.world, "the layout's world size must be the job's");
   if (dims.world() == 1) {
@@ -20,7 +20,7 @@ Job::Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeo
                ? comm::make_store(address.store, address.token, round, timeout)
                : comm::make_file_store(address.store, address.token, round);
   };
-  mesh_ = std::make_unique<Mesh>(dims, address.rank, store, timeout, address.host);
+  mesh_ = std::make_unique<Mesh>(dims, address.rank, store, timeout, address.host, nccl_device);
   attempt_ = comm::broadcast_string(*mesh_->group(Dim::kWorld), address.rank == 0 ? comm::auth::random_hex(8) : "",
                                     0, {timeout});
   checkpoint_store_ = store("checkpoint");

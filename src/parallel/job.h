@@ -49,8 +49,9 @@ class Job {
  public:
   // Joins the job at `address`, laid out as `dims` (dims.world() == address.world): one key
   // prefix per group (Mesh), a store for the checkpoint writer, and the attempt that rank 0 draws.
-  // A world of 1 joins nothing. Throws StoreError or CollectiveError when a peer never comes.
-  Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout);
+  // A world of 1 joins nothing. nccl_device >= 0: a GPU job, this rank on that CUDA device (the
+  // mesh's device groups on NCCL). Throws StoreError or CollectiveError when a peer never comes.
+  Job(const JobAddress& address, const ParallelDims& dims, comm::Millis timeout, int nccl_device = -1);
   ~Job();
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;

@@ -7,23 +7,49 @@
 #include <map>
 #include <set>
 
+#if TESSERA_HAS_NCCL
+#include "comm/nccl_group.h"
+#endif
+
 namespace tessera::parallel {
 
+namespace {
+
+std::unique_ptr<comm::ProcessGroup> make_nccl(comm::Store& store, int rank, int size, int device,
+                                              comm::Millis timeout) {
+#if TESSERA_HAS_NCCL
+  return comm::make_nccl_group(store, rank, size, device, timeout);
+#else
+  (void)store, (void)rank, (void)size, (void)device, (void)timeout;
+  throw comm::CollectiveError("NCCL process groups need a build with CUDA (TESSERA_CUDA on)");
+#endif
+}
+
+}  // namespace
+
 Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
-           const std::string& host)
+           const std::string& host, int nccl_device)
     : dims_(dims), rank_(rank) {
   dims_.validate(dims.world());
-  std::map<std::vector<int>, comm::ProcessGroup*> by_ranks;  // groups already made, by their ranks
+  // Groups already made, by their ranks: the host group and its device twin.
+  std::map<std::vector<int>, std::pair<comm::ProcessGroup*, comm::ProcessGroup*>> by_ranks;
   for (const Dim d : kAllDims) {
     if (size(d) == 1) continue;
     const std::vector<int> members = ranks(d);
     auto it = by_ranks.find(members);
     if (it == by_ranks.end()) {
-      stores_.push_back(make_store(fmt::format("{}-{}", name(d), members.front())));
+      const std::string prefix = fmt::format("{}-{}", name(d), members.front());
+      stores_.push_back(make_store(prefix));
       owned_.push_back(comm::make_gloo_group(*stores_.back(), this->rank(d), size(d), host, timeout));
-      it = by_ranks.emplace(members, owned_.back().get()).first;
+      comm::ProcessGroup* host_group = owned_.back().get();
+      if (nccl_device >= 0) {
+        stores_.push_back(make_store(prefix + ".nccl"));
+        owned_.push_back(make_nccl(*stores_.back(), this->rank(d), size(d), nccl_device, timeout));
+      }
+      it = by_ranks.emplace(members, std::pair{host_group, owned_.back().get()}).first;
     }
-    groups_[static_cast<size_t>(d)] = it->second;
+    groups_[static_cast<size_t>(d)] = it->second.first;
+    device_groups_[static_cast<size_t>(d)] = it->second.second;
   }
 }
 

@@ -28,10 +28,12 @@ class Mesh {
   // Rank `rank` of a job laid out as `dims` joins one process group for each distinct set of
   // ranks its dimensions of size > 1 name (a dimension with the same ranks as another shares its
   // group: with dp_replicate = 1, dp_shard's group is dp's). Every rank creates its groups in
-  // the same order (kAllDims), each through make_store(NAME-FIRST_RANK). Gloo over `host` on CPU;
-  // NCCL takes over the dimensions of a GPU job when the CUDA backend lands.
+  // the same order (kAllDims), each through make_store(NAME-FIRST_RANK): Gloo over `host`, for
+  // host memory. With nccl_device >= 0 (a GPU job: every rank computes on its CUDA device) each
+  // group also gets an NCCL twin on that device, through make_store(NAME-FIRST_RANK.nccl), for
+  // tensors in device memory (device_group). Throws CollectiveError when NCCL is not built.
   Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
-       const std::string& host = "127.0.0.1");
+       const std::string& host = "127.0.0.1", int nccl_device = -1);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
@@ -42,8 +44,10 @@ class Mesh {
   const ParallelDims& dims() const { return dims_; }
   int rank(Dim d = Dim::kWorld) const { return coordinate(dims_, rank_, d); }
   int size(Dim d = Dim::kWorld) const { return dims_.size(d); }
-  // The process group of this rank's group in d; nullptr when size(d) == 1.
+  // The process group of this rank's group in d, for host memory; nullptr when size(d) == 1.
   comm::ProcessGroup* group(Dim d) const { return groups_[static_cast<size_t>(d)]; }
+  // The same group for tensors in the compute backend's memory: NCCL in a GPU job, else group(d).
+  comm::ProcessGroup* device_group(Dim d) const { return device_groups_[static_cast<size_t>(d)]; }
   // The global ranks of this rank's group in d, by coordinate.
   std::vector<int> ranks(Dim d) const { return group_ranks(dims_, rank_, d); }
 
@@ -53,6 +57,7 @@ class Mesh {
   std::vector<std::unique_ptr<comm::Store>> stores_;
   std::vector<std::unique_ptr<comm::ProcessGroup>> owned_;
   std::vector<comm::ProcessGroup*> groups_ = std::vector<comm::ProcessGroup*>(std::size(kAllDims), nullptr);
+  std::vector<comm::ProcessGroup*> device_groups_ = groups_;
 };
 
 // Which ranks form each group of each dimension of size > 1, one line per dimension, e.g.

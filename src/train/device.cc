@@ -12,13 +12,14 @@
 
 namespace tessera::train {
 
-ComputeDevice::ComputeDevice(const config::Config& config, int world_size) {
+ComputeDevice::ComputeDevice(const config::Config& config, int world_size, int local_rank, int local_world) {
   const config::Device asked = config.train.device;
   if (asked == config::Device::kCpu) return;
   std::vector<std::string> names = kernels::cuda_device_names(&why_not_cuda_);
-  if (why_not_cuda_.empty() && world_size > 1) {
-    why_not_cuda_ =
-        fmt::format("the job has {} processes; training on several GPUs (NCCL) is not built yet", world_size);
+  const int gpus = static_cast<int>(names.size());
+  if (why_not_cuda_.empty() && local_world > gpus) {
+    why_not_cuda_ = fmt::format("{} processes of the job's {} run on this node, which shows {} GPU{} (one each)",
+                                local_world, world_size, gpus, gpus == 1 ? "" : "s");
   }
   if (why_not_cuda_.empty() && (config.parallel.tensor > 1 || config.parallel.pipeline > 1)) {
     why_not_cuda_ = "tensor and pipeline parallelism run on the CPU only";
@@ -31,7 +32,7 @@ ComputeDevice::ComputeDevice(const config::Config& config, int world_size) {
     return;
   }
   try {
-    owned_ = kernels::make_cuda_backend({0, config.model.allow_tf32});
+    owned_ = kernels::make_cuda_backend({local_rank, config.model.allow_tf32});
   } catch (const std::runtime_error& e) {
     why_not_cuda_ = e.what();
     if (asked == config::Device::kCuda) {
@@ -40,8 +41,8 @@ ComputeDevice::ComputeDevice(const config::Config& config, int world_size) {
     return;
   }
   backend_ = owned_.get();
-  gpu_name_ = names.front();
-  description_ = fmt::format("cuda:0 ({}){}", names.front(), config.model.allow_tf32 ? ", TF32 on" : "");
+  gpu_name_ = names[static_cast<size_t>(local_rank)];
+  description_ = fmt::format("cuda:{} ({}){}", local_rank, gpu_name_, config.model.allow_tf32 ? ", TF32 on" : "");
   watch_gpu();
 }
 

@@ -15,16 +15,20 @@ namespace tessera::train {
 // The backend a training process runs its model and optimizer on, and what it is in words.
 class ComputeDevice {
  public:
-  // train.device for a job of `world_size` processes: "cuda" needs this build's CUDA, a visible
-  // GPU, one process and no tensor or pipeline parallelism (several GPUs: NCCL, issue 17) and
-  // throws ConfigError naming the key and what is missing otherwise; "auto" takes the GPU exactly
-  // where "cuda" would work and the CPU elsewhere, saying why in why_not_cuda().
-  ComputeDevice(const config::Config& config, int world_size);
+  // train.device for a job of `world_size` processes, `local_world` of them on this node, this
+  // one the node's `local_rank`: "cuda" needs this build's CUDA, a GPU for every process of the
+  // node (local rank i computes on CUDA device i; several processes talk over NCCL) and no tensor
+  // or pipeline parallelism, and throws ConfigError naming the key and what is missing otherwise;
+  // "auto" takes the GPU exactly where "cuda" would work and the CPU elsewhere, saying why in
+  // why_not_cuda(). Every process of a node decides alike.
+  ComputeDevice(const config::Config& config, int world_size, int local_rank = 0, int local_world = 1);
   kernels::Backend& backend() const { return *backend_; }
   bool cuda() const { return backend_->device() == kernels::Device::kCuda; }
   const std::string& description() const { return description_; }    // "cpu", "cuda:0 (NVIDIA H200)"
   const std::string& gpu_name() const { return gpu_name_; }          // the CUDA device name; "" on the CPU
   const std::string& why_not_cuda() const { return why_not_cuda_; }  // "" on a GPU
+  // The CUDA device the job's NCCL groups use (parallel::Job's nccl_device); -1 on the CPU.
+  int nccl_device() const { return backend_->device_index(); }
 
   // On a GPU, its latest NVML reading (metrics/nvml.h, sampled every 2 s off the step loop);
   // empty on the CPU, or where NVML cannot be had (why_no_gpu_metrics() says why).

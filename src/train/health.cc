@@ -21,8 +21,10 @@ namespace {
 
 // Odd, so that it does not split evenly into ring segments.
 constexpr int64_t kCheckCount = 4099;
-// Enough to measure bandwidth rather than latency, small enough to cost milliseconds.
-constexpr int64_t kBandwidthBytes = 4 << 20;
+// Enough to measure bandwidth rather than latency, small enough to cost milliseconds: over Gloo
+// (host memory), and over NCCL (device memory, where NVLink reaches its bus bandwidth only at
+// tens of MiB).
+constexpr int64_t kBandwidthBytes = 4 << 20, kDeviceBandwidthBytes = 64 << 20;
 constexpr int kBandwidthIters = 3;
 // A GEMM shape no kernel special-cases (none a multiple of another's block).
 constexpr int64_t kM = 96, kN = 80, kK = 72;
@@ -88,12 +90,21 @@ double measure_memory_gbps(kernels::Backend& backend) {
   return 2.0 * kBytes / best / 1e9;
 }
 
-// The known all-reduce checked exactly, then its bus bandwidth, 2 (W-1)/W x bytes / time.
-void check_all_reduce(const parallel::Distributed& dist, const comm::CollectiveOptions& options, HealthFigures* f) {
+// The known all-reduce checked exactly, then its bus bandwidth, 2 (W-1)/W x bytes / time, in
+// the backend's memory over the group training uses for it: Gloo on the CPU, NCCL on GPUs.
+void check_all_reduce(const parallel::Distributed& dist, kernels::Backend& backend, comm::CollectiveOptions options,
+                      HealthFigures* f) {
   const int rank = dist.rank(), world = dist.world_size();
+  comm::ProcessGroup& group = *dist.mesh->device_group(parallel::Dim::kWorld);
+  options.after = backend.stream();
+  const int64_t n = f->bus_bytes / 4;
+  const kernels::Memory memory = backend.allocate(sizeof(float) * std::max(n, kCheckCount));  // zeroed
+  auto* data = reinterpret_cast<float*>(memory.get());
   std::vector<float> v(kCheckCount);
   for (int64_t i = 0; i < kCheckCount; ++i) v[i] = known_value(rank, i);
-  dist.world()->all_reduce(v.data(), kCheckCount, comm::DType::kF32, options)->wait();
+  backend.to_device(data, v.data(), sizeof(float) * v.size());
+  group.all_reduce(data, kCheckCount, comm::DType::kF32, options)->wait();
+  backend.to_host(v.data(), data, sizeof(float) * v.size());
   int64_t bad = 0, first = -1;
   for (int64_t i = 0; i < kCheckCount; ++i) {
     if (v[i] != known_sum(world, i) && bad++ == 0) first = i;
@@ -103,14 +114,11 @@ void check_all_reduce(const parallel::Distributed& dist, const comm::CollectiveO
     log::error("health check: rank {}: all-reduce of {} known values: {} wrong, the first at {} ({} instead of {})",
                rank, kCheckCount, bad, first, v[first], known_sum(world, first));
   }
-  const int64_t n = kBandwidthBytes / 4;
-  std::vector<float> b(n, 1.0f);
-  dist.world()->all_reduce(b.data(), n, comm::DType::kF32, options)->wait();  // warm: buffers, scratch
+  group.all_reduce(data, n, comm::DType::kF32, options)->wait();  // warm: buffers, scratch, connections
   const double tb = now_seconds();
-  for (int it = 0; it < kBandwidthIters; ++it)
-    dist.world()->all_reduce(b.data(), n, comm::DType::kF32, options)->wait();
+  for (int it = 0; it < kBandwidthIters; ++it) group.all_reduce(data, n, comm::DType::kF32, options)->wait();
   const double per = (now_seconds() - tb) / kBandwidthIters;
-  f->bus_gbps = 2.0 * (world - 1) / world * kBandwidthBytes / per / 1e9;
+  f->bus_gbps = 2.0 * (world - 1) / world * static_cast<double>(f->bus_bytes) / per / 1e9;
 }
 
 // Bytes of a failing GPU's description that travel to every rank (an all-gather copies them as
@@ -169,7 +177,8 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
   std::vector<char> gpu_texts(kGpuTextBytes * static_cast<size_t>(world), '\0');
   std::copy(gpu_failure.begin(), gpu_failure.end(), gpu_texts.begin());
   if (dist.world() != nullptr && world > 1) {
-    check_all_reduce(dist, options, &f);
+    f.bus_bytes = device ? kDeviceBandwidthBytes : kBandwidthBytes;
+    check_all_reduce(dist, backend, options, &f);
     float figures[kFigures] = {f.all_reduce_ok ? 1.0f : 0.0f, mine[1], static_cast<float>(f.bus_gbps), mine[3],
                                mine[4]};
     all.resize(kFigures * static_cast<size_t>(world));
@@ -207,10 +216,10 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
     const auto [lo, hi] = std::minmax_element(gbps.begin(), gbps.end());
     log::info(
         "health check passed on {} ranks in {:.0f} ms: all-reduce of {} known values exact; all-reduce of "
-        "{} MiB at {:.2f} GB/s bus bandwidth (ranks {:.2f}..{:.2f}); GEMM {}x{}x{} within tolerance (worst "
-        "{:.3f} of it){}",
-        world, f.seconds * 1e3, kCheckCount, kBandwidthBytes >> 20, f.bus_gbps, *lo, *hi, kM, kN, kK, f.gemm_worst,
-        memory);
+        "{} MiB at {:.2f} GB/s bus bandwidth over {} (ranks {:.2f}..{:.2f}); GEMM {}x{}x{} within tolerance "
+        "(worst {:.3f} of it){}",
+        world, f.seconds * 1e3, kCheckCount, f.bus_bytes >> 20, f.bus_gbps, device ? "NCCL" : "Gloo", *lo, *hi, kM, kN,
+        kK, f.gemm_worst, memory);
   } else {
     log::info("health check passed in {:.0f} ms: GEMM {}x{}x{} within tolerance (worst {:.3f} of it){}",
               f.seconds * 1e3, kM, kN, kK, f.gemm_worst, memory);

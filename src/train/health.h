@@ -25,6 +25,7 @@ struct HealthFigures {
   double memory_gbps = 0.0;   // a device-to-device copy's bytes read + written per second (0 on the CPU)
   double gemm_worst = 0.0;    // largest |cpu - ref| / tolerance over the GEMM's outputs
   double bus_gbps = 0.0;      // all-reduce bus bandwidth, 2 (W-1)/W x bytes / time (0 at W = 1)
+  int64_t bus_bytes = 0;      // the bytes it was measured on (4 MiB over Gloo, 64 MiB over NCCL)
   double seconds = 0.0;       // the whole check
 };
 

@@ -265,7 +265,7 @@ void log_final_validation(const data::DatasetManifest& manifest, const LoopEnd& 
 // One worker's run: start-up checks and figures, resume, the step loop, final weights; rank 0
 // writes the run's files and logs job-wide figures.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
-                  const std::string& resume, const parallel::Distributed& dist,
+                  const std::string& resume, const parallel::Distributed& dist, const ComputeDevice& device,
                   const std::string& heartbeat_path = "") {
   const bool leader = dist.rank() == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
@@ -280,7 +280,6 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   fs::create_directories(fs::path(run_dir) / "logs", logs_ec);
   log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()));
   if (!leader) log::set_console_level(log::Level::kWarn);
-  const ComputeDevice device(config, dist.world_size());
   log_device(config, device);
   Heartbeat heartbeat(heartbeat_path, device);
   Trainer trainer(config, dataset, dist, device.backend());
@@ -333,7 +332,8 @@ void run_training(const config::Config& config, const std::string& run_dir, cons
   CHECK_MSG(config.parallel.nproc == 1, "run_training runs one process; launch::run_local_job runs several");
   const StopSignals stop;  // before the first thread starts
   configure_threads(config);
-  train_worker(config, dataset, run_dir, resume, {});
+  const ComputeDevice device(config, 1);
+  train_worker(config, dataset, run_dir, resume, {}, device);
 }
 
 void run_worker(const config::Config& config, const std::string& run_dir, const parallel::JobAddress& job,
@@ -368,8 +368,13 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
     server = std::make_unique<comm::TcpStoreServer>(url.endpoint.substr(0, colon),
                                                     std::stoi(url.endpoint.substr(colon + 1)), job.token);
   }
-  const parallel::Job joined(job, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms));
-  train_worker(config, dataset, run_dir, resume, joined.view(), heartbeat);
+  // Local rank i computes on GPU i (nodes hold contiguous ranks); the device comes first, since a
+  // GPU job's groups are made on it.
+  const int per_node = job.ranks_per_node > 0 ? job.ranks_per_node : job.world;
+  const ComputeDevice device(config, job.world, job.rank % per_node, per_node);
+  const parallel::Job joined(job, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms),
+                             device.nccl_device());
+  train_worker(config, dataset, run_dir, resume, joined.view(), device, heartbeat);
   // The store may still be read (a checkpoint outcome) until every rank is done.
   if (url.kind == comm::StoreUrl::Kind::kTcp && joined.view().world() != nullptr) {
     joined.view().world()->barrier({comm::Millis(config.parallel.timeout_ms)})->wait();

@@ -31,7 +31,7 @@ void free_pinned(void* p) { cudaFreeHost(p); }
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const CudaOptions& options) : blas_(options.allow_tf32) {
+  explicit CudaBackend(const CudaOptions& options) : device_(options.device), blas_(options.allow_tf32) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     sums_ = allocate(sizeof(double) * (1 + sum_squares_workspace_doubles()));
     baseline_ = memory_info().in_use;
@@ -95,11 +95,11 @@ class CudaBackend final : public Backend {
   }
   void zero(void* dst, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* stream() const override { return stream_; }
+  int device_index() const override { return device_; }
   std::string pci_bus_id() const override {
-    int device = 0;
     char id[32] = {};
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device_));
     return id;
   }
   DeviceMemory device_memory() const override {
@@ -230,6 +230,7 @@ class CudaBackend final : public Backend {
     __builtin_unreachable();
   }
 
+  const int device_;
   cudaStream_t stream_ = nullptr;
   Blas blas_;
   Memory sums_;           // sum_squares' result and workspace
