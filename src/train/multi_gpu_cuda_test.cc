@@ -1,10 +1,11 @@
-// Several GPUs, two ranks each on its own CUDA device, over NCCL: the health check's all-reduce in
+// Several GPUs, each rank on its own CUDA device, over NCCL: the health check's all-reduce in
 // device memory, a rank lost mid-run, and data-parallel training (train.device = cuda) against
-// the same global batch on one GPU: every step's loss and gradient norm on every
-// rank, the gradients after the first step and the parameters after the last, per strategy and
-// with bf16 gathers and reductions. Norm gains are jittered away from 1 first (a gain read for the
-// wrong unit, or never reduced, would otherwise change nothing), and the gradients are compared
-// (AdamW hides a wrong gradient scale from the parameters).
+// the same global batch on one GPU: every step's loss and gradient norm on every rank, the
+// gradients after the first step and the parameters after the last, for every strategy (two
+// ranks; hybrid_shard four, two groups of two) and with bf16 gathers and reductions. Norm gains
+// are jittered away from 1 first (a gain read for the wrong unit, or never reduced, would
+// otherwise change nothing), and the gradients are compared (AdamW hides a wrong gradient scale
+// from the parameters).
 //
 // Every CUDA call happens in forked children (a process that has initialized CUDA cannot use it
 // after fork): the one-GPU reference too. ctest runs each test in a process of its own;
@@ -50,9 +51,11 @@ using comm::test_util::run_ranks;
 struct Case {
   const char* strategy;
   bool bf16 = false;  // parameters gathered and gradients reduced in bf16
+  int world = 2;      // ranks (GPUs)
+  int shard_group_size = 0;  // hybrid_shard
 };
 
-std::string name_of(const Case& c) { return fmt::format("{}{}", c.strategy, c.bf16 ? "_bf16" : ""); }
+std::string name_of(const Case& c) { return fmt::format("{}_w{}{}", c.strategy, c.world, c.bf16 ? "_bf16" : ""); }
 std::string name_of_param(const ::testing::TestParamInfo<Case>& info) { return name_of(info.param); }
 void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 
@@ -63,14 +66,15 @@ config::Config make_config(const Case& c, int world) {
                          {"data.synthetic", "true"},
                          {"train.device", "cuda"},
                          {"model.seq_len", "32"},  // small: the emulation runs it too
-                         {"train.batch_size", "4"},
-                         {"train.micro_batch_size", std::to_string(4 / world / 2)},  // 2 micro-batches a rank
+                         {"train.batch_size", "8"},
+                         {"train.micro_batch_size", std::to_string(8 / world / 2)},  // 2 micro-batches a rank
                          {"train.threads", "1"},
                          {"train.lr", "1e-3"},
                          {"train.warmup_steps", "1"},
                          {"train.max_steps", std::to_string(kSteps)},
                          {"parallel.nproc", std::to_string(world)},
                          {"parallel.strategy", c.strategy},
+                         {"parallel.shard_group_size", std::to_string(world > 1 ? c.shard_group_size : 0)},
                          {"parallel.timeout_ms", "60000"},
                          {"parallel.param_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
                          {"parallel.reduce_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
@@ -156,17 +160,17 @@ int device_count() {
 
 class FsdpOnGpus : public ::testing::TestWithParam<Case> {};
 
-TEST_P(FsdpOnGpus, TwoGpusMatchOne) {
+TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
+  const Case& c = GetParam();
   const int n = device_count();
   ASSERT_GE(n, 0) << "the device probe (a forked child) exited with " << -n
                   << ": run these tests in a process that has not used CUDA (--gtest_filter='*OnGpus*')";
-  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, sees " << n;
-  const Case& c = GetParam();
+  if (n < c.world) GTEST_SKIP() << "needs " << c.world << " CUDA devices, sees " << n;
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_{}_{}", name_of(c), getpid());
   fs::remove_all(dir);
   fs::create_directories(dir / "one");
   comm::test_util::expect_all_ok(run_ranks(
-      2, [&](int rank) { return run_rank(c, rank, 2, dir); }, 600));
+      c.world, [&](int rank) { return run_rank(c, rank, c.world, dir); }, 600));
   comm::test_util::expect_all_ok(run_ranks(
       1, [&](int) { return run_rank(c, 0, 1, dir / "one"); }, 600));
   if (HasFailure()) return;
@@ -179,7 +183,7 @@ TEST_P(FsdpOnGpus, TwoGpusMatchOne) {
   const Tolerances tol = c.bf16 ? Tolerances{1e-3, 1e-2, 3e-2, 0.25} : Tolerances{1e-5, 1e-5, 1e-5, 1e-5};
   const auto want = read_steps(dir / "one" / "steps.0");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < c.world; ++rank) {
     const auto got = read_steps(dir / fmt::format("steps.{}", rank));
     ASSERT_EQ(got.size(), want.size()) << "rank " << rank;
     for (size_t i = 0; i < want.size(); ++i) {
@@ -272,7 +276,7 @@ TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpOnGpus,
                          ::testing::Values(Case{"full_shard"}, Case{"shard_grad_op"}, Case{"no_shard"},
-                                           Case{"full_shard", true}),
+                                           Case{"full_shard", true}, Case{"hybrid_shard", false, 4, 2}),
                          name_of_param);
 
 }  // namespace

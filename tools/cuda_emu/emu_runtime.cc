@@ -580,13 +580,13 @@ cudaError_t cudaGetLastError(void) {
 }
 cudaError_t cudaPeekAtLastError(void) { return emu::last_error; }
 
-// EMU_DEVICES devices (default 2, so that two ranks each have their own), all of them this process's
-// memory; the current one is per thread, as in CUDA.
+// EMU_DEVICES devices (default 4: hybrid sharding's test has four ranks, each on its own), all
+// of them this process's memory; the current one is per thread, as in CUDA.
 namespace emu {
 int device_count() {
   static const int n = [] {
     const char* e = std::getenv("EMU_DEVICES");
-    return e == nullptr ? 2 : std::max(1, std::atoi(e));
+    return e == nullptr ? 4 : std::max(1, std::atoi(e));
   }();
   return n;
 }

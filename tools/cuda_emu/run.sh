@@ -8,6 +8,7 @@
 #   ./run.sh asan            the same under -fsanitize=address,undefined (emulation and CUDA sources)
 #   ./run.sh build [asan]    build only
 #   EMU_MODE=threads ./run.sh    one OS thread per CUDA thread instead of fibers
+#   EMU_DEVICES=N ./run.sh       N emulated devices (default 4)
 #   EMU_ORDER=reverse|random ./run.sh   fiber schedule order (default forward; EMU_SEED for random)
 #   GTEST_FILTER=... ./run.sh         a subset
 #   REPO=/path/to/checkout EMU_BUILD=/other/build ./run.sh   another tree (mutants), another build dir
