@@ -32,6 +32,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_DIR = ROOT / "deploy" / "kubernetes"
+K8S_GPU_DIR = K8S_DIR / "gpu"
 SBATCH = ROOT / "deploy" / "slurm" / "train.sbatch"
 
 LAUNCH_VALUE_OPTIONS = {"--nnodes", "--nproc-per-node", "--rdzv", "--run-id", "--max-restarts",
@@ -113,6 +114,65 @@ def load_k8s(directory):
         else:
             files[path.name] = docs
     return {"files": files, "kustomization": kustomization}
+
+
+def apply_json_patch(doc, ops, where):
+    """RFC 6902 add, replace and remove (what kustomize's patches apply) on doc, in place."""
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] == "add":
+            if isinstance(parent, list):
+                parent.insert(len(parent) if last == "-" else int(last), op["value"])
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "replace":
+            index = int(last) if isinstance(parent, list) else last
+            if not isinstance(parent, list) and last not in parent:
+                raise Failed(f"{where}: replace of {op['path']}, which does not exist")
+            parent[index] = op["value"]
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise Failed(f"{where}: op {op['op']!r} is not add, replace or remove")
+
+
+def load_overlay(base, directory):
+    """The base's objects with the overlay's patches applied, as `kubectl apply -k` would."""
+    kz = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    where = f"{directory.relative_to(ROOT)}/kustomization.yaml"
+    if kz.get("resources") != [".."]:
+        raise Failed(f"{where}: resources {kz.get('resources')} is not the base [..]")
+    k8s = copy.deepcopy(base)
+    for patch in kz.get("patches") or []:
+        target = patch.get("target") or {}
+        docs = [d for d in find(k8s, target.get("kind"), target.get("name"))]
+        if len(docs) != 1:
+            raise Failed(f"{where}: patch {patch.get('path')} targets {target}, which is {len(docs)} objects")
+        apply_json_patch(docs[0], yaml.safe_load((directory / patch["path"]).read_text()), patch["path"])
+    return k8s
+
+
+def check_gpu(k8s):
+    """The GPU variant: a worker per GPU, train.device = cuda, /dev/shm for NCCL."""
+    errors = []
+    e = lambda cond, msg: expect(cond, msg, errors)  # noqa: E731
+    container = launch_container(k8s)
+    opts, _ = parse_launch([str(a) for a in (container.get("command") or []) + (container.get("args") or [])][2:],
+                           "GPU Job")
+    gpus = ((container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+    e(str(gpus) == opts["--nproc-per-node"],
+      f"GPU Job: limits nvidia.com/gpu {gpus} != --nproc-per-node {opts['--nproc-per-node']} (one worker per GPU)")
+    e("train.device=cuda" in opts.get("--set", []),
+      "GPU Job: no --set train.device=cuda (a node without its GPUs would train on its CPUs)")
+    volumes = {v.get("name"): v for v in pod(k8s).get("volumes") or []}
+    shm = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == "/dev/shm"]
+    e(shm and ((volumes.get(shm[0].get("name")) or {}).get("emptyDir") or {}).get("medium") == "Memory",
+      "GPU Job: /dev/shm is not an emptyDir in memory (NCCL's shared memory; 64 MiB by default)")
+    return errors
 
 
 def objects(k8s):
@@ -745,6 +805,26 @@ K8S_MUTATIONS = {
     "unknown launch option": lambda k: launch_container(k)["args"].extend(["--nodes", "2"]),
 }
 
+def gpu_limits(k):
+    return launch_container(k)["resources"]["limits"]
+
+
+def dshm_volume(k):
+    return next(v for v in pod(k)["volumes"] if v["name"] == "dshm")
+
+
+GPU_MUTATIONS = {
+    "GPUs != --nproc-per-node": lambda k: gpu_limits(k).update({"nvidia.com/gpu": 4}),
+    "no GPUs requested": lambda k: gpu_limits(k).pop("nvidia.com/gpu"),
+    "train.device auto": lambda k: launch_container(k).update(
+        args=[a if a != "train.device=cuda" else "train.device=auto" for a in launch_container(k)["args"]]),
+    "/dev/shm on disk": lambda k: dshm_volume(k)["emptyDir"].pop("medium"),
+    "no /dev/shm": lambda k: launch_container(k).update(
+        volumeMounts=[m for m in launch_container(k)["volumeMounts"] if m["mountPath"] != "/dev/shm"]),
+    "threads x nproc > CPUs": lambda k: launch_container(k)["resources"]["requests"].update(cpu="32"),
+    "--nnodes changed by the patch": lambda k: argv_set(k, "--nnodes", "8"),
+}
+
 TESSERA_MUTATIONS = {
     "an unknown config key": lambda k: set_toml(k, "[train]", "[train]\nno_such_key = 1"),
 }
@@ -799,6 +879,15 @@ def main():
     for err in errors:
         print("  " + " | ".join(err.splitlines()))
     failures += bool(errors)
+    try:
+        gpu = load_overlay(k8s, K8S_GPU_DIR)
+        errors = check_k8s(gpu, args.tessera) + check_gpu(gpu)
+    except (Failed, KeyError, IndexError, ValueError) as err:
+        gpu, errors = None, [f"deploy/kubernetes/gpu: {err!r}"]
+    print(f"deploy/kubernetes/gpu: {'ok' if not errors else 'FAILED'}")
+    for err in errors:
+        print("  " + " | ".join(err.splitlines()))
+    failures += bool(errors)
     errors = check_sbatch(sbatch)
     print(f"deploy/slurm/train.sbatch: {'ok' if not errors else 'FAILED'}")
     for err in errors:
@@ -811,11 +900,16 @@ def main():
             mutations += [("k8s", n, f) for n, f in TESSERA_MUTATIONS.items()]
         mutations += [("sbatch", n, f) for n, f in SBATCH_MUTATIONS.items()]
         missed = []
+        mutations += [("k8s gpu", n, f) for n, f in GPU_MUTATIONS.items()]
         for target, name, mutate in mutations:
             if target == "k8s":
                 broken = copy.deepcopy(k8s)
                 mutate(broken)
                 errs = check_k8s(broken, args.tessera)
+            elif target == "k8s gpu":
+                broken = copy.deepcopy(gpu)
+                mutate(broken)
+                errs = check_k8s(broken) + check_gpu(broken)
             else:
                 errs = check_sbatch(mutate(sbatch))
             if not errs:

@@ -140,10 +140,10 @@ thread_local unsigned lin = 0;  // linear thread index in the block
 unsigned warp_size_of(const Block& b, unsigned warp) { return std::min(32u, b.n - 32 * warp); }
 
 // ---- fibers -------------------------------------------------------------------------------
-// Plain builds on x86-64 switch fibers with emu_switch_stack below: swapcontext saves and restores the
-// signal mask, a system call per switch that took ~85% of an emulated training step. ASan builds
-// keep ucontext (its interceptors and the fiber annotations are written for it).
-#if !EMU_ASAN && defined(__x86_64__)
+// On x86-64 fibers switch with emu_switch_stack below (ASan told of each switch, as around
+// swapcontext): swapcontext saves and restores the signal mask, a system call per switch that took
+// ~85% of an emulated training step. Elsewhere, ucontext.
+#if defined(__x86_64__)
 #define EMU_FAST_SWITCH 1
 // Saves the callee-saved registers on the current stack and its pointer to *save, then resumes the
 // stack at `load` (one that it saved, or one set up by start_stack).
@@ -185,7 +185,7 @@ struct FiberState {
 #endif
 };
 
-// Small under ASan: its swapcontext interceptor clears the whole target stack's shadow at every switch.
+// Small under ASan: each block unpoisons its fibers' whole stacks (frames of the block before).
 constexpr size_t kStack = EMU_ASAN ? size_t{64} << 10 : size_t{512} << 10;
 constexpr size_t kGuard = 4096;
 
