@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what is missing, build, and run every test: the release build (unit, kernel, PyTorch
-# parity and command-line tests), then the same tests under AddressSanitizer + UBSan, then each
-# file parser's libFuzzer target for TESSERA_FUZZ_SECONDS (default 15) seconds (scripts/fuzz.sh).
+# parity and command-line tests; the CUDA tests also under the CPU emulation of CUDA), then the
+# same tests under AddressSanitizer + UBSan, then each file parser's libFuzzer target for
+# TESSERA_FUZZ_SECONDS (default 15) seconds (scripts/fuzz.sh).
 # TESSERA_SKIP_SANITIZERS=1 skips the second and third passes (for quick local iterations only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,12 @@ jobs=$(nproc)
 
 scripts/build.sh release
 ctest --preset release -j "$jobs"
+# The CUDA tests skip without a GPU; where the release build compiled them, they also run against
+# the CPU emulation of CUDA and NCCL (tools/cuda_emu: the kernels, the model, the trainer, several
+# GPUs over NCCL).
+if grep -q '^TESSERA_CUDA:BOOL=ON' build/release/CMakeCache.txt; then
+  tools/cuda_emu/run.sh
+fi
 
 if [[ "${TESSERA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   scripts/build.sh asan
