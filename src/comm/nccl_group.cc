@@ -446,6 +446,14 @@ class NcclGroup final : public ProcessGroup {
 
 }  // namespace detail
 
+std::string nccl_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "NCCL (version unknown)";
+  // Since 2.9: major x 10000 + minor x 100 + patch.
+  return "NCCL " + std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
+
 bool nccl_available(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

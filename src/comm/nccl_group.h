@@ -13,6 +13,8 @@ namespace tessera::comm {
 // Whether this process sees a CUDA device; otherwise *why (when non-null) says what failed.
 // Initializes the CUDA runtime: a process that forks workers afterwards cannot use CUDA in them.
 bool nccl_available(std::string* why);
+// The NCCL library loaded, "NCCL 2.27.3" (ncclGetVersion).
+std::string nccl_version();
 
 // A non-blocking NCCL communicator of `size` ranks on CUDA device `device`, rendezvous through
 // `store` (rank 0 publishes the ncclUniqueId). Throws StoreError or CollectiveError when the peers

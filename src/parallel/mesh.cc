@@ -15,12 +15,13 @@ namespace tessera::parallel {
 
 namespace {
 
-std::unique_ptr<comm::ProcessGroup> make_nccl(comm::Store& store, int rank, int size, int device,
-                                              comm::Millis timeout) {
+std::unique_ptr<comm::ProcessGroup> make_nccl(comm::Store& store, int rank, int size, int device, comm::Millis timeout,
+                                              std::string* version) {
 #if TESSERA_HAS_NCCL
+  *version = comm::nccl_version();
   return comm::make_nccl_group(store, rank, size, device, timeout);
 #else
-  (void)store, (void)rank, (void)size, (void)device, (void)timeout;
+  (void)store, (void)rank, (void)size, (void)device, (void)timeout, (void)version;
   throw comm::CollectiveError("NCCL process groups need a build with CUDA (TESSERA_CUDA on)");
 #endif
 }
@@ -44,7 +45,7 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, c
       comm::ProcessGroup* host_group = owned_.back().get();
       if (nccl_device >= 0) {
         stores_.push_back(make_store(prefix + ".nccl"));
-        owned_.push_back(make_nccl(*stores_.back(), this->rank(d), size(d), nccl_device, timeout));
+        owned_.push_back(make_nccl(*stores_.back(), this->rank(d), size(d), nccl_device, timeout, &device_transport_));
       }
       it = by_ranks.emplace(members, std::pair{host_group, owned_.back().get()}).first;
     }

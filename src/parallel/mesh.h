@@ -48,6 +48,8 @@ class Mesh {
   comm::ProcessGroup* group(Dim d) const { return groups_[static_cast<size_t>(d)]; }
   // The same group for tensors in the compute backend's memory: NCCL in a GPU job, else group(d).
   comm::ProcessGroup* device_group(Dim d) const { return device_groups_[static_cast<size_t>(d)]; }
+  // What the device groups run on ("NCCL 2.27.3"); "" when they are the host groups.
+  const std::string& device_transport() const { return device_transport_; }
   // The global ranks of this rank's group in d, by coordinate.
   std::vector<int> ranks(Dim d) const { return group_ranks(dims_, rank_, d); }
 
@@ -58,6 +60,7 @@ class Mesh {
   std::vector<std::unique_ptr<comm::ProcessGroup>> owned_;
   std::vector<comm::ProcessGroup*> groups_ = std::vector<comm::ProcessGroup*>(std::size(kAllDims), nullptr);
   std::vector<comm::ProcessGroup*> device_groups_ = groups_;
+  std::string device_transport_;
 };
 
 // Which ranks form each group of each dimension of size > 1, one line per dimension, e.g.

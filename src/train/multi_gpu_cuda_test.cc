@@ -227,6 +227,7 @@ TEST(HealthOnGpus, AllReducesOverNccl) {
         const ComputeDevice device(cfg, 2, rank, 2);
         const parallel::Job job({(dir / "store").string(), "test-job", "0", rank, 2}, parallel::dims_for(cfg, 2),
                                 comm::Millis(20000), device.nccl_device());
+        REQUIRE(job.view().mesh->device_transport().rfind("NCCL 2.", 0) == 0);  // the log names it
         const HealthFigures f = health_check(job.view(), cfg, device.backend());
         REQUIRE(f.all_reduce_ok && f.gemm_ok && f.bus_bytes == 64 << 20 && f.bus_gbps > 0);
         return 0;

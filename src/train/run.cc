@@ -281,6 +281,12 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()));
   if (!leader) log::set_console_level(log::Level::kWarn);
   log_device(config, device);
+  if (!mesh.device_transport().empty()) {
+    log::info(
+        "collectives: FSDP's gathers and reductions in device memory over {}, the rest over Gloo "
+        "(NCCL_DEBUG=INFO prints NCCL's choice of network and transports)",
+        mesh.device_transport());
+  }
   Heartbeat heartbeat(heartbeat_path, device);
   Trainer trainer(config, dataset, dist, device.backend());
   health_check(dist, config, device.backend(), device.gpu_reading());  // every rank, before any time goes into training
