@@ -19,6 +19,7 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "core/compare.h"
 #include "core/rng.h"
 #include "launch/local_workers.h"
 #include "model/layout.h"
@@ -172,16 +173,6 @@ Record read_record(const fs::path& dir, int world, int steps) {
   r.params0 = read("params0");
   r.params = read("params");
   return r;
-}
-
-// ||got - want|| / ||want|| over a tensor.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t j = 0; j < want.size(); ++j) {
-    diff += std::pow(double{got[j]} - want[j], 2);
-    norm += std::pow(double{want[j]}, 2);
-  }
-  return std::sqrt(diff / norm);
 }
 
 struct Tolerances {

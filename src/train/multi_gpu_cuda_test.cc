@@ -35,6 +35,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "comm/test_util.h"
+#include "core/compare.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "parallel/job.h"
@@ -93,19 +94,25 @@ void jitter_norm_gains(Trainer& trainer) {
   trainer.params().load_tensors(tensors, "jittered gains");
 }
 
+// Rank `rank` of `world` on CUDA device `rank`: its device, then its place in the job (the store
+// under dir), whose device groups are on NCCL.
+struct GpuRank {
+  GpuRank(const config::Config& cfg, int rank, int world, const fs::path& dir)
+      : device(cfg, world, rank, world),
+        job({(dir / "store").string(), "test-job", "0", rank, world}, parallel::dims_for(cfg, world),
+            comm::Millis(60000), device.nccl_device()) {}
+  ComputeDevice device;
+  parallel::Job job;
+};
+
 // `kSteps` steps on rank `rank` of `world`, each on CUDA device `rank`: losses and norms to
 // steps.RANK, the parameters before the first step, the gradients after it and the parameters
 // after the last to params0 / grads1 / params .safetensors (rank 0; gathering is a collective).
 int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
   const config::Config cfg = make_config(c, world);
-  const ComputeDevice device(cfg, world, rank, world);
-  if (!device.cuda()) {
-    std::fprintf(stderr, "[rank %d] not on a GPU: %s\n", rank, device.why_not_cuda().c_str());
-    return 3;
-  }
-  const parallel::Job job({(dir / "store").string(), "test-job", "0", rank, world}, parallel::dims_for(cfg, world),
-                          comm::Millis(60000), device.nccl_device());
-  Trainer trainer(cfg, "", job.view(), device.backend());
+  const GpuRank me(cfg, rank, world, dir);
+  REQUIRE(me.device.cuda());  // train.device = cuda: a ConfigError otherwise
+  Trainer trainer(cfg, "", me.job.view(), me.device.backend());
   jitter_norm_gains(trainer);
   auto save = [&](const std::vector<model::NamedTensor>& tensors, const char* name) {
     if (rank == 0) checkpoint::write_safetensors((dir / fmt::format("{}.safetensors", name)).string(), tensors);
@@ -136,17 +143,19 @@ std::vector<std::pair<double, double>> read_steps(const fs::path& path) {
   return steps;
 }
 
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t j = 0; j < want.size(); ++j) {
-    diff += std::pow(double{got[j]} - want[j], 2);
-    norm += std::pow(double{want[j]}, 2);
-  }
-  return std::sqrt(diff / norm);
-}
-
 // Devices, probed in a child (the gtest process never initializes CUDA); -1 (exit code) when the
 // probe itself failed.
+int device_count();
+
+// Skips the test below n devices; fails it when the probe failed.
+#define REQUIRE_GPUS(n)                                                                                         \
+  do {                                                                                                          \
+    const int have_ = device_count();                                                                           \
+    ASSERT_GE(have_, 0) << "the device probe (a forked child) exited with " << -have_                           \
+                        << ": run these tests in a process that has not used CUDA (--gtest_filter='*OnGpus*')"; \
+    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices, sees " << have_;                        \
+  } while (0)
+
 int device_count() {
   const int status = run_ranks(
       1,
@@ -162,10 +171,7 @@ class FsdpOnGpus : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
   const Case& c = GetParam();
-  const int n = device_count();
-  ASSERT_GE(n, 0) << "the device probe (a forked child) exited with " << -n
-                  << ": run these tests in a process that has not used CUDA (--gtest_filter='*OnGpus*')";
-  if (n < c.world) GTEST_SKIP() << "needs " << c.world << " CUDA devices, sees " << n;
+  REQUIRE_GPUS(c.world);
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_{}_{}", name_of(c), getpid());
   fs::remove_all(dir);
   fs::create_directories(dir / "one");
@@ -214,9 +220,7 @@ TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
 // The health check before step 0 on two GPUs: the known all-reduce exact and its bus bandwidth
 // measured on 64 MiB, in device memory over the NCCL group.
 TEST(HealthOnGpus, AllReducesOverNccl) {
-  const int n = device_count();
-  ASSERT_GE(n, 0) << "the device probe (a forked child) exited with " << -n;
-  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, sees " << n;
+  REQUIRE_GPUS(2);
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("health_gpus_{}", getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -224,11 +228,9 @@ TEST(HealthOnGpus, AllReducesOverNccl) {
       2,
       [&](int rank) {
         const config::Config cfg = make_config(Case{"full_shard"}, 2);
-        const ComputeDevice device(cfg, 2, rank, 2);
-        const parallel::Job job({(dir / "store").string(), "test-job", "0", rank, 2}, parallel::dims_for(cfg, 2),
-                                comm::Millis(20000), device.nccl_device());
-        REQUIRE(job.view().mesh->device_transport().rfind("NCCL 2.", 0) == 0);  // the log names it
-        const HealthFigures f = health_check(job.view(), cfg, device.backend());
+        const GpuRank me(cfg, rank, 2, dir);
+        REQUIRE(me.job.view().mesh->device_transport().rfind("NCCL 2.", 0) == 0);  // the log names it
+        const HealthFigures f = health_check(me.job.view(), cfg, me.device.backend());
         REQUIRE(f.all_reduce_ok && f.gemm_ok && f.bus_bytes == 64 << 20 && f.bus_gbps > 0);
         return 0;
       },
@@ -240,9 +242,7 @@ TEST(HealthOnGpus, AllReducesOverNccl) {
 // the communicator aborted) and it leaves with exit code 12 (a restart can cure it), naming the
 // operation and its rank, instead of hanging.
 TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
-  const int n = device_count();
-  ASSERT_GE(n, 0) << "the device probe (a forked child) exited with " << -n;
-  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, sees " << n;
+  REQUIRE_GPUS(2);
   const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_lost_{}", getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -250,10 +250,8 @@ TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
       2,
       [&](int rank) {
         const config::Config cfg = make_config(Case{"full_shard"}, 2);
-        const ComputeDevice device(cfg, 2, rank, 2);
-        const parallel::Job job({(dir / "store").string(), "test-job", "0", rank, 2}, parallel::dims_for(cfg, 2),
-                                comm::Millis(20000), device.nccl_device());
-        Trainer trainer(cfg, "", job.view(), device.backend());
+        const GpuRank me(cfg, rank, 2, dir);
+        Trainer trainer(cfg, "", me.job.view(), me.device.backend());
         trainer.step();
         if (rank == 1) ::_exit(7);  // lost: its connections close
         try {
