@@ -23,10 +23,10 @@ std::string nccl_version();
 // Every buffer passed to its collectives is a DEVICE pointer on `device`. Operations run on the
 // group's own non-blocking stream, in call order: the caller must have finished writing the
 // inputs before the call, or name the stream that writes them (CollectiveOptions::after), and
-// must not touch the buffers before wait() returns. A collective's timeout counts from the call. In place: in ==
-// out + rank x count for all_gather, out == in + rank x count for reduce_scatter; otherwise the
-// buffers must not overlap. Collectives are issued by one thread at a time (in the same order on
-// every rank); wait() and abort() may come from any thread.
+// must not touch the buffers before wait() returns. A collective's timeout counts from the call.
+// In place: in == out + rank x count for all_gather, out == in + rank x count for
+// reduce_scatter; otherwise the buffers must not overlap. Collectives are issued by one thread at a time (in the same
+// order on every rank); wait() and abort() may come from any thread.
 std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, int rank, int size, int device, Millis timeout);
 
 }  // namespace tessera::comm
