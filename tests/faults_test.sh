@@ -59,9 +59,15 @@ PY
 
 # --- health check: passes on a healthy run with figures (this run is also the reference below)
 run ref 0
-has ref '\[rank 0\] info: health check passed on 2 ranks in [0-9]+ ms: all-reduce of [0-9]+ known values exact; all-reduce of 4 MiB at [0-9.]+ GB/s'
+has ref '\[rank 0\] info: health check passed on 2 ranks in [0-9]+ ms: all-reduce of [0-9]+ known values exact; all-reduce of 4 MiB at [0-9.]+ GB/s bus bandwidth over Gloo'
 has ref 'GEMM 96x80x72 within tolerance'
-echo "ok: health check passed ($(grep -oE '[0-9.]+ GB/s bus bandwidth \(ranks [0-9.]+\.\.[0-9.]+\)' "$dir/ref.log")); run ${secs}s"
+echo "ok: health check passed ($(grep -oE '[0-9.]+ GB/s bus bandwidth over Gloo \(ranks [0-9.]+\.\.[0-9.]+\)' "$dir/ref.log")); run ${secs}s"
+
+# --- health check: rank 1's part of the known all-reduce is corrupted; every rank sees wrong sums
+TESSERA_FAULT=1:0:health:allreduce run allreduce 4
+has allreduce 'health check before step 0 failed on 2 of 2 rank\(s\): rank 0 \(all-reduce result\), rank 1 \(all-reduce result\)'
+has allreduce '\[rank 0\] error: health check: rank 0: all-reduce of 4099 known values: 1 wrong, the first at 2049'
+echo "ok: a corrupted all-reduce stops the job before step 0 (exit 4)"
 
 # --- health check: rank 1 fails its GEMM; every rank names rank 1, exit 4, no step taken
 TESSERA_FAULT=1:0:health:fail run health 4

@@ -21,10 +21,10 @@ struct KindInfo {
   Kind kind;
   const char* only_phase;  // nullptr: any phase
 };
-constexpr KindInfo kKinds[] = {{"kill", Kind::kKill, nullptr},  {"exit", Kind::kExit, nullptr},
-                               {"hang", Kind::kHang, nullptr},  {"slow", Kind::kSlow, nullptr},
-                               {"io", Kind::kIo, nullptr},      {"nan", Kind::kNan, "backward"},
-                               {"fail", Kind::kFail, "health"}, {"gpu", Kind::kGpu, "health"}};
+constexpr KindInfo kKinds[] = {
+    {"kill", Kind::kKill, nullptr},  {"exit", Kind::kExit, nullptr}, {"hang", Kind::kHang, nullptr},
+    {"slow", Kind::kSlow, nullptr},  {"io", Kind::kIo, nullptr},     {"nan", Kind::kNan, "backward"},
+    {"fail", Kind::kFail, "health"}, {"gpu", Kind::kGpu, "health"},  {"allreduce", Kind::kAllReduce, "health"}};
 constexpr const char* kPhases[] = {"health",
                                    "forward",
                                    "backward",
@@ -144,6 +144,7 @@ Kind point(const char* phase, int rank, int64_t step) {
     case Kind::kNan:
     case Kind::kFail:
     case Kind::kGpu:
+    case Kind::kAllReduce:
       return spec.kind;
     case Kind::kNone:
       break;

@@ -28,7 +28,7 @@
 
 namespace tessera::fault {
 
-enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo, kNan, kFail, kGpu };
+enum class Kind { kNone, kKill, kExit, kHang, kSlow, kIo, kNan, kFail, kGpu, kAllReduce };
 
 // A parsed TESSERA_FAULT.
 struct Spec {
@@ -45,7 +45,8 @@ bool parse(const std::string& text, Spec* spec, std::string* error);
 
 // Acts on the configured fault if it matches (rank, step, phase); kill, exit and hang never
 // return. Returns the kind the caller must act on (kIo: fail the operation as an I/O error;
-// kNan: poison a gradient; kFail: fail the health check's GEMM; kGpu: its GPU verdict), else kNone. Cheap when nothing
+// kNan: poison a gradient; kFail: fail the health check's GEMM; kGpu: its GPU verdict;
+// kAllReduce: corrupt this rank's part of its known all-reduce), else kNone. Cheap when nothing
 // is configured.
 Kind point(const char* phase, int rank, int64_t step);
 

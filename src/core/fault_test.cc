@@ -41,6 +41,7 @@ TEST(Fault, ParsesRankStepPhaseKind) {
   EXPECT_EQ(s.step, 0);
   EXPECT_EQ(s.kind, Kind::kFail);
   EXPECT_EQ(ok("1:0:health:gpu").kind, Kind::kGpu);
+  EXPECT_EQ(ok("1:0:health:allreduce").kind, Kind::kAllReduce);
 
   // The kinds and phases that existed before keep working.
   EXPECT_EQ(ok("0:4:checkpoint.shard:kill").kind, Kind::kKill);

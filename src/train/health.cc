@@ -93,7 +93,7 @@ double measure_memory_gbps(kernels::Backend& backend) {
 // The known all-reduce checked exactly, then its bus bandwidth, 2 (W-1)/W x bytes / time, in
 // the backend's memory over the group training uses for it: Gloo on the CPU, NCCL on GPUs.
 void check_all_reduce(const parallel::Distributed& dist, kernels::Backend& backend, comm::CollectiveOptions options,
-                      HealthFigures* f) {
+                      bool corrupt, HealthFigures* f) {
   const int rank = dist.rank(), world = dist.world_size();
   comm::ProcessGroup& group = *dist.mesh->device_group(parallel::Dim::kWorld);
   options.after = backend.stream();
@@ -102,6 +102,7 @@ void check_all_reduce(const parallel::Distributed& dist, kernels::Backend& backe
   auto* data = reinterpret_cast<float*>(memory.get());
   std::vector<float> v(kCheckCount);
   for (int64_t i = 0; i < kCheckCount; ++i) v[i] = known_value(rank, i);
+  if (corrupt) v[kCheckCount / 2] += 1.0f;  // what a bad link or a faulty reduction would do
   backend.to_device(data, v.data(), sizeof(float) * v.size());
   group.all_reduce(data, kCheckCount, comm::DType::kF32, options)->wait();
   backend.to_host(v.data(), data, sizeof(float) * v.size());
@@ -178,7 +179,7 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
   std::copy(gpu_failure.begin(), gpu_failure.end(), gpu_texts.begin());
   if (dist.world() != nullptr && world > 1) {
     f.bus_bytes = device ? kDeviceBandwidthBytes : kBandwidthBytes;
-    check_all_reduce(dist, backend, options, &f);
+    check_all_reduce(dist, backend, options, injected == fault::Kind::kAllReduce, &f);
     float figures[kFigures] = {f.all_reduce_ok ? 1.0f : 0.0f, mine[1], static_cast<float>(f.bus_gbps), mine[3],
                                mine[4]};
     all.resize(kFigures * static_cast<size_t>(world));
