@@ -27,8 +27,9 @@ train_args=(--set model.preset=tiny --set data.synthetic=true --set train.max_st
 launch() {
   local name=$1 nnodes=$2 nproc=$3
   shift 3
+  # The caller's arguments last: its --set overrides win over train_args' (the last --set of a key does).
   exec "$tessera" launch --nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv "file://$dir/rdzv-$name" --run-id "$name" \
-    --run-dir "$dir/$name" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "$@" "${train_args[@]}"
+    --run-dir "$dir/$name" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "${train_args[@]}" "$@"
 }
 losses() { $py -c 'import json,sys
 for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
