@@ -44,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/bf16.h"  // the project's rounding (round to nearest even, NaN kept)
 #include "emu_async.h"
 
 struct ncclComm {
@@ -75,19 +76,6 @@ ncclResult_t fail(ncclResult_t r, const std::string& what) {
 
 size_t type_bytes(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 2; }
 
-float bf16_to_f32(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
 float load(const char* p, ncclDataType_t t, size_t i) {
   if (t == ncclFloat32) {
     float f;
@@ -96,13 +84,13 @@ float load(const char* p, ncclDataType_t t, size_t i) {
   }
   uint16_t h;
   std::memcpy(&h, p + 2 * i, 2);
-  return bf16_to_f32(h);
+  return tessera::bf16_to_f32(h);
 }
 void store(char* p, ncclDataType_t t, size_t i, float v) {
   if (t == ncclFloat32) {
     std::memcpy(p + 4 * i, &v, 4);
   } else {
-    const uint16_t h = f32_to_bf16(v);
+    const uint16_t h = tessera::f32_to_bf16(v);
     std::memcpy(p + 2 * i, &h, 2);
   }
 }
@@ -262,6 +250,7 @@ ncclResult_t enqueue(ncclComm* c, Kind kind, const void* send, void* recv, size_
   std::vector<emu::PendingPtr> before = emu::stream_dependencies(stream);
   emu::stream_push(stream, done);
   std::lock_guard<std::mutex> lock(c->mu);
+  std::erase_if(c->unfinished, [](const emu::PendingPtr& p) { return p->done(); });  // completed long ago
   c->unfinished.push_back(done);
   c->queue.push_back([=] {
     for (const emu::PendingPtr& p : before) p->wait();
