@@ -22,6 +22,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/resume.h"
 #include "comm/job_auth.h"
+#include "comm/transport_log.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -262,11 +263,43 @@ void log_final_validation(const data::DatasetManifest& manifest, const LoopEnd& 
                                    : std::string("not below"));
 }
 
+// NCCL's choice of network and transports, which it names only in its debug log: the log is asked
+// for in RUN/logs/nccl_rank_R.log before the job's groups are made (NCCL reads its settings once),
+// and read after the first step, when every group has connected for every collective it runs.
+class NcclTransportReport {
+ public:
+  NcclTransportReport(const std::string& run_dir, int rank) {
+    std::error_code ec;  // NCCL writes no file where it cannot, and the report says so
+    fs::create_directories(fs::path(run_dir) / "logs", ec);
+    path_ = comm::capture_nccl_debug_log(fmt::format("{}/logs/nccl_rank_{}.log", run_dir, rank), &note_);
+  }
+
+  // Once: the network, the connections per transport, NCCL's warnings; a warning when traffic
+  // between nodes goes over sockets.
+  void log_once() {
+    if (done_) return;
+    done_ = true;
+    if (path_.empty()) return log::info("NCCL transports not read: {}", note_);
+    std::ifstream in(path_);
+    if (!in) return log::warn("NCCL transports not read: cannot open NCCL's log {}", path_);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const comm::NcclTransports t = comm::parse_nccl_log(text);
+    log::info("NCCL after the first step: {} (NCCL's log: {})", comm::describe(t), path_);
+    for (const std::string& w : t.warnings) log::warn("NCCL warned: {}", w);
+    if (const std::string slow = comm::slow_network(t); !slow.empty()) log::warn("{}", slow);
+  }
+
+ private:
+  std::string path_, note_;
+  bool done_ = false;
+};
+
 // One worker's run: start-up checks and figures, resume, the step loop, final weights; rank 0
-// writes the run's files and logs job-wide figures.
+// writes the run's files and logs job-wide figures. `nccl` is null where the job has no NCCL
+// groups.
 void train_worker(const config::Config& config, const std::string& dataset, const std::string& run_dir,
                   const std::string& resume, const parallel::Distributed& dist, const ComputeDevice& device,
-                  const std::string& heartbeat_path = "") {
+                  const std::string& heartbeat_path = "", NcclTransportReport* nccl = nullptr) {
   const bool leader = dist.rank() == 0;
   // Every rank logs to its own file; on the console, rank 0 logs job-wide figures and the others
   // only what goes wrong.
@@ -284,7 +317,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (!mesh.device_transport().empty()) {
     log::info(
         "collectives: FSDP's gathers and reductions in device memory over {}, the rest over Gloo "
-        "(NCCL_DEBUG=INFO prints NCCL's choice of network and transports)",
+        "(NCCL's choice of network and transports follows the first step)",
         mesh.device_transport());
   }
   Heartbeat heartbeat(heartbeat_path, device);
@@ -306,7 +339,10 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const double start = now_seconds();
   LoopHooks hooks;
   hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };
-  hooks.observe = [&](const StepStats& s, const StepLog::Extra& extra) { step_log.record(trainer, s, extra); };
+  hooks.observe = [&](const StepStats& s, const StepLog::Extra& extra) {
+    step_log.record(trainer, s, extra);
+    if (nccl != nullptr) nccl->log_once();
+  };
   const LoopEnd end = run_steps(trainer, &checkpointer, hooks);
   step_log.finish();
   if (end.stopped) {
@@ -378,9 +414,11 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // GPU job's groups are made on it.
   const int per_node = job.ranks_per_node > 0 ? job.ranks_per_node : job.world;
   const ComputeDevice device(config, job.world, job.rank % per_node, per_node);
+  std::optional<NcclTransportReport> nccl;
+  if (device.nccl_device() >= 0 && job.world > 1) nccl.emplace(run_dir, job.rank);
   const parallel::Job joined(job, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms),
                              device.nccl_device());
-  train_worker(config, dataset, run_dir, resume, joined.view(), device, heartbeat);
+  train_worker(config, dataset, run_dir, resume, joined.view(), device, heartbeat, nccl ? &*nccl : nullptr);
   // The store may still be read (a checkpoint outcome) until every rank is done.
   if (url.kind == comm::StoreUrl::Kind::kTcp && joined.view().world() != nullptr) {
     joined.view().world()->barrier({comm::Millis(config.parallel.timeout_ms)})->wait();
