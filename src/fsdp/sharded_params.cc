@@ -51,7 +51,8 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       shard_group_(mesh.device_group(parallel::Dim::kDpShard)),
       replica_group_(mesh.device_group(parallel::Dim::kDpReplicate)),
       host_shard_group_(mesh.group(parallel::Dim::kDpShard)),
-      tp_group_(mesh.group(parallel::Dim::kTp)),
+      tp_group_(mesh.device_group(parallel::Dim::kTp)),
+      host_tp_group_(mesh.group(parallel::Dim::kTp)),
       pp_group_(mesh.group(parallel::Dim::kPp)),
       accumulation_(accumulation),
       param_dtype_(param_dtype),
@@ -64,8 +65,8 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   CHECK_MSG(
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
-  CHECK_MSG(backend.device() == kernels::Device::kCpu || (tp_group_ == nullptr && pp_group_ == nullptr),
-            "parameters on a device backend: tensor and pipeline parallelism are not built there");
+  CHECK_MSG(backend.device() == kernels::Device::kCpu || pp_group_ == nullptr,
+            "parameters on a device backend: pipeline parallelism is not built there");
   options_.timeout = timeout;
   options_.after = backend.stream();  // a collective follows the compute that wrote its inputs
   const ArenaBytes plan = planned_bytes(layout_, strategy_, S, accumulation_, param_dtype_, reduce_dtype_);
@@ -331,7 +332,7 @@ double ShardedParams::finish_step() {
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
   // tp ranks' blocks and the pipeline's stages.
   float sum = static_cast<float>(local_sum_squares());
-  for (comm::ProcessGroup* g : {host_shard_group_, tp_group_, pp_group_}) {
+  for (comm::ProcessGroup* g : {host_shard_group_, host_tp_group_, pp_group_}) {
     if (g != nullptr) wait(*g->all_reduce(&sum, 1, comm::DType::kF32, options_));
   }
   recording_ = false;
@@ -438,7 +439,7 @@ std::vector<model::NamedTensor> ShardedParams::gather_named(float* Unit::*shard)
     // put together from the blocks.
     if (T > 1) {
       blocks.resize(static_cast<size_t>(T * u.padded));
-      tp_group_->all_gather(p, blocks.data(), u.padded, comm::DType::kF32, options_)->wait();
+      host_tp_group_->all_gather(p, blocks.data(), u.padded, comm::DType::kF32, options_)->wait();
     }
     for (const model::TensorSpec& t : layout_.units()[i].tensors) {
       model::NamedTensor named{t.name, t.full_shape, std::vector<float>(static_cast<size_t>(t.full_numel()))};

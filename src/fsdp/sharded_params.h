@@ -173,7 +173,8 @@ class ShardedParams final : public model::ParamSource {
   comm::ProcessGroup* shard_group_;    // dp_shard (null when S = 1), for the backend's memory
   comm::ProcessGroup* replica_group_;  // dp_replicate (null without replicas), the same
   comm::ProcessGroup* host_shard_group_;  // dp_shard for host memory (the norm, gather_named)
-  comm::ProcessGroup* tp_group_;       // tp (null without tensor parallelism)
+  comm::ProcessGroup* tp_group_;          // tp (null without tensor parallelism), for the backend's memory
+  comm::ProcessGroup* host_tp_group_;     // tp for host memory (the norm, gather_named)
   comm::ProcessGroup* pp_group_;       // pp (null without pipeline parallelism)
   int64_t accumulation_;
   comm::CollectiveOptions options_;

@@ -135,6 +135,9 @@ class Backend {
   virtual void vocab_parallel_loss(float* dlogits, float* losses, const float* logits, const float* row_max,
                                    const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t n,
                                    int64_t Vb, int64_t v0, float dscale) = 0;
+  // out (n) = the elementwise maximum of `count` blocks of n floats (blocks: count x n, e.g. the
+  // row maxima gathered from every rank of a tensor-parallel group).
+  virtual void max_of_blocks(float* out, const float* blocks, int64_t count, int64_t n) = 0;
 
   // param_bf16 optional (kernels/cpu/adamw.h).
   virtual void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,

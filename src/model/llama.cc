@@ -138,9 +138,8 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       host_targets_(host_tokens_ + N_),
       host_losses_(reinterpret_cast<float*>(host_targets_ + N_)) {
   CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
-  CHECK_MSG(
-      backend.device() == kernels::Device::kCpu || (layout.tensor_parallel().size == 1 && layout.stage().size == 1),
-      "tensor and pipeline parallelism run on the CPU backend only");
+  CHECK_MSG(backend.device() == kernels::Device::kCpu || layout.stage().size == 1,
+            "pipeline parallelism runs on the CPU backend only");
   plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_, be_);
   const ModelConfig& c = layout_.config();
   kernels::write_rope_table(be_, b_.rope, T_, c.head_dim(), c.rope_theta);
@@ -389,9 +388,7 @@ void Llama::vocab_parallel_loss(ParamSource& params, float* losses, const int32_
   // block of the gradient. The whole (rows, V) logits are never in one place.
   be_.vocab_parallel_max(b_.ce_max, b_.logits, targets, rows, v.vocab);
   params.tp_all_gather(b_.ce_max, b_.ce_maxima, rows);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int t = 0; t < T; ++t) b_.ce_max[i] = std::max(b_.ce_max[i], b_.ce_maxima[t * rows + i]);
-  }
+  be_.max_of_blocks(b_.ce_max, b_.ce_maxima, T, rows);
   be_.vocab_parallel_sums(b_.ce_sums, b_.ce_sums + rows, b_.logits, b_.ce_max, targets, rows, v.vocab, v.vocab_begin);
   params.tp_all_reduce(b_.ce_sums, 2 * rows);
   be_.vocab_parallel_loss(with_grads ? b_.logits : nullptr, losses, b_.logits, b_.ce_max, b_.ce_sums, b_.ce_sums + rows,

@@ -1,8 +1,10 @@
 // Several GPUs, each rank on its own CUDA device, over NCCL: the health check's all-reduce in
-// device memory, a rank lost mid-run, and data-parallel training (train.device = cuda) against
-// the same global batch on one GPU: every step's loss and gradient norm on every rank, the
-// gradients after the first step and the parameters after the last, for every strategy (two
-// ranks; hybrid_shard four, two groups of two) and with bf16 gathers and reductions. Norm gains
+// device memory, a rank lost mid-run, and data- and tensor-parallel training (train.device =
+// cuda) against the same global batch on one GPU: every step's loss and gradient norm on every
+// rank, the gradients after the first step and the parameters after the last, for every
+// strategy (two ranks; hybrid_shard four, two groups of two), with bf16 gathers and reductions,
+// and with tensor parallelism (two ranks; with sequence parallelism; that on two data-parallel
+// ranks of two, four GPUs). Norm gains
 // are jittered away from 1 first (a gain read for the wrong unit, or never reduced, would
 // otherwise change nothing), and the gradients are compared (AdamW hides a wrong gradient scale
 // from the parameters).
@@ -54,21 +56,28 @@ struct Case {
   bool bf16 = false;  // parameters gathered and gradients reduced in bf16
   int world = 2;      // ranks (GPUs)
   int shard_group_size = 0;  // hybrid_shard
+  int tensor = 1;            // tensor-parallel ranks (of `world`)
+  bool sequence_parallel = false;
 };
 
-std::string name_of(const Case& c) { return fmt::format("{}_w{}{}", c.strategy, c.world, c.bf16 ? "_bf16" : ""); }
+std::string name_of(const Case& c) {
+  return fmt::format("{}_w{}{}{}{}", c.strategy, c.world, c.bf16 ? "_bf16" : "",
+                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence_parallel ? "_sp" : "");
+}
 std::string name_of_param(const ::testing::TestParamInfo<Case>& info) { return name_of(info.param); }
 void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 
 constexpr int kSteps = 3;
 
 config::Config make_config(const Case& c, int world) {
+  const int tensor = world > 1 ? c.tensor : 1;
+  const int data = world / tensor;
   config::Overrides o = {{"model.preset", "tiny"},
                          {"data.synthetic", "true"},
                          {"train.device", "cuda"},
                          {"model.seq_len", "32"},  // small: the emulation runs it too
                          {"train.batch_size", "8"},
-                         {"train.micro_batch_size", std::to_string(8 / world / 2)},  // 2 micro-batches a rank
+                         {"train.micro_batch_size", std::to_string(8 / data / 2)},  // 2 micro-batches a rank
                          {"train.threads", "1"},
                          {"train.lr", "1e-3"},
                          {"train.warmup_steps", "1"},
@@ -76,6 +85,8 @@ config::Config make_config(const Case& c, int world) {
                          {"parallel.nproc", std::to_string(world)},
                          {"parallel.strategy", c.strategy},
                          {"parallel.shard_group_size", std::to_string(world > 1 ? c.shard_group_size : 0)},
+                         {"parallel.tensor", std::to_string(tensor)},
+                         {"parallel.sequence_parallel", tensor > 1 && c.sequence_parallel ? "true" : "false"},
                          {"parallel.timeout_ms", "60000"},
                          {"parallel.param_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
                          {"parallel.reduce_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
@@ -275,7 +286,9 @@ TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpOnGpus,
                          ::testing::Values(Case{"full_shard"}, Case{"shard_grad_op"}, Case{"no_shard"},
-                                           Case{"full_shard", true}, Case{"hybrid_shard", false, 4, 2}),
+                                           Case{"full_shard", true}, Case{"hybrid_shard", false, 4, 2},
+                                           Case{"full_shard", false, 2, 0, 2}, Case{"full_shard", false, 2, 0, 2, true},
+                                           Case{"full_shard", false, 4, 0, 2, true}),
                          name_of_param);
 
 }  // namespace

@@ -153,6 +153,13 @@ class CpuBackend final : public Backend {
                            int64_t Vb, int64_t v0, float dscale) override {
     cpu::vocab_parallel_loss(dlogits, losses, logits, row_max, sum_exp, target_logit, targets, n, Vb, v0, dscale);
   }
+  void max_of_blocks(float* out, const float* blocks, int64_t count, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      float mx = blocks[i];
+      for (int64_t b = 1; b < count; ++b) mx = std::max(mx, blocks[b * n + i]);
+      out[i] = mx;
+    }
+  }
 
   void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
                   uint16_t* param_bf16) override {

@@ -201,15 +201,21 @@ class CudaBackend final : public Backend {
                                   int64_t n, int64_t V, float dscale) override {
     cuda::softmax_cross_entropy_bf16(dlogits, losses, logits, targets, n, V, dscale, stream_);
   }
-  // The model runs tensor parallelism on the CPU backend only (model/llama.h): never called.
-  void vocab_parallel_max(float*, const float*, const int32_t*, int64_t, int64_t) override { no_tensor_parallel(); }
-  void vocab_parallel_sums(float*, float*, const float*, const float*, const int32_t*, int64_t, int64_t,
-                           int64_t) override {
-    no_tensor_parallel();
+  void vocab_parallel_max(float* row_max, const float* logits, const int32_t* targets, int64_t n, int64_t Vb) override {
+    cuda::vocab_parallel_max(row_max, logits, targets, n, Vb, stream_);
   }
-  void vocab_parallel_loss(float*, float*, const float*, const float*, const float*, const float*, const int32_t*,
-                           int64_t, int64_t, int64_t, float) override {
-    no_tensor_parallel();
+  void vocab_parallel_sums(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                           const int32_t* targets, int64_t n, int64_t Vb, int64_t v0) override {
+    cuda::vocab_parallel_sums(sum_exp, target_logit, logits, row_max, targets, n, Vb, v0, stream_);
+  }
+  void vocab_parallel_loss(float* dlogits, float* losses, const float* logits, const float* row_max,
+                           const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t n,
+                           int64_t Vb, int64_t v0, float dscale) override {
+    cuda::vocab_parallel_loss(dlogits, losses, logits, row_max, sum_exp, target_logit, targets, n, Vb, v0, dscale,
+                              stream_);
+  }
+  void max_of_blocks(float* out, const float* blocks, int64_t count, int64_t n) override {
+    cuda::max_of_blocks(out, blocks, count, n, stream_);
   }
 
   void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
@@ -225,11 +231,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  [[noreturn]] static void no_tensor_parallel() {
-    CHECK_MSG(false, "the vocabulary-parallel cross-entropy has no CUDA kernels yet (tensor parallelism is CPU-only)");
-    __builtin_unreachable();
-  }
-
   const int device_;
   cudaStream_t stream_ = nullptr;
   Blas blas_;

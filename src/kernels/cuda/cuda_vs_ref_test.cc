@@ -196,6 +196,69 @@ TEST(CudaVsRef, CrossEntropy) {
   EXPECT_TRUE(all_close(widen(g16.download()), want_grad, 1e-9f, 1.0f / 256));  // one bf16 rounding: 2^-9
 }
 
+// Two ranks' blocks of a 32003-wide vocabulary (one odd), a target in each, one ignored, one at a
+// block's last column: the three passes with the group's reductions done on the host between them.
+TEST(CudaVsRef, VocabParallelCrossEntropy) {
+  REQUIRE_CUDA_DEVICE();
+  const int64_t n = 7, V = 32003, half = 16001;
+  const int64_t blocks[2][2] = {{0, half}, {half, V - half}};  // v0, Vb
+  const auto logits = random_floats(n * V, 21, 3.0f);
+  std::vector<int32_t> targets = {5, 16001, -1, 32002, 16000, 9000, 20000};
+  const float dscale = 1.0f / 6;
+  DeviceBuffer<int32_t> dt(targets);
+  std::vector<float> want_max[2], got_max[2], want_sums[2][2], got_sums[2][2];
+  std::vector<float> block_logits[2];
+  for (int r = 0; r < 2; ++r) {
+    const auto [v0, Vb] = std::pair{blocks[r][0], blocks[r][1]};
+    block_logits[r].resize(n * Vb);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(&logits[i * V + v0], Vb, &block_logits[r][i * Vb]);
+    want_max[r].resize(n);
+    ref::vocab_parallel_max(want_max[r].data(), block_logits[r].data(), targets.data(), n, Vb);
+    DeviceBuffer<float> dz(block_logits[r]), mx(n);
+    vocab_parallel_max(mx.get(), dz.get(), dt.get(), n, Vb, nullptr);
+    got_max[r] = mx.download();
+    EXPECT_TRUE(all_close(got_max[r], want_max[r], 0.0f, 0.0f)) << "rank " << r;  // a maximum is exact
+  }
+  // The group's maximum, as the model takes it from the gathered blocks.
+  std::vector<float> gathered = want_max[0];
+  gathered.insert(gathered.end(), want_max[1].begin(), want_max[1].end());
+  DeviceBuffer<float> dgathered(gathered), dmax(n);
+  max_of_blocks(dmax.get(), dgathered.get(), 2, n, nullptr);
+  std::vector<float> row_max(n);
+  for (int64_t i = 0; i < n; ++i) row_max[i] = std::max(want_max[0][i], want_max[1][i]);
+  EXPECT_TRUE(all_close(dmax.download(), row_max, 0.0f, 0.0f));
+
+  std::vector<float> sum_exp(n, 0.0f), target_logit(n, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    const auto [v0, Vb] = std::pair{blocks[r][0], blocks[r][1]};
+    for (auto& w : want_sums[r]) w.resize(n);
+    ref::vocab_parallel_sums(want_sums[r][0].data(), want_sums[r][1].data(), block_logits[r].data(), row_max.data(),
+                             targets.data(), n, Vb, v0);
+    DeviceBuffer<float> dz(block_logits[r]), dmx(row_max), s(n), t(n);
+    vocab_parallel_sums(s.get(), t.get(), dz.get(), dmx.get(), dt.get(), n, Vb, v0, nullptr);
+    EXPECT_TRUE(all_close(s.download(), want_sums[r][0], 1e-6f, 1e-5f)) << "rank " << r;
+    EXPECT_TRUE(all_close(t.download(), want_sums[r][1], 0.0f, 0.0f)) << "rank " << r;  // a copy
+    for (int64_t i = 0; i < n; ++i) sum_exp[i] += want_sums[r][0][i], target_logit[i] += want_sums[r][1][i];
+  }
+  // Each rank's losses equal the whole vocabulary's; its gradient block is the whole one's.
+  std::vector<float> want_loss(n), want_grad(n * V);
+  ref::softmax_cross_entropy(want_grad.data(), want_loss.data(), logits.data(), targets.data(), n, V, dscale);
+  for (int r = 0; r < 2; ++r) {
+    const auto [v0, Vb] = std::pair{blocks[r][0], blocks[r][1]};
+    DeviceBuffer<float> dz(block_logits[r]), dmx(row_max), s(sum_exp), t(target_logit), loss(n);
+    vocab_parallel_loss(nullptr, loss.get(), dz.get(), dmx.get(), s.get(), t.get(), dt.get(), n, Vb, v0, dscale,
+                        nullptr);
+    EXPECT_TRUE(all_close(loss.download(), want_loss, 1e-5f, 1e-5f)) << "rank " << r;
+    EXPECT_TRUE(all_close(dz.download(), block_logits[r], 0.0f, 0.0f)) << "the loss alone must not write the logits";
+    vocab_parallel_loss(dz.get(), loss.get(), dz.get(), dmx.get(), s.get(), t.get(), dt.get(), n, Vb, v0, dscale,
+                        nullptr);  // in place, as the model runs it
+    std::vector<float> want_block(n * Vb);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(&want_grad[i * V + v0], Vb, &want_block[i * Vb]);
+    EXPECT_TRUE(all_close(loss.download(), want_loss, 1e-5f, 1e-5f)) << "rank " << r;
+    EXPECT_TRUE(all_close(dz.download(), want_block, 1e-9f, 1e-5f)) << "rank " << r;
+  }
+}
+
 TEST(CudaVsRef, AdamWBitwiseAsCpu) {
   REQUIRE_CUDA_DEVICE();
   const int64_t n = 77777;
