@@ -1,6 +1,8 @@
 // ProcessGroup over a non-blocking NCCL communicator: collectives go onto one stream per group,
 // completion is an event polled together with the communicator's asynchronous error, and a
-// timeout or error aborts the communicator (ncclCommAbort), so this rank never hangs in NCCL.
+// timeout or error aborts the communicator (ncclCommAbort), so this rank never hangs in NCCL:
+// found by the thread waiting on the operation, or, when no thread waits (compute waits on the
+// device, Work::wait_on_device), by the group's watchdog thread, which looks every 50 ms.
 //
 // Why non-blocking (config.blocking = 0): with a blocking communicator ncclCommInitRank and the
 // first collectives (which connect peers lazily) block inside NCCL until every peer arrives, and
@@ -25,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -80,6 +83,20 @@ struct OpId {
   uint64_t seq;
 };
 
+// An operation issued and not known to be done.
+struct Issued {
+  OpId op;
+  Clock::time_point deadline;
+  Millis timeout;
+  std::shared_ptr<Event> event;
+};
+
+constexpr auto kWatchInterval = std::chrono::milliseconds(50);
+
+std::string timed_out(Millis timeout) {
+  return "timed out after " + std::to_string(timeout.count()) + " ms (a peer did not take part, or is stuck)";
+}
+
 // What the group and its Work handles share. Every NCCL call on `comm` happens under `mu`;
 // pollers drop `mu` while they sleep, so abort() from another thread gets in.
 struct State {
@@ -97,31 +114,84 @@ struct State {
   // Operations with seq >= failed_from did not (or may not) complete: they were in flight when
   // the communicator was aborted. The stream runs operations in order, so earlier ones did.
   uint64_t failed_from = UINT64_MAX;
-  std::deque<std::pair<uint64_t, std::shared_ptr<Event>>> inflight;  // issued, not known done
+  uint64_t aborted_for = UINT64_MAX;               // the operation whose own failure `broken` is, if any
+  std::deque<Issued> inflight;                     // issued, not known done, in order
   Clock::time_point last_deadline = Clock::now();  // latest deadline of any issued operation
+  std::thread watchdog;
+  std::condition_variable wake;
+  bool stopping = false;
 
   std::string failure(OpId op, const std::string& what) const {
     return std::string(op_name(op.kind)) + " #" + std::to_string(op.seq) + " on rank " + std::to_string(rank) +
            " of " + std::to_string(size) + " failed: " + what;
   }
 
+  // What wait() reports for operation `op` once the group is broken. mu held.
+  std::string aborted(OpId op) const {
+    return op.seq == aborted_for ? broken : failure(op, "the group was aborted: " + broken);
+  }
+
   // Drops the completed head of `inflight`. mu held.
   void prune() {
-    while (!inflight.empty() && cudaEventQuery(inflight.front().second->ev) == cudaSuccess) inflight.pop_front();
+    while (!inflight.empty() && cudaEventQuery(inflight.front().event->ev) == cudaSuccess) inflight.pop_front();
   }
 
   // Marks the group unusable and aborts the communicator, which ends its kernels and frees it.
-  // mu held.
-  void abort_locked(const std::string& why) {
-    if (broken.empty()) broken = why;
+  // `op`: the operation whose failure `why` is. mu held.
+  void abort_locked(const std::string& why, uint64_t op = UINT64_MAX) {
+    if (broken.empty()) {
+      broken = why;
+      aborted_for = op;
+    }
     if (comm == nullptr) return;
     prune();
-    failed_from = inflight.empty() ? next_seq : inflight.front().first;
+    failed_from = inflight.empty() ? next_seq : inflight.front().op.seq;
     inflight.clear();
     (void)cudaSetDevice(device);
     ncclResult_t r = ncclCommAbort(comm);
     comm = nullptr;
     if (r != ncclSuccess) broken += " (ncclCommAbort: " + nccl_message(r) + ")";
+  }
+
+  // One look of the watchdog: the communicator's asynchronous error, or an operation past its
+  // deadline, aborts the group, whether or not a thread waits on it. mu held.
+  void watch_once() {
+    if (comm == nullptr) return;
+    prune();
+    if (inflight.empty()) return;
+    ncclResult_t state = ncclSuccess;
+    std::string why;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) {
+      why = "ncclCommGetAsyncError: " + nccl_message(r);
+    } else if (state != ncclSuccess && state != ncclInProgress) {
+      why = "NCCL asynchronous error: " + nccl_message(state);
+    }
+    const Clock::time_point now = Clock::now();
+    for (const Issued& i : inflight) {
+      if (why.empty() && now < i.deadline) continue;
+      abort_locked(failure(i.op, why.empty() ? timed_out(i.timeout) : why), i.op.seq);
+      return;
+    }
+  }
+
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      (void)cudaSetDevice(device);
+      std::unique_lock<std::mutex> lock(mu);
+      while (!stopping) {
+        wake.wait_for(lock, kWatchInterval);
+        if (!stopping) watch_once();
+      }
+    });
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (watchdog.joinable()) watchdog.join();
   }
 
   // Polls the communicator until it leaves ncclInProgress (init, a non-blocking enqueue,
@@ -162,7 +232,7 @@ class NcclWork final : public Work {
     Backoff backoff;
     for (;;) {
       if (!s.broken.empty() && op_.seq >= s.failed_from) {
-        error_ = s.failure(op_, "the group was aborted: " + s.broken);
+        error_ = s.aborted(op_);
         throw CollectiveError(error_);
       }
       cudaError_t q = cudaEventQuery(event_->ev);
@@ -182,16 +252,32 @@ class NcclWork final : public Work {
           why = "NCCL asynchronous error: " + nccl_message(state);
         }
       }
-      if (why.empty() && Clock::now() >= deadline_)
-        why = "timed out after " + std::to_string(timeout_.count()) + " ms (a peer did not take part, or is stuck)";
+      if (why.empty() && Clock::now() >= deadline_) why = timed_out(timeout_);
       if (!why.empty()) {
         error_ = s.failure(op_, why);
-        s.abort_locked(error_);
+        s.abort_locked(error_, op_.seq);
         throw CollectiveError(error_);
       }
       lock.unlock();
       backoff.pause();
       lock.lock();
+    }
+  }
+
+  void wait_on_device(void* stream) override {
+    if (stream == nullptr) return wait();
+    State& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!error_.empty()) throw CollectiveError(error_);
+    if (event_ == nullptr || done_) return;
+    if (!s.broken.empty() && op_.seq >= s.failed_from) {
+      error_ = s.aborted(op_);
+      throw CollectiveError(error_);
+    }
+    // After an abort NCCL's kernels end, so the event fires and the stream goes on.
+    if (cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_->ev, 0); e != cudaSuccess) {
+      error_ = s.failure(op_, "cudaStreamWaitEvent: " + cuda_message(e));
+      throw CollectiveError(error_);
     }
   }
 
@@ -211,6 +297,7 @@ class NcclGroup final : public ProcessGroup {
   NcclGroup(std::shared_ptr<State> state, Millis close_timeout)
       : s_(std::move(state)), close_timeout_(close_timeout) {
     for (auto& b : bytes_) b.store(0);
+    s_->start_watchdog();
   }
 
   // Waits for every issued operation (until the latest of their deadlines), then finalizes and
@@ -218,6 +305,7 @@ class NcclGroup final : public ProcessGroup {
   // outlive the group still report their operation's outcome.
   ~NcclGroup() override {
     State& s = *s_;
+    s.stop_watchdog();  // the drain below has its own deadline
     std::unique_lock<std::mutex> lock(s.mu);
     (void)cudaSetDevice(s.device);
     if (s.comm != nullptr) {
@@ -389,11 +477,11 @@ class NcclGroup final : public ProcessGroup {
     }
     if (!why.empty()) {
       std::string error = s.failure(op, why);
-      s.abort_locked(error);
+      s.abort_locked(error, op.seq);
       return work(nullptr, std::move(error));
     }
     s.prune();
-    s.inflight.emplace_back(op.seq, event);
+    s.inflight.push_back({op, deadline, options.timeout, event});
     s.last_deadline = std::max(s.last_deadline, deadline);
     bytes_[static_cast<int>(kind)].fetch_add(s.size == 1 ? 0 : bytes, std::memory_order_relaxed);
     return work(std::move(event));

@@ -47,6 +47,11 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the operation is done; rethrows its CollectiveError.
   virtual void wait() = 0;
+  // Orders the work queued on `stream` (a cudaStream_t) from now on after the operation, on the
+  // device, the host not waiting. A failure then surfaces at a later wait() on the group (NCCL:
+  // its watchdog aborts an operation past its timeout, which ends the device's wait). Without a
+  // device order (Gloo, or a null stream) it waits as wait() does.
+  virtual void wait_on_device(void* /*stream*/) { wait(); }
 };
 
 class ProcessGroup {

@@ -174,7 +174,13 @@ void ShardedParams::issue_gather(int unit) {
 
 void ShardedParams::finish_gather(Unit& u) {
   if (!u.gather) return;
-  wait(*u.gather);
+  if (options_.after != nullptr) {
+    // On the device: the compute stream waits for the gather, the host goes on launching (a
+    // gather past the timeout is ended by the NCCL group's watchdog and fails the next wait).
+    u.gather->wait_on_device(options_.after);
+  } else {
+    wait(*u.gather);
+  }
   u.gather.reset();
 }
 

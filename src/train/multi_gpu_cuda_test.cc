@@ -33,6 +33,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -281,6 +282,49 @@ TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
   std::fprintf(stderr, "the survivor's error: %s\n", what.c_str());
   EXPECT_NE(what.find("on rank 0 of 2"), std::string::npos) << what;
   EXPECT_NE(what.find('#'), std::string::npos) << "no sequence number: " << what;
+  fs::remove_all(dir);
+}
+
+// A rank that stops taking part without leaving (stuck, its connections open) after its first
+// step. The other's compute waits for each gather on the device, so none of its threads waits in
+// NCCL: the group's watchdog aborts the gather at parallel.timeout_ms, and the rank leaves with
+// exit code 12 naming the timeout, instead of hanging in its next device synchronization (or,
+// here, until the stuck rank exits).
+TEST(HungRankOnGpus, WatchdogEndsTheOtherWithExit12) {
+  REQUIRE_GPUS(2);
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_hung_{}", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<int> status = run_ranks(
+      2,
+      [&](int rank) {
+        config::Config cfg = make_config(Case{"full_shard"}, 2);
+        cfg.parallel.timeout_ms = 2000;
+        const GpuRank me(cfg, rank, 2, dir);
+        Trainer trainer(cfg, "", me.job.view(), me.device.backend());
+        trainer.step();
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(10));  // stuck
+          ::_exit(7);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          for (int i = 0; i < kSteps; ++i) trainer.step();
+        } catch (const Error& e) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::ofstream(dir / "error") << fmt::format("after {:.1f}s: {}", s, e.what());
+          REQUIRE(s < 8.0);  // the timeout and a step, not the stuck rank's 10 s
+          return static_cast<int>(e.exit_code());
+        }
+        return 0;
+      },
+      120);
+  EXPECT_EQ(status[1], 7);
+  EXPECT_EQ(status[0], kExitPeer);
+  std::ifstream in(dir / "error");
+  const std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::fprintf(stderr, "the survivor's error: %s\n", what.c_str());
+  EXPECT_NE(what.find("timed out after 2000 ms"), std::string::npos) << what;
   fs::remove_all(dir);
 }
 

@@ -1134,6 +1134,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!dd || !la || !lb || !lc || !ld || alpha_p == nullptr || beta_p == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   if (!emu::valid_stream(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+  emu::stream_drain(stream);  // after what the stream has in flight, as every launch on it
   emu::Problem prob;
   const cublasStatus_t st = emu::check_problem(*dd, *la, *lb, *lc, *ld, &prob);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
