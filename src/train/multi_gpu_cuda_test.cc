@@ -30,6 +30,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <string>
@@ -250,39 +251,57 @@ TEST(HealthOnGpus, AllReducesOverNccl) {
   fs::remove_all(dir);
 }
 
-// A rank lost after its first step: the other's next collective fails (NCCL's asynchronous error,
-// the communicator aborted) and it leaves with exit code 12 (a restart can cure it), naming the
-// operation and its rank, instead of hanging.
-TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
-  REQUIRE_GPUS(2);
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_lost_{}", getpid());
+// Two ranks train a step; then rank 1 calls `leave` (which never returns) and rank 0 trains on
+// until an Error: the ranks' exit codes, rank 0's error and how long after its next step began.
+struct Survivor {
+  std::vector<int> status;
+  std::string what;
+  double seconds = -1;
+};
+
+Survivor survive_peer(const char* name, int timeout_ms, const std::function<void()>& leave) {
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_{}_{}", name, getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::vector<int> status = run_ranks(
+  Survivor out;
+  out.status = run_ranks(
       2,
       [&](int rank) {
-        const config::Config cfg = make_config(Case{"full_shard"}, 2);
+        config::Config cfg = make_config(Case{"full_shard"}, 2);
+        cfg.parallel.timeout_ms = timeout_ms;
         const GpuRank me(cfg, rank, 2, dir);
         Trainer trainer(cfg, "", me.job.view(), me.device.backend());
         trainer.step();
-        if (rank == 1) ::_exit(7);  // lost: its connections close
+        if (rank == 1) leave();
+        const auto t0 = std::chrono::steady_clock::now();
         try {
           for (int i = 0; i < kSteps; ++i) trainer.step();
         } catch (const Error& e) {
-          std::ofstream(dir / "error") << e.what();
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::ofstream(dir / "error") << s << "\n" << e.what();
           return static_cast<int>(e.exit_code());
         }
         return 0;
       },
       120);
-  EXPECT_EQ(status[1], 7);
-  EXPECT_EQ(status[0], kExitPeer);
   std::ifstream in(dir / "error");
-  const std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::fprintf(stderr, "the survivor's error: %s\n", what.c_str());
-  EXPECT_NE(what.find("on rank 0 of 2"), std::string::npos) << what;
-  EXPECT_NE(what.find('#'), std::string::npos) << "no sequence number: " << what;
+  in >> out.seconds >> std::ws;
+  out.what.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::fprintf(stderr, "the survivor's error after %.1fs: %s\n", out.seconds, out.what.c_str());
   fs::remove_all(dir);
+  return out;
+}
+
+// A rank lost after its first step: the other's next collective fails (NCCL's asynchronous error,
+// the communicator aborted) and it leaves with exit code 12 (a restart can cure it), naming the
+// operation and its rank, instead of hanging.
+TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
+  REQUIRE_GPUS(2);
+  const Survivor s = survive_peer("lost", 60000, [] { ::_exit(7); });  // its connections close
+  EXPECT_EQ(s.status[1], 7);
+  EXPECT_EQ(s.status[0], kExitPeer);
+  EXPECT_NE(s.what.find("on rank 0 of 2"), std::string::npos) << s.what;
+  EXPECT_NE(s.what.find('#'), std::string::npos) << "no sequence number: " << s.what;
 }
 
 // A rank that stops taking part without leaving (stuck, its connections open) after its first
@@ -292,40 +311,14 @@ TEST(LostRankOnGpus, EndsTheOtherWithExit12) {
 // here, until the stuck rank exits).
 TEST(HungRankOnGpus, WatchdogEndsTheOtherWithExit12) {
   REQUIRE_GPUS(2);
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_hung_{}", getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::vector<int> status = run_ranks(
-      2,
-      [&](int rank) {
-        config::Config cfg = make_config(Case{"full_shard"}, 2);
-        cfg.parallel.timeout_ms = 2000;
-        const GpuRank me(cfg, rank, 2, dir);
-        Trainer trainer(cfg, "", me.job.view(), me.device.backend());
-        trainer.step();
-        if (rank == 1) {
-          std::this_thread::sleep_for(std::chrono::seconds(10));  // stuck
-          ::_exit(7);
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          for (int i = 0; i < kSteps; ++i) trainer.step();
-        } catch (const Error& e) {
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          std::ofstream(dir / "error") << fmt::format("after {:.1f}s: {}", s, e.what());
-          REQUIRE(s < 8.0);  // the timeout and a step, not the stuck rank's 10 s
-          return static_cast<int>(e.exit_code());
-        }
-        return 0;
-      },
-      120);
-  EXPECT_EQ(status[1], 7);
-  EXPECT_EQ(status[0], kExitPeer);
-  std::ifstream in(dir / "error");
-  const std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::fprintf(stderr, "the survivor's error: %s\n", what.c_str());
-  EXPECT_NE(what.find("timed out after 2000 ms"), std::string::npos) << what;
-  fs::remove_all(dir);
+  const Survivor s = survive_peer("hung", 2000, [] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // stuck
+    ::_exit(7);
+  });
+  EXPECT_EQ(s.status[1], 7);
+  EXPECT_EQ(s.status[0], kExitPeer);
+  EXPECT_NE(s.what.find("timed out after 2000 ms"), std::string::npos) << s.what;
+  EXPECT_LT(s.seconds, 8.0) << "the timeout and a step, not the stuck rank's 10 s";
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpOnGpus,
