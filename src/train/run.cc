@@ -316,7 +316,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   log_device(config, device);
   if (!mesh.device_transport().empty()) {
     log::info(
-        "collectives: FSDP's gathers and reductions in device memory over {}, the rest over Gloo "
+        "collectives: FSDP's and tensor parallelism's in device memory over {}, the rest over Gloo "
         "(NCCL's choice of network and transports follows the first step)",
         mesh.device_transport());
   }
