@@ -12,8 +12,10 @@
 #   - tests/plan_vs_bench_test.py on the `tiny` and `bench` presets (`tessera plan --hardware cpu`
 #     beside `tessera bench`, every strategy at 1 and 2 processes), about 4 minutes;
 #   - tools/cuda_emu/run.sh: the CUDA kernels, the model, the decoder and the trainer on the CUDA
-#     backend against the CPU, run unchanged under a CPU emulation of the CUDA subset they use (no GPU
-#     here), about 13 minutes (the trainer's tests take 10 of them).
+#     backend against the CPU, several GPUs over NCCL, run unchanged under a CPU emulation of the
+#     CUDA subset they use (no GPU here), about 5 minutes (scripts/test.sh runs it too);
+#   - scripts/fuzz.sh: every file parser's libFuzzer target for TESSERA_NIGHTLY_FUZZ_SECONDS
+#     (default 120) each, where scripts/test.sh gives them 10 s.
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
 # Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
@@ -63,6 +65,7 @@ done
 check equivalence_matrix env TESSERA_NIGHTLY_MATRIX=1 "$fsdp_tests" --gtest_filter='Nightly/*'
 check cuda_emulation tools/cuda_emu/run.sh
 check plan_vs_bench env TESSERA_PLAN_PRESETS="tiny bench" python3 tests/plan_vs_bench_test.py "$tessera"
+check fuzz scripts/fuzz.sh "${TESSERA_NIGHTLY_FUZZ_SECONDS:-120}"
 
 echo "nightly: $passed passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}; logs in $logs"
 ((${#failed[@]} == 0))

@@ -2,7 +2,7 @@
 # Install what is missing, build, and run every test: the release build (unit, kernel, PyTorch
 # parity and command-line tests; the CUDA tests also under the CPU emulation of CUDA), then the
 # same tests under AddressSanitizer + UBSan, then each file parser's libFuzzer target for
-# TESSERA_FUZZ_SECONDS (default 15) seconds (scripts/fuzz.sh).
+# TESSERA_FUZZ_SECONDS (default 10) seconds (scripts/fuzz.sh; scripts/nightly.sh fuzzes 120 s each).
 # TESSERA_SKIP_SANITIZERS=1 skips the second and third passes (for quick local iterations only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +20,5 @@ fi
 if [[ "${TESSERA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   scripts/build.sh asan
   ctest --preset asan -j "$jobs"
-  scripts/fuzz.sh "${TESSERA_FUZZ_SECONDS:-15}"
+  scripts/fuzz.sh "${TESSERA_FUZZ_SECONDS:-10}"
 fi
