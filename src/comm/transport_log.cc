@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/text.h"
+
 namespace tessera::comm {
 
 namespace {
@@ -31,12 +33,6 @@ bool after(std::string_view line, std::string_view marker, std::string_view* res
   if (at == std::string_view::npos) return false;
   *rest = line.substr(at + marker.size());
   return true;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
 }
 
 bool digit(char c) { return c >= '0' && c <= '9'; }

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/text.h"
 
 namespace tessera::storage {
 namespace {
@@ -37,13 +38,8 @@ std::map<std::string, std::map<std::string, std::string>> read_ini(const std::st
   std::map<std::string, std::map<std::string, std::string>> out;
   std::ifstream in(path);
   std::string line, section;
-  auto trim = [](std::string s) {
-    const size_t b = s.find_first_not_of(" \t\r");
-    const size_t e = s.find_last_not_of(" \t\r");
-    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-  };
   while (std::getline(in, line)) {
-    line = trim(line);
+    line = std::string(trim(line));
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     if (line.front() == '[' && line.back() == ']') {
       section = trim(line.substr(1, line.size() - 2));
@@ -51,7 +47,7 @@ std::map<std::string, std::map<std::string, std::string>> read_ini(const std::st
       continue;
     }
     const size_t eq = line.find('=');
-    if (eq != std::string::npos) out[section][trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+    if (eq != std::string::npos) out[section][std::string(trim(line.substr(0, eq)))] = trim(line.substr(eq + 1));
   }
   return out;
 }
