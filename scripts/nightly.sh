@@ -14,6 +14,9 @@
 #   - tools/cuda_emu/run.sh: the CUDA kernels, the model, the decoder and the trainer on the CUDA
 #     backend against the CPU, several GPUs over NCCL, run unchanged under a CPU emulation of the
 #     CUDA subset they use (no GPU here), about 5 minutes (scripts/test.sh runs it too);
+#   - the shell suites that CI's sanitizer pass leaves out (ctest preset asan-nightly: parallel_cli,
+#     e2e_train, launch_3d and metrics tests under ASan + UBSan), after scripts/build.sh asan,
+#     about 12 minutes with the build;
 #   - scripts/fuzz.sh: every file parser's libFuzzer target for TESSERA_NIGHTLY_FUZZ_SECONDS
 #     (default 120) each, where scripts/test.sh gives them 10 s.
 # Every test runs to the end even after a failure; each one's output goes to
@@ -65,6 +68,7 @@ done
 check equivalence_matrix env TESSERA_NIGHTLY_MATRIX=1 "$fsdp_tests" --gtest_filter='Nightly/*'
 check cuda_emulation tools/cuda_emu/run.sh
 check plan_vs_bench env TESSERA_PLAN_PRESETS="tiny bench" python3 tests/plan_vs_bench_test.py "$tessera"
+check sanitizer_suites bash -c 'scripts/build.sh asan && ctest --preset asan-nightly -j "$(nproc)"'
 check fuzz scripts/fuzz.sh "${TESSERA_NIGHTLY_FUZZ_SECONDS:-120}"
 
 echo "nightly: $passed passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}; logs in $logs"

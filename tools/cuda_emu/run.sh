@@ -11,6 +11,7 @@
 #   EMU_DEVICES=N ./run.sh       N emulated devices (default 4)
 #   EMU_ORDER=reverse|random ./run.sh   fiber schedule order (default forward; EMU_SEED for random)
 #   GTEST_FILTER=... ./run.sh         a subset
+#   EMU_JOBS=N ./run.sh          N test files built and run at a time (default: the cores)
 #   REPO=/path/to/checkout EMU_BUILD=/other/build ./run.sh   another tree (mutants), another build dir
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -80,24 +81,50 @@ train_libs() {
   done
 }
 mapfile -t TRAIN_LIBS < <(train_libs)
+# The test files compile, link and run EMU_JOBS at a time (default: one per core; each emulated
+# test is one OS thread, fibers, so two of them share two cores without slowing each other).
+njobs=${EMU_JOBS:-$(nproc)}
+throttle() { while (($(jobs -rp | wc -l) >= njobs)); do wait -n || true; done; }
+build_test() {  # build_test SOURCE NAME
+  compile "$REPO/src/$1.cc" "$OUT/$2.o" &&
+    g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$2" "$OUT/$2.o" "${objs[@]}" \
+      -Wl,--start-group "${TRAIN_LIBS[@]}" -Wl,--end-group -lgtest_main -lgtest -ldnnl -lfmt -lpthread
+}
 tests=()
-for t in kernels/cuda/cuda_vs_ref_test kernels/cuda/attention_test model/llama_cuda_test model/decoder_cuda_test train/trainer_cuda_test \
-  train/health_cuda_test train/multi_gpu_cuda_test comm/nccl_group_test; do
+pids=()
+# Longest first (about 120, 100, 30, 14, 7, 4, 1 and 1 s), so that two at a time end together.
+for t in train/multi_gpu_cuda_test train/trainer_cuda_test kernels/cuda/attention_test model/llama_cuda_test comm/nccl_group_test \
+  train/health_cuda_test kernels/cuda/cuda_vs_ref_test model/decoder_cuda_test; do
   n=$(basename $t)
-  compile "$REPO/src/$t.cc" "$OUT/$n.o"
-  g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$n" "$OUT/$n.o" "${objs[@]}" \
-    -Wl,--start-group "${TRAIN_LIBS[@]}" -Wl,--end-group -lgtest_main -lgtest -ldnnl -lfmt -lpthread
+  throttle
+  build_test "$t" "$n" &
+  pids+=($!)
   tests+=("$OUT/$n")
 done
+for p in "${pids[@]}"; do wait "$p" || { echo "cuda_emu: building a test failed (above)" >&2; exit 1; }; done
 [[ $ACTION == build ]] && exit 0
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:detect_stack_use_after_return=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+run_test() {  # run_test BINARY: its output, timing and exit status in $OUT/logs/NAME.{log,rc}
+  local n start=$SECONDS rc=0
+  n=$(basename "$1")
+  "$1" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/logs/$n.log" 2>&1 || rc=$?
+  echo "   ($((SECONDS - start)) s)" >>"$OUT/logs/$n.log"
+  echo $rc >"$OUT/logs/$n.rc"
+}
+mkdir -p "$OUT/logs"
+rm -f "$OUT"/logs/*.rc
+for t in "${tests[@]}"; do
+  throttle
+  run_test "$t" &
+done
+wait
 status=0
 for t in "${tests[@]}"; do
-  echo "== $(basename "$t") (EMU_MODE=${EMU_MODE:-fiber} EMU_ORDER=${EMU_ORDER:-forward})"
-  start=$SECONDS
-  "$t" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} || status=1
-  echo "   ($((SECONDS - start)) s)"
+  n=$(basename "$t")
+  echo "== $n (EMU_MODE=${EMU_MODE:-fiber} EMU_ORDER=${EMU_ORDER:-forward})"
+  cat "$OUT/logs/$n.log"
+  [[ $(cat "$OUT/logs/$n.rc" 2>/dev/null) == 0 ]] || { echo "   FAILED: $n (exit $(cat "$OUT/logs/$n.rc" 2>/dev/null || echo '?'))"; status=1; }
 done
 exit $status
