@@ -71,6 +71,8 @@ const char* op_name(OpKind op) {
       return "send";
     case OpKind::kRecv:
       return "recv";
+    case OpKind::kSendRecv:
+      return "send_recv";
     case OpKind::kCount: break;
   }
   return "?";

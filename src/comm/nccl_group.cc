@@ -20,6 +20,7 @@
 //   broadcast       c elem on every rank but the last of the ring root, root+1, ..., root-1
 //                   (that is, rank (root + W - 1) % W sends 0)
 //   barrier         the all_reduce formula for one fp32 element: 8 (W-1) / W
+//   send            c elem (recv: 0); send_recv, under send_recv: its sends' c elem
 #include "comm/nccl_group.h"
 
 #include <cuda_runtime_api.h>
@@ -411,6 +412,29 @@ class NcclGroup final : public ProcessGroup {
     const size_t c = static_cast<size_t>(count);
     return issue(OpKind::kRecv, count == 0, 0, options, [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclRecv(data, c, nccl_type(dtype), peer, comm, stream);
+    });
+  }
+
+  // One NCCL group: one sequence number, one event after all its transfers.
+  std::unique_ptr<Work> send_recv(const std::vector<PointToPoint>& batch, const CollectiveOptions& options) override {
+    uint64_t bytes = 0;
+    for (const PointToPoint& t : batch) {
+      CHECK(t.count >= 0);
+      CHECK_MSG(t.peer >= 0 && t.peer < s_->size && t.peer != s_->rank,
+                "point to point needs another rank of the group");
+      if (t.send) bytes += static_cast<uint64_t>(t.count) * dtype_bytes(t.dtype);
+    }
+    const bool empty = std::all_of(batch.begin(), batch.end(), [](const PointToPoint& t) { return t.count == 0; });
+    return issue(OpKind::kSendRecv, empty, bytes, options, [batch](ncclComm_t comm, cudaStream_t stream) {
+      ncclResult_t first = ncclGroupStart();
+      for (const PointToPoint& t : batch) {
+        if (first != ncclSuccess || t.count == 0) continue;
+        const size_t c = static_cast<size_t>(t.count);
+        first = t.send ? ncclSend(t.data, c, nccl_type(t.dtype), t.peer, comm, stream)
+                       : ncclRecv(t.data, c, nccl_type(t.dtype), t.peer, comm, stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();  // closes the group even after a failed call
+      return first != ncclSuccess ? first : end;
     });
   }
 

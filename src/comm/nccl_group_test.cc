@@ -190,6 +190,68 @@ TEST(NcclGroup, TwoRanksAllCollectives) {
   expect_all_ok(run_ranks(2, [&](int rank) { return run_all_collectives(rank, 2, dir.path); }));
 }
 
+// Point to point on `world` ranks, both dtypes, counts 1, odd and large (far past NCCL's buffers,
+// so a send moves only as its receiver takes it): a ring where every rank sends to the next and
+// receives from the previous in one batch (issued one by one, every rank's first send would wait
+// for a receive queued behind its receiver's own send); two messages to the same peer in a row,
+// which meet their receives in issue order; and lone sends and receives, ordered so that they
+// cannot wait on each other. Values exact; bytes counted as sent.
+int run_point_to_point(int rank, int world, const std::string& dir) {
+  auto store = make_file_store(dir, "job", "r0");
+  auto pg = make_nccl_group(*store, rank, world, rank, kTimeout);
+  const CollectiveOptions opts;
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  uint64_t batched = 0, alone = 0;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (size_t c : {size_t{1}, size_t{7}, size_t{1} << 22}) {
+      std::vector<float> mine(c), other(c), got;
+      for (size_t i = 0; i < c; ++i) mine[i] = value(rank, i), other[i] = value(rank + world, i);
+      DeviceBuf a, b, ra, rb;
+      REQUIRE(to_device(mine, dtype, &a) && to_device(other, dtype, &b));
+      REQUIRE(to_device(std::vector<float>(c), dtype, &ra) && to_device(std::vector<float>(c), dtype, &rb));
+      REQUIRE_CUDA(cudaDeviceSynchronize());
+      const auto n = static_cast<int64_t>(c);
+      // The ring, then two messages in a row to the next rank: a to a's slot, b to b's.
+      pg->send_recv({{true, a.ptr, n, dtype, next, 0}, {false, ra.ptr, n, dtype, prev, 0}}, opts)->wait();
+      REQUIRE(from_device(ra, c, dtype, &got));
+      for (size_t i = 0; i < c; ++i) REQUIRE(got[i] == value(prev, i));
+      pg->send_recv({{false, ra.ptr, n, dtype, prev, 1},
+                     {false, rb.ptr, n, dtype, prev, 2},
+                     {true, a.ptr, n, dtype, next, 1},
+                     {true, b.ptr, n, dtype, next, 2}},
+                    opts)
+          ->wait();
+      REQUIRE(from_device(ra, c, dtype, &got));
+      for (size_t i = 0; i < c; ++i) REQUIRE(got[i] == value(prev, i));
+      REQUIRE(from_device(rb, c, dtype, &got));
+      for (size_t i = 0; i < c; ++i) REQUIRE(got[i] == value(prev + world, i));
+      batched += 3 * c * dtype_bytes(dtype);
+      // Alone: rank 0 sends to rank 1 and waits for its reply; rank 1 receives, then replies.
+      if (rank == 0) {
+        pg->send(a.ptr, n, dtype, 1, 3, opts)->wait();
+        pg->recv(rb.ptr, n, dtype, 1, 4, opts)->wait();
+        REQUIRE(from_device(rb, c, dtype, &got));
+        for (size_t i = 0; i < c; ++i) REQUIRE(got[i] == value(1 + world, i));
+        alone += c * dtype_bytes(dtype);
+      } else if (rank == 1) {
+        pg->recv(ra.ptr, n, dtype, 0, 3, opts)->wait();
+        pg->send(b.ptr, n, dtype, 0, 4, opts)->wait();
+        REQUIRE(from_device(ra, c, dtype, &got));
+        for (size_t i = 0; i < c; ++i) REQUIRE(got[i] == value(0, i));
+        alone += c * dtype_bytes(dtype);
+      }
+    }
+  }
+  REQUIRE(pg->bytes_sent(OpKind::kSendRecv) == batched && pg->bytes_sent(OpKind::kSend) == alone);
+  return 0;
+}
+
+TEST(NcclGroup, ThreeRanksPointToPoint) {
+  REQUIRE_DEVICES(3);
+  TempDir dir;
+  expect_all_ok(run_ranks(3, [&](int rank) { return run_point_to_point(rank, 3, dir.path); }));
+}
+
 // Rank 0 of 2 publishes the id and waits in ncclCommInitRankConfig for a rank 1 that never
 // comes: CollectiveError at the timeout, not a hang. Rank 1 alone finds no id: StoreError.
 TEST(NcclGroup, PeerThatNeverJoinsTimesOut) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/store.h"
 #include "core/error.h"
@@ -19,7 +20,7 @@ namespace tessera::comm {
 enum class DType { kF32, kBF16 };
 size_t dtype_bytes(DType t);
 
-enum class OpKind { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kSend, kRecv, kCount };
+enum class OpKind { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kSend, kRecv, kSendRecv, kCount };
 const char* op_name(OpKind op);
 
 struct CollectiveOptions {
@@ -39,6 +40,16 @@ class CollectiveError : public Error {
 class StoreError : public Error {
  public:
   StoreError(const std::string& what) : Error(what, kExitPeer) {}
+};
+
+// One transfer of a point-to-point batch (ProcessGroup::send_recv).
+struct PointToPoint {
+  bool send;   // else a receive
+  void* data;  // a send's is only read
+  int64_t count;
+  DType dtype;
+  int peer;  // group rank, not this rank
+  uint32_t tag;
 };
 
 // Completion of one asynchronous operation.
@@ -83,6 +94,13 @@ class ProcessGroup {
                                      const CollectiveOptions& options) = 0;
   virtual std::unique_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer, uint32_t tag,
                                      const CollectiveOptions& options) = 0;
+  // Several sends and receives at once, done when all are (Megatron-LM's batched isend/irecv):
+  // what two ranks need that each send to the other and then receive, as the stages of a 1F1B
+  // pipeline do. NCCL runs the batch as one group (ncclGroupStart/End) whose transfers progress
+  // together; issued one by one on its one stream, the first send would wait for a receive posted
+  // behind the peer's own send, and neither moves. This default issues each transfer on its own
+  // (right for Gloo, which posts sends and receives at once) and waits for them all.
+  virtual std::unique_ptr<Work> send_recv(const std::vector<PointToPoint>& batch, const CollectiveOptions& options);
 
   // Closes every connection so that peers blocked on this rank fail fast; the group is unusable
   // afterwards (build a new one, with a new store round, to continue).

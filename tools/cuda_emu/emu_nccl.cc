@@ -20,10 +20,19 @@
 // operation still in flight. Non-blocking communicators (config.blocking = 0) return
 // ncclInProgress from init until every rank has connected; blocking ones wait.
 //
-// Not emulated (ncclInvalidUsage, with ncclGetLastError saying so): send/recv, reductions other
-// than sum, types other than fp32 and bf16.
+// Point to point (ncclSend, ncclRecv) goes over a second set of sockets, one between every two
+// ranks, with NCCL's matching: the sends from one rank to another meet that rank's receives in
+// issue order, and a send moves no data until its receiver has posted the receive (a token on the
+// wire), so a schedule that deadlocks NCCL (two ranks each sending before receiving, on one
+// stream each) deadlocks here too. Between ncclGroupStart and ncclGroupEnd the point-to-point
+// calls become one operation whose transfers all progress at once, as NCCL fuses a group into one
+// kernel; collectives inside a group are issued at their call.
+//
+// Not emulated (ncclInvalidUsage, with ncclGetLastError saying so): reductions other than sum,
+// types other than fp32 and bf16, a group spanning several communicators or streams.
 #include <arpa/inet.h>
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <nccl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -42,6 +51,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"  // the project's rounding (round to nearest even, NaN kept)
@@ -51,6 +61,9 @@ struct ncclComm {
   int rank = 0, nranks = 1;
   uint16_t port = 0;
   std::vector<int> fds;  // rank 0: one per other rank (index = rank); others: fds[0], to rank 0
+  std::vector<int> peer_fds;  // point to point: one non-blocking socket per other rank (index = rank)
+  // Per peer: the byte counts of the receives it posted (tokens) that no send of ours has met yet.
+  std::vector<std::deque<uint64_t>> tokens;
   std::thread worker;
   std::mutex mu;
   std::condition_variable cv;
@@ -64,6 +77,7 @@ namespace {
 
 constexpr uint64_t kIdMagic = 0x656d752d6e63636cULL;  // "emu-nccl"
 constexpr uint32_t kHelloMagic = 0x68656c6fu;
+constexpr uint32_t kPeerMagic = 0x70656572u;  // "peer": a point-to-point connection
 
 std::mutex global_mu;
 std::map<uint16_t, int> listeners;  // port -> listening socket, in the process that made the id
@@ -116,47 +130,117 @@ bool read_all(int fd, void* data, size_t n) {
   return true;
 }
 
-// Rank 0 accepts the other ranks' connections (polling, so abort or destroy can stop it); the
-// others connect. False when stopped or on a socket error.
-bool connect_ranks(ncclComm* c, int listen_fd) {
-  c->fds.assign(static_cast<size_t>(c->nranks), -1);
-  if (c->rank != 0) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(c->port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      if (fd >= 0) ::close(fd);
-      return false;
-    }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const uint32_t hello[3] = {kHelloMagic, static_cast<uint32_t>(c->rank), static_cast<uint32_t>(c->nranks)};
-    c->fds[0] = fd;
-    return write_all(fd, hello, sizeof hello);
+// A socket listening on an ephemeral port of 127.0.0.1 (its port in *port); -1 on failure.
+int listen_loopback(uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
   }
-  for (int joined = 1; joined < c->nranks;) {
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+int connect_loopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+// Accepts a connection on listen_fd, polling so that abort or destroy can stop it: -1 when
+// stopped or on a socket error.
+int accept_unless_stopped(ncclComm* c, int listen_fd) {
+  for (;;) {
     {
       std::lock_guard<std::mutex> lock(c->mu);
-      if (c->stop) return false;
+      if (c->stop) return -1;
     }
     pollfd p{listen_fd, POLLIN, 0};
     if (::poll(&p, 1, 50) <= 0) continue;
     const int fd = ::accept(listen_fd, nullptr, nullptr);
-    if (fd < 0) return false;
-    uint32_t hello[3];
-    if (!read_all(fd, hello, sizeof hello) || hello[0] != kHelloMagic || hello[1] == 0 ||
-        hello[1] >= static_cast<uint32_t>(c->nranks) || hello[2] != static_cast<uint32_t>(c->nranks) ||
-        c->fds[hello[1]] >= 0) {
-      ::close(fd);
-      continue;  // not one of ours
+    if (fd >= 0) {
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c->fds[hello[1]] = fd;
+    return fd;
+  }
+}
+
+// The star for collectives: rank 0 accepts the other ranks' connections, each of which names the
+// port of its point-to-point listener; rank 0 sends every rank the table of those ports. Then
+// the mesh for point to point: each rank connects to the ranks below it and accepts the ranks
+// above. False when stopped or on a socket error.
+bool connect_ranks(ncclComm* c, int listen_fd) {
+  const size_t W = static_cast<size_t>(c->nranks);
+  c->fds.assign(W, -1);
+  c->peer_fds.assign(W, -1);
+  c->tokens.assign(W, {});
+  std::vector<uint32_t> ports(W, 0);
+  uint16_t my_port = 0;
+  const int peer_listen = listen_loopback(&my_port);
+  if (peer_listen < 0) return false;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{peer_listen};
+  if (c->rank != 0) {
+    const int fd = connect_loopback(c->port);
+    if (fd < 0) return false;
+    c->fds[0] = fd;
+    const uint32_t hello[4] = {kHelloMagic, static_cast<uint32_t>(c->rank), static_cast<uint32_t>(c->nranks), my_port};
+    if (!write_all(fd, hello, sizeof hello) || !read_all(fd, ports.data(), W * sizeof(uint32_t))) return false;
+  } else {
+    ports[0] = my_port;
+    for (size_t joined = 1; joined < W;) {
+      const int fd = accept_unless_stopped(c, listen_fd);
+      if (fd < 0) return false;
+      uint32_t hello[4];
+      if (!read_all(fd, hello, sizeof hello) || hello[0] != kHelloMagic || hello[1] == 0 || hello[1] >= W ||
+          hello[2] != W || c->fds[hello[1]] >= 0) {
+        ::close(fd);
+        continue;  // not one of ours
+      }
+      c->fds[hello[1]] = fd;
+      ports[hello[1]] = hello[3];
+      ++joined;
+    }
+    for (size_t r = 1; r < W; ++r)
+      if (!write_all(c->fds[r], ports.data(), W * sizeof(uint32_t))) return false;
+  }
+  for (int r = 0; r < c->rank; ++r) {
+    const int fd = connect_loopback(static_cast<uint16_t>(ports[static_cast<size_t>(r)]));
+    const uint32_t hello[2] = {kPeerMagic, static_cast<uint32_t>(c->rank)};
+    if (fd < 0 || !write_all(fd, hello, sizeof hello)) return false;
+    c->peer_fds[static_cast<size_t>(r)] = fd;
+  }
+  for (int joined = c->rank + 1; joined < c->nranks;) {
+    const int fd = accept_unless_stopped(c, peer_listen);
+    if (fd < 0) return false;
+    uint32_t hello[2];
+    if (!read_all(fd, hello, sizeof hello) || hello[0] != kPeerMagic || hello[1] <= static_cast<uint32_t>(c->rank) ||
+        hello[1] >= W || c->peer_fds[hello[1]] >= 0) {
+      ::close(fd);
+      continue;
+    }
+    c->peer_fds[hello[1]] = fd;
     ++joined;
   }
+  for (int fd : c->peer_fds)
+    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   return true;
 }
 
@@ -265,6 +349,166 @@ ncclResult_t enqueue(ncclComm* c, Kind kind, const void* send, void* recv, size_
   return ncclSuccess;
 }
 
+// One point-to-point transfer of a group.
+struct Transfer {
+  bool send;
+  char* data;  // a send's buffer is only read
+  size_t bytes;
+  int peer;
+};
+
+// What goes over a point-to-point socket: a receiver's token (it posted a receive of `bytes`), or
+// a sender's data (`bytes` of payload follow).
+struct Header {
+  uint32_t kind;
+  uint32_t unused = 0;
+  uint64_t bytes;
+};
+constexpr uint32_t kToken = 1, kData = 2;
+
+// A group's transfers, run on the communicator's thread: every receive posts its token, then
+// sends go out as their tokens arrive and receives fill as their data does, all at once. False
+// when a peer left, a sizes mismatch, or the communicator stops.
+bool run_transfers(ncclComm* c, const std::vector<Transfer>& group) {
+  const size_t W = static_cast<size_t>(c->nranks);
+  struct Peer {
+    std::deque<size_t> sends, recvs;  // the group's transfers with this peer, in issue order
+    Header in_header{};
+    size_t header_got = 0;   // bytes of in_header read
+    size_t payload_got = 0;  // bytes of the head receive's payload read (after its header)
+    std::vector<char> out;   // the head send's header and payload being written
+    size_t out_sent = 0;
+    bool sending = false;  // the head send met its token: out holds it
+  };
+  std::vector<Peer> peers(W);
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Transfer& t = group[i];
+    Peer& p = peers[static_cast<size_t>(t.peer)];
+    (t.send ? p.sends : p.recvs).push_back(i);
+    if (!t.send) {
+      const Header token{kToken, 0, t.bytes};
+      const int fd = c->peer_fds[static_cast<size_t>(t.peer)];
+      // 16 bytes: the socket takes them at once unless our earlier data still fills it.
+      for (pollfd w{fd, POLLOUT, 0}; ::poll(&w, 1, 50) != 1;) {
+        std::lock_guard<std::mutex> lock(c->mu);
+        if (c->stop) return false;
+      }
+      if (!write_all(fd, &token, sizeof token)) return false;
+    }
+  }
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> who;
+    for (size_t r = 0; r < W; ++r) {
+      Peer& p = peers[r];
+      if (!p.sending && !p.sends.empty() && !c->tokens[r].empty()) {  // the head send met its token
+        const Transfer& t = group[p.sends.front()];
+        if (c->tokens[r].front() != t.bytes) return false;  // NCCL: undefined; here a failure
+        c->tokens[r].pop_front();
+        const Header h{kData, 0, t.bytes};
+        p.out.assign(reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + sizeof h);
+        p.out.insert(p.out.end(), t.data, t.data + t.bytes);
+        p.out_sent = 0;
+        p.sending = true;
+      }
+      const short events = static_cast<short>(((!p.recvs.empty() || (!p.sends.empty() && !p.sending)) ? POLLIN : 0) |
+                                              (p.sending ? POLLOUT : 0));
+      if (events != 0) {
+        fds.push_back({c->peer_fds[r], events, 0});
+        who.push_back(r);
+      }
+    }
+    if (fds.empty()) return true;  // every transfer is done
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      if (c->stop) return false;
+    }
+    if (::poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR) return false;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      const size_t r = who[k];
+      Peer& p = peers[r];
+      const int fd = fds[k].fd;
+      if (fds[k].revents & (POLLERR | POLLNVAL)) return false;
+      if (fds[k].revents & POLLOUT) {
+        const ssize_t w = ::send(fd, p.out.data() + p.out_sent, p.out.size() - p.out_sent, MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN) return false;
+        if (w > 0 && (p.out_sent += static_cast<size_t>(w)) == p.out.size()) {
+          p.sends.pop_front();
+          p.sending = false;
+        }
+      }
+      if (!(fds[k].revents & (POLLIN | POLLHUP))) continue;
+      // A header (a token for one of our sends, or the data of our head receive), or payload.
+      const bool in_payload = p.header_got == sizeof(Header);
+      char* dst = in_payload ? group[p.recvs.front()].data + p.payload_got
+                             : reinterpret_cast<char*>(&p.in_header) + p.header_got;
+      const size_t want = in_payload ? p.in_header.bytes - p.payload_got : sizeof(Header) - p.header_got;
+      const ssize_t got = want == 0 ? 0 : ::recv(fd, dst, want, 0);
+      if (want > 0 && got == 0) return false;  // the peer closed: it exited or aborted
+      if (got < 0 && errno != EAGAIN) return false;
+      if (got > 0) (in_payload ? p.payload_got : p.header_got) += static_cast<size_t>(got);
+      if (!in_payload && p.header_got == sizeof(Header)) {
+        if (p.in_header.kind == kToken) {
+          c->tokens[r].push_back(p.in_header.bytes);
+          p.header_got = 0;
+        } else if (p.in_header.kind != kData || p.recvs.empty() || p.in_header.bytes != group[p.recvs.front()].bytes) {
+          return false;
+        }
+      }
+      if (p.header_got == sizeof(Header) && p.payload_got == p.in_header.bytes) {  // the head receive is done
+        p.recvs.pop_front();
+        p.header_got = p.payload_got = 0;
+      }
+    }
+  }
+}
+
+// Queues a group of transfers as one operation on the communicator's thread, after what `stream`
+// has in flight.
+ncclResult_t enqueue_transfers(ncclComm* c, std::vector<Transfer> group, cudaStream_t stream) {
+  if (const ncclResult_t st = c->state; st != ncclSuccess)
+    return fail(st == ncclInProgress ? ncclInvalidUsage : st, "the communicator is not ready, or has failed");
+  auto done = std::make_shared<emu::Pending>();
+  std::vector<emu::PendingPtr> before = emu::stream_dependencies(stream);
+  emu::stream_push(stream, done);
+  std::lock_guard<std::mutex> lock(c->mu);
+  std::erase_if(c->unfinished, [](const emu::PendingPtr& p) { return p->done(); });
+  c->unfinished.push_back(done);
+  c->queue.push_back([=] {
+    for (const emu::PendingPtr& p : before) p->wait();
+    if (!run_transfers(c, group)) return false;
+    done->finish();
+    return true;
+  });
+  c->cv.notify_all();
+  return ncclSuccess;
+}
+
+// The calling thread's open group (ncclGroupStart ... ncclGroupEnd): its transfers so far.
+struct OpenGroup {
+  int depth = 0;
+  ncclComm* comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<Transfer> transfers;
+};
+thread_local OpenGroup open_group;
+
+ncclResult_t point_to_point(bool send, const void* data, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
+                            cudaStream_t stream) {
+  if (c == nullptr) return fail(ncclInvalidArgument, "null communicator");
+  if (type != ncclFloat32 && type != ncclBfloat16)
+    return fail(ncclInvalidUsage, "the emulation moves fp32 and bf16 only");
+  if (peer < 0 || peer >= c->nranks || peer == c->rank) return fail(ncclInvalidArgument, "peer out of range");
+  Transfer t{send, const_cast<char*>(static_cast<const char*>(data)), count * type_bytes(type), peer};
+  if (open_group.depth == 0) return enqueue_transfers(c, {t}, stream);
+  if (open_group.comm != nullptr && (open_group.comm != c || open_group.stream != stream))
+    return fail(ncclInvalidUsage, "the emulation groups one communicator on one stream");
+  open_group.comm = c;
+  open_group.stream = stream;
+  open_group.transfers.push_back(t);
+  return ncclSuccess;
+}
+
 // Stops the thread and closes the sockets; ends what was in flight.
 void shut_down(ncclComm* c) {
   {
@@ -272,12 +516,15 @@ void shut_down(ncclComm* c) {
     c->stop = true;
     c->cv.notify_all();
   }
-  for (int fd : c->fds)
-    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // wakes a blocked send or recv
+  for (const std::vector<int>* fds : {&c->fds, &c->peer_fds})
+    for (int fd : *fds)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // wakes a blocked send or recv
   if (c->worker.joinable()) c->worker.join();
-  for (int fd : c->fds)
-    if (fd >= 0) ::close(fd);
-  c->fds.clear();
+  for (std::vector<int>* fds : {&c->fds, &c->peer_fds}) {
+    for (int fd : *fds)
+      if (fd >= 0) ::close(fd);
+    fds->clear();
+  }
   for (const emu::PendingPtr& p : c->unfinished) p->finish();
 }
 
@@ -316,18 +563,10 @@ const char* ncclGetErrorString(ncclResult_t r) {
 const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return fail(ncclSystemError, std::string("cannot listen on 127.0.0.1: ") + std::strerror(errno));
-  }
+  uint16_t port = 0;
+  const int fd = listen_loopback(&port);
+  if (fd < 0) return fail(ncclSystemError, std::string("cannot listen on 127.0.0.1: ") + std::strerror(errno));
   std::memset(id->internal, 0, sizeof id->internal);
-  const uint16_t port = ntohs(addr.sin_port);
   std::memcpy(id->internal, &kIdMagic, 8);
   std::memcpy(id->internal + 8, &port, 2);
   std::lock_guard<std::mutex> lock(global_mu);
@@ -403,8 +642,16 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclGroupStart() {
+  ++open_group.depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (open_group.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--open_group.depth > 0 || open_group.comm == nullptr) return ncclSuccess;
+  OpenGroup g = std::exchange(open_group, {});
+  return enqueue_transfers(g.comm, std::move(g.transfers), g.stream);
+}
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                            cudaStream_t stream) {
@@ -422,11 +669,12 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t stream) {
   return enqueue(comm, Kind::kBroadcast, send, recv, count, type, ncclSum, root, stream);
 }
-ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
-  return fail(ncclInvalidUsage, "ncclSend is not emulated");
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return point_to_point(true, send, count, type, peer, comm, stream);
 }
-ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
-  return fail(ncclInvalidUsage, "ncclRecv is not emulated");
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point(false, recv, count, type, peer, comm, stream);
 }
 
 }  // extern "C"
