@@ -14,12 +14,9 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "kernels/cpu/vector.h"
 #include "model/init.h"
 
 namespace tessera::fsdp {
-
-namespace k = tessera::kernels::cpu;
 
 struct ShardedParams::Unit {
   int64_t padded = 0;               // L
@@ -53,7 +50,8 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
       host_shard_group_(mesh.group(parallel::Dim::kDpShard)),
       tp_group_(mesh.device_group(parallel::Dim::kTp)),
       host_tp_group_(mesh.group(parallel::Dim::kTp)),
-      pp_group_(mesh.group(parallel::Dim::kPp)),
+      pp_group_(mesh.device_group(parallel::Dim::kPp)),
+      host_pp_group_(mesh.group(parallel::Dim::kPp)),
       accumulation_(accumulation),
       param_dtype_(param_dtype),
       reduce_dtype_(reduce_dtype) {
@@ -65,8 +63,6 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
   CHECK_MSG(
       layout_.stage().size == mesh.size(parallel::Dim::kPp) && layout_.stage().rank == mesh.rank(parallel::Dim::kPp),
       "the layout's pipeline stage is not the mesh's");
-  CHECK_MSG(backend.device() == kernels::Device::kCpu || pp_group_ == nullptr,
-            "parameters on a device backend: pipeline parallelism is not built there");
   options_.timeout = timeout;
   options_.after = backend.stream();  // a collective follows the compute that wrote its inputs
   const ArenaBytes plan = planned_bytes(layout_, strategy_, S, accumulation_, param_dtype_, reduce_dtype_);
@@ -338,7 +334,7 @@ double ShardedParams::finish_step() {
   // Replicas hold identical shards, so the norm sums over one shard group only, then over the
   // tp ranks' blocks and the pipeline's stages.
   float sum = static_cast<float>(local_sum_squares());
-  for (comm::ProcessGroup* g : {host_shard_group_, host_tp_group_, pp_group_}) {
+  for (comm::ProcessGroup* g : {host_shard_group_, host_tp_group_, host_pp_group_}) {
     if (g != nullptr) wait(*g->all_reduce(&sum, 1, comm::DType::kF32, options_));
   }
   recording_ = false;
@@ -397,9 +393,10 @@ void ShardedParams::join_tied_gradients() {
     return;
   }
   Unit& table = *units_[layout_.embedding_unit()];
-  std::vector<float> theirs(static_cast<size_t>(table.range.size));
-  wait(*pp_group_->recv(theirs.data(), table.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
-  k::add_inplace(table.grad, theirs.data(), table.range.size);
+  if (!tied_recv_) tied_recv_ = backend_.allocate(sizeof(float) * static_cast<size_t>(table.range.size));
+  auto* theirs = reinterpret_cast<float*>(tied_recv_.get());
+  wait(*pp_group_->recv(theirs, table.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
+  backend_.add_inplace(table.grad, theirs, table.range.size);
 }
 
 void ShardedParams::sync_tied_copy() {

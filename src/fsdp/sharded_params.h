@@ -177,7 +177,8 @@ class ShardedParams final : public model::ParamSource {
   comm::ProcessGroup* host_shard_group_;  // dp_shard for host memory (the norm, gather_named)
   comm::ProcessGroup* tp_group_;          // tp (null without tensor parallelism), for the backend's memory
   comm::ProcessGroup* host_tp_group_;     // tp for host memory (the norm, gather_named)
-  comm::ProcessGroup* pp_group_;       // pp (null without pipeline parallelism)
+  comm::ProcessGroup* pp_group_;          // pp (null without pipeline parallelism), for the backend's memory
+  comm::ProcessGroup* host_pp_group_;     // pp for host memory (the norm)
   int64_t accumulation_;
   comm::CollectiveOptions options_;
   comm::DType param_dtype_, reduce_dtype_;
@@ -185,6 +186,7 @@ class ShardedParams final : public model::ParamSource {
   kernels::Memory state_memory_;  // the backend's memory under state_
   Arena state_;                   // shards: master, grads and their bf16 companions
   kernels::Memory pool_memory_;   // the backend's memory under pool_
+  kernels::Memory tied_recv_;     // tied embeddings' first stage: the copy's gradient shard, received
   Arena pool_;   // full parameter and gradient buffers
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
   std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer

@@ -138,8 +138,6 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
       host_targets_(host_tokens_ + N_),
       host_losses_(reinterpret_cast<float*>(host_targets_ + N_)) {
   CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
-  CHECK_MSG(backend.device() == kernels::Device::kCpu || layout.stage().size == 1,
-            "pipeline parallelism runs on the CPU backend only");
   plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_, be_);
   const ModelConfig& c = layout_.config();
   kernels::write_rope_table(be_, b_.rope, T_, c.head_dim(), c.rope_theta);

@@ -21,9 +21,6 @@ ComputeDevice::ComputeDevice(const config::Config& config, int world_size, int l
     why_not_cuda_ = fmt::format("{} processes of the job's {} run on this node, which shows {} GPU{} (one each)",
                                 local_world, world_size, gpus, gpus == 1 ? "" : "s");
   }
-  if (why_not_cuda_.empty() && config.parallel.pipeline > 1) {
-    why_not_cuda_ = "pipeline parallelism runs on the CPU only";
-  }
   if (!why_not_cuda_.empty()) {
     if (asked == config::Device::kCuda) {
       throw ConfigError(

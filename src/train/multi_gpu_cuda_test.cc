@@ -3,8 +3,9 @@
 // cuda) against the same global batch on one GPU: every step's loss and gradient norm on every
 // rank, the gradients after the first step and the parameters after the last, for every
 // strategy (two ranks; hybrid_shard four, two groups of two), with bf16 gathers and reductions,
-// and with tensor parallelism (two ranks; with sequence parallelism; that on two data-parallel
-// ranks of two, four GPUs). Norm gains
+// with tensor parallelism (two ranks; with sequence parallelism; that on two data-parallel
+// ranks of two, four GPUs), and with pipeline parallelism (two stages, 1F1B, tied embeddings;
+// GPipe beside two data-parallel ranks; 1F1B beside tensor parallelism). Norm gains
 // are jittered away from 1 first (a gain read for the wrong unit, or never reduced, would
 // otherwise change nothing), and the gradients are compared (AdamW hides a wrong gradient scale
 // from the parameters).
@@ -60,11 +61,15 @@ struct Case {
   int shard_group_size = 0;  // hybrid_shard
   int tensor = 1;            // tensor-parallel ranks (of `world`)
   bool sequence_parallel = false;
+  int pipeline = 1;  // pipeline stages (of `world`), with 4 micro-batches a rank
+  const char* schedule = "1f1b";
+  bool tied = false;  // tied embeddings: under a pipeline, the first and last stages share the table
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}_w{}{}{}{}", c.strategy, c.world, c.bf16 ? "_bf16" : "",
-                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence_parallel ? "_sp" : "");
+  return fmt::format("{}_w{}{}{}{}{}{}", c.strategy, c.world, c.bf16 ? "_bf16" : "",
+                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence_parallel ? "_sp" : "",
+                     c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "", c.tied ? "_tied" : "");
 }
 std::string name_of_param(const ::testing::TestParamInfo<Case>& info) { return name_of(info.param); }
 void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
@@ -72,14 +77,16 @@ void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
 constexpr int kSteps = 3;
 
 config::Config make_config(const Case& c, int world) {
-  const int tensor = world > 1 ? c.tensor : 1;
-  const int data = world / tensor;
+  const int tensor = world > 1 ? c.tensor : 1, pipeline = world > 1 ? c.pipeline : 1;
+  const int data = world / tensor / pipeline;
   config::Overrides o = {{"model.preset", "tiny"},
                          {"data.synthetic", "true"},
                          {"train.device", "cuda"},
                          {"model.seq_len", "32"},  // small: the emulation runs it too
                          {"train.batch_size", "8"},
-                         {"train.micro_batch_size", std::to_string(8 / data / 2)},  // 2 micro-batches a rank
+                         // 2 micro-batches a rank, 4 through a pipeline
+                         {"train.micro_batch_size", std::to_string(8 / data / (pipeline > 1 ? 4 : 2))},
+                         {"model.tied_embeddings", c.tied ? "true" : "false"},
                          {"train.threads", "1"},
                          {"train.lr", "1e-3"},
                          {"train.warmup_steps", "1"},
@@ -89,6 +96,8 @@ config::Config make_config(const Case& c, int world) {
                          {"parallel.shard_group_size", std::to_string(world > 1 ? c.shard_group_size : 0)},
                          {"parallel.tensor", std::to_string(tensor)},
                          {"parallel.sequence_parallel", tensor > 1 && c.sequence_parallel ? "true" : "false"},
+                         {"parallel.pipeline", std::to_string(pipeline)},
+                         {"parallel.pipeline_schedule", c.schedule},
                          {"parallel.timeout_ms", "60000"},
                          {"parallel.param_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
                          {"parallel.reduce_dtype", c.bf16 && world > 1 ? "bf16" : "fp32"},
@@ -120,15 +129,19 @@ struct GpuRank {
 
 // `kSteps` steps on rank `rank` of `world`, each on CUDA device `rank`: losses and norms to
 // steps.RANK, the parameters before the first step, the gradients after it and the parameters
-// after the last to params0 / grads1 / params .safetensors (rank 0; gathering is a collective).
+// after the last to params0 / grads1 / params .STAGE.safetensors (by the first rank of each
+// pipeline stage; gathering is a collective).
 int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
   const config::Config cfg = make_config(c, world);
   const GpuRank me(cfg, rank, world, dir);
   REQUIRE(me.device.cuda());  // train.device = cuda: a ConfigError otherwise
   Trainer trainer(cfg, "", me.job.view(), me.device.backend());
   jitter_norm_gains(trainer);
+  const parallel::Mesh& mesh = *me.job.view().mesh;
+  const bool writes = mesh.rank(parallel::Dim::kDp) == 0 && mesh.rank(parallel::Dim::kTp) == 0;
+  const int stage = mesh.rank(parallel::Dim::kPp);
   auto save = [&](const std::vector<model::NamedTensor>& tensors, const char* name) {
-    if (rank == 0) checkpoint::write_safetensors((dir / fmt::format("{}.safetensors", name)).string(), tensors);
+    if (writes) checkpoint::write_safetensors((dir / fmt::format("{}.{}.safetensors", name, stage)).string(), tensors);
   };
   save(trainer.params().gather_named_tensors(), "params0");
   std::ofstream out(dir / fmt::format("steps.{}", rank));
@@ -142,9 +155,13 @@ int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
 }
 
 using Tensors = std::map<std::string, std::vector<float>>;
-Tensors read_tensors(const fs::path& path) {
+// NAME's tensors, every stage's.
+Tensors read_tensors(const fs::path& dir, const char* name) {
   Tensors out;
-  for (auto& t : checkpoint::read_safetensors(path.string())) out[t.name] = std::move(t.data);
+  for (int stage = 0; fs::exists(dir / fmt::format("{}.{}.safetensors", name, stage)); ++stage) {
+    for (auto& t : checkpoint::read_safetensors((dir / fmt::format("{}.{}.safetensors", name, stage)).string()))
+      out[t.name] = std::move(t.data);
+  }
   return out;
 }
 
@@ -211,13 +228,13 @@ TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
           << "gradient norm, rank " << rank << " step " << i + 1;
     }
   }
-  const Tensors grads = read_tensors(dir / "grads1.safetensors"),
-                want_grads = read_tensors(dir / "one/grads1.safetensors");
-  Tensors params = read_tensors(dir / "params.safetensors"), want_params = read_tensors(dir / "one/params.safetensors");
+  const Tensors grads = read_tensors(dir, "grads1"), want_grads = read_tensors(dir / "one", "grads1");
+  Tensors params = read_tensors(dir, "params"), want_params = read_tensors(dir / "one", "params");
   ASSERT_EQ(params.size(), want_params.size());
+  ASSERT_EQ(grads.size(), want_grads.size());
   if (c.bf16) {
-    const Tensors params0 = read_tensors(dir / "params0.safetensors");
-    const Tensors want_params0 = read_tensors(dir / "one/params0.safetensors");
+    const Tensors params0 = read_tensors(dir, "params0");
+    const Tensors want_params0 = read_tensors(dir / "one", "params0");
     for (auto& [name, p] : params)
       for (size_t j = 0; j < p.size(); ++j) p[j] -= params0.at(name)[j];
     for (auto& [name, p] : want_params)
@@ -321,12 +338,16 @@ TEST(HungRankOnGpus, WatchdogEndsTheOtherWithExit12) {
   EXPECT_LT(s.seconds, 8.0) << "the timeout and a step, not the stuck rank's 10 s";
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, FsdpOnGpus,
-                         ::testing::Values(Case{"full_shard"}, Case{"shard_grad_op"}, Case{"no_shard"},
-                                           Case{"full_shard", true}, Case{"hybrid_shard", false, 4, 2},
-                                           Case{"full_shard", false, 2, 0, 2}, Case{"full_shard", false, 2, 0, 2, true},
-                                           Case{"full_shard", false, 4, 0, 2, true}),
-                         name_of_param);
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, FsdpOnGpus,
+    ::testing::Values(Case{"full_shard"}, Case{"shard_grad_op"}, Case{"no_shard"}, Case{"full_shard", true},
+                      Case{"hybrid_shard", false, 4, 2}, Case{"full_shard", false, 2, 0, 2},
+                      Case{"full_shard", false, 2, 0, 2, true}, Case{"full_shard", false, 4, 0, 2, true},
+                      Case{.strategy = "full_shard", .pipeline = 2, .tied = true},
+                      Case{.strategy = "full_shard", .world = 4, .pipeline = 2, .schedule = "gpipe"},
+                      Case{
+                          .strategy = "full_shard", .world = 4, .tensor = 2, .sequence_parallel = true, .pipeline = 2}),
+    name_of_param);
 
 }  // namespace
 }  // namespace tessera::train

@@ -48,6 +48,7 @@ PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64
   CHECK((group == nullptr) == (st.size == 1));
   CHECK(group == nullptr || (group->size() == st.size && group->rank() == st.rank));
   options_.timeout = timeout;
+  options_.after = backend.stream();  // a send follows the compute that wrote its buffer
   const int n = pipeline_in_flight(schedule, st.size, st.rank, micro_batches);
   for (int i = 0; i < n; ++i) {
     models_.push_back(std::make_unique<model::Llama>(layout, micro_batch, threads, recompute_every, bf16, backend));
@@ -63,96 +64,112 @@ size_t PipelineStageRunner::activation_bytes() const {
   return n;
 }
 
-void PipelineStageRunner::finish_send(Slot& s) {
-  if (!s.send) return;
+void PipelineStageRunner::finish(InFlight& f) {
+  if (!f.work) return;
   const double t0 = now_seconds();
   try {
-    s.send->wait();
-    blocked_seconds_ += now_seconds() - t0;
+    f.work->wait();
   } catch (const comm::CollectiveError& e) {
-    const int rank = layout_.stage().rank;
-    throw comm::CollectiveError(fmt::format("pipeline stage {}: sending micro-batch {}'s {} to stage {} failed: {}",
-                                            rank, s.micro_batch, s.sending_gradient ? "input gradient" : "activations",
-                                            s.sending_gradient ? rank - 1 : rank + 1, e.what()));
+    throw comm::CollectiveError(
+        fmt::format("pipeline stage {}: {} failed: {}", layout_.stage().rank, f.what, e.what()));
   }
-  s.send.reset();
+  blocked_seconds_ += now_seconds() - t0;
+  f.work.reset();
 }
 
-void PipelineStageRunner::receive(float* data, int peer, int micro_batch, bool gradient) {
-  const double t0 = now_seconds();
-  try {
-    group_
-        ->recv(data, activation_floats_, comm::DType::kF32, peer, static_cast<uint32_t>(2 * micro_batch + gradient),
-               options_)
-        ->wait();
-    blocked_seconds_ += now_seconds() - t0;
-  } catch (const comm::CollectiveError& e) {
-    throw comm::CollectiveError(fmt::format("pipeline stage {}: micro-batch {}'s {} from stage {} did not arrive: {}",
-                                            layout_.stage().rank, micro_batch,
-                                            gradient ? "output gradient" : "activations", peer, e.what()));
+std::optional<PipelineStageRunner::Transfer> PipelineStageRunner::incoming(const PipelineOp& op) {
+  const int stage = layout_.stage().rank, b = op.micro_batch;
+  model::Llama& m = *models_[slot_of(op)];
+  if (op.forward && !layout_.has_embedding()) {
+    return Transfer{{false, m.stage_input(), activation_floats_, comm::DType::kF32, stage - 1, uint32_t(2 * b)},
+                    fmt::format("receiving micro-batch {}'s activations from stage {}", b, stage - 1)};
   }
+  if (!op.forward && !layout_.has_head()) {
+    return Transfer{
+        {false, m.stage_output_grad(), activation_floats_, comm::DType::kF32, stage + 1, uint32_t(2 * b + 1)},
+        fmt::format("receiving micro-batch {}'s output gradient from stage {}", b, stage + 1)};
+  }
+  return std::nullopt;
 }
 
-void PipelineStageRunner::forward(model::ParamSource& params, int slot, int micro_batch, const data::Loader::Batch& b,
-                                  bool with_grads, float grad_scale, model::LossSum* loss) {
-  Slot& s = slots_[slot];
-  finish_send(s);  // the slot's buffers are about to be overwritten
-  s.micro_batch = micro_batch;
-  std::copy(b.inputs, b.inputs + s.inputs.size(), s.inputs.begin());
-  model::Llama& m = *models_[slot];
-  const int stage = layout_.stage().rank;
-  if (!layout_.has_embedding()) receive(m.stage_input(), stage - 1, micro_batch, false);
-  const model::LossSum part = with_grads ? m.forward(params, s.inputs.data(), b.targets, grad_scale)
-                                         : m.forward_loss(params, s.inputs.data(), b.targets);
-  loss->sum += part.sum;
-  loss->count += part.count;
-  if (!layout_.has_head()) {
-    s.send = group_->send(m.stage_output(), activation_floats_, comm::DType::kF32, stage + 1,
-                          static_cast<uint32_t>(2 * micro_batch), options_);
-    s.sending_gradient = false;
+std::optional<PipelineStageRunner::Transfer> PipelineStageRunner::outgoing(const PipelineOp& op) {
+  const int stage = layout_.stage().rank, b = op.micro_batch;
+  model::Llama& m = *models_[slot_of(op)];
+  if (op.forward && !layout_.has_head()) {
+    return Transfer{
+        {true, const_cast<float*>(m.stage_output()), activation_floats_, comm::DType::kF32, stage + 1, uint32_t(2 * b)},
+        fmt::format("sending micro-batch {}'s activations to stage {}", b, stage + 1)};
   }
+  if (!op.forward && !layout_.has_embedding()) {
+    return Transfer{{true, const_cast<float*>(m.stage_input_grad()), activation_floats_, comm::DType::kF32, stage - 1,
+                     uint32_t(2 * b + 1)},
+                    fmt::format("sending micro-batch {}'s input gradient to stage {}", b, stage - 1)};
+  }
+  return std::nullopt;
 }
 
-void PipelineStageRunner::backward(model::ParamSource& params, int slot, int micro_batch) {
-  Slot& s = slots_[slot];
-  CHECK(s.micro_batch == micro_batch);
-  finish_send(s);
-  model::Llama& m = *models_[slot];
-  const int stage = layout_.stage().rank;
-  if (!layout_.has_head()) receive(m.stage_output_grad(), stage + 1, micro_batch, true);
-  m.backward(params, s.inputs.data());
-  if (!layout_.has_embedding()) {
-    s.send = group_->send(m.stage_input_grad(), activation_floats_, comm::DType::kF32, stage - 1,
-                          static_cast<uint32_t>(2 * micro_batch + 1), options_);
-    s.sending_gradient = true;
+void PipelineStageRunner::post(const PipelineOp* done, const PipelineOp* next) {
+  const std::optional<Transfer> out = done ? outgoing(*done) : std::nullopt;
+  const std::optional<Transfer> in = next ? incoming(*next) : std::nullopt;
+  if (!in) {
+    if (out) slots_[slot_of(*done)].send = {group_->send_recv({out->p2p}, options_), out->what};
+    return;
   }
+  finish(slots_[slot_of(*next)].send);  // the buffers about to be received into are free
+  std::vector<comm::PointToPoint> batch{in->p2p};
+  std::string what = in->what;
+  if (out) {
+    CHECK(out->p2p.data != in->p2p.data);
+    batch.push_back(out->p2p);
+    what += " (with " + out->what + ")";
+  }
+  incoming_ = {group_->send_recv(batch, options_), std::move(what)};
+}
+
+model::LossSum PipelineStageRunner::run(const std::vector<PipelineOp>& ops, model::ParamSource& params,
+                                        const BatchSource& batch, const Hooks* hooks, float grad_scale) {
+  model::LossSum loss;
+  // Micro-batch b lives in slot b mod slots from its forward to its backward: the schedule never
+  // holds more than slots() at once, in order, so the slot is free again when b + slots() comes.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
+    const int slot = slot_of(op);
+    Slot& s = slots_[slot];
+    model::Llama& m = *models_[slot];
+    if (i == 0) post(nullptr, &op);
+    finish(incoming_);
+    finish(s.send);  // the slot's buffers are about to be overwritten
+    if (hooks && hooks->before) hooks->before(op);
+    if (op.forward) {
+      const data::Loader::Batch b = batch(op.micro_batch);
+      s.micro_batch = op.micro_batch;
+      std::copy(b.inputs, b.inputs + s.inputs.size(), s.inputs.begin());
+      const model::LossSum part = hooks ? m.forward(params, s.inputs.data(), b.targets, grad_scale)
+                                        : m.forward_loss(params, s.inputs.data(), b.targets);
+      loss.sum += part.sum;
+      loss.count += part.count;
+    } else {
+      CHECK(s.micro_batch == op.micro_batch);
+      m.backward(params, s.inputs.data());
+    }
+    if (hooks && hooks->after) hooks->after(op, op.forward ? m.head_backward_seconds() : 0.0);
+    post(&op, i + 1 < ops.size() ? &ops[i + 1] : nullptr);
+  }
+  finish(incoming_);
+  for (Slot& s : slots_) finish(s.send);
+  return loss;
 }
 
 model::LossSum PipelineStageRunner::step(model::ParamSource& params, const BatchSource& batch, const Hooks& hooks,
                                          float grad_scale) {
   const model::PipelineStage& st = layout_.stage();
-  model::LossSum loss;
-  // Micro-batch b lives in slot b mod slots from its forward to its backward: the schedule never
-  // holds more than slots() at once, in order, so the slot is free again when b + slots() comes.
-  for (const PipelineOp& op : pipeline_schedule(schedule_, st.size, st.rank, micro_batches_)) {
-    const int slot = op.micro_batch % slots();
-    if (hooks.before) hooks.before(op);
-    if (op.forward) {
-      forward(params, slot, op.micro_batch, batch(op.micro_batch), true, grad_scale, &loss);
-    } else {
-      backward(params, slot, op.micro_batch);
-    }
-    if (hooks.after) hooks.after(op, op.forward ? models_[slot]->head_backward_seconds() : 0.0);
-  }
-  for (Slot& s : slots_) finish_send(s);
-  return loss;
+  return run(pipeline_schedule(schedule_, st.size, st.rank, micro_batches_), params, batch, &hooks, grad_scale);
 }
 
 model::LossSum PipelineStageRunner::forward_only(model::ParamSource& params, const BatchSource& batch) {
-  model::LossSum loss;
-  for (int b = 0; b < micro_batches_; ++b) forward(params, 0, b, batch(b), false, 0.0f, &loss);
-  finish_send(slots_[0]);
-  return loss;
+  std::vector<PipelineOp> ops;
+  for (int b = 0; b < micro_batches_; ++b) ops.push_back({true, b});
+  return run(ops, params, batch, nullptr, 0.0f);
 }
 
 }  // namespace tessera::train

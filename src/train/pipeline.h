@@ -5,11 +5,19 @@
 // and their gradients back, point to point over the pipeline group (comm::ProcessGroup send and
 // recv, tags 2b and 2b + 1). Each micro-batch in flight on a stage has its own copy of the stage's
 // activations (a model::Llama per slot).
+//
+// What an op hands on (its output, or its input's gradient) goes in one batch
+// (ProcessGroup::send_recv) with what the next op needs, as Megatron-LM's 1F1B does
+// (send_forward_recv_backward, send_backward_recv_forward): on NCCL, where a rank's transfers run
+// in issue order on one stream, two neighbours that each send before they receive would otherwise
+// wait for each other forever.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -41,8 +49,8 @@ int pipeline_in_flight(PipelineSchedule schedule, int stages, int stage, int mic
 class PipelineStageRunner {
  public:
   // layout: this stage's (its PipelineStage names its place); group: the pipeline group (rank =
-  // stage), null for one stage. The models are built as Trainer builds its one (micro_batch,
-  // threads, recompute_every, bf16, backend).
+  // stage) for tensors in the backend's memory (NCCL on GPUs), null for one stage. The models are
+  // built as Trainer builds its one (micro_batch, threads, recompute_every, bf16, backend).
   PipelineStageRunner(const model::ModelLayout& layout, int64_t micro_batch, int threads, int64_t recompute_every,
                       bool bf16, PipelineSchedule schedule, int micro_batches, comm::ProcessGroup* group,
                       comm::Millis timeout, kernels::Backend& backend = kernels::cpu_backend());
@@ -72,18 +80,33 @@ class PipelineStageRunner {
   double blocked_seconds() const { return blocked_seconds_; }
 
  private:
+  // A transfer of one op: what it receives before it runs, or sends after; `what` names it in
+  // errors ("micro-batch 3's activations from stage 0").
+  struct Transfer {
+    comm::PointToPoint p2p;
+    std::string what;
+  };
+  // In flight: a batch of transfers, named.
+  struct InFlight {
+    std::unique_ptr<comm::Work> work;
+    std::string what;
+  };
   struct Slot {
     std::vector<int32_t> inputs;  // the micro-batch's inputs, for the embedding's backward
     int micro_batch = -1;
-    std::unique_ptr<comm::Work> send;  // the slot's output (forward) or input gradient, in flight
-    bool sending_gradient = false;
+    InFlight send;  // the slot's output (forward) or input gradient, sent alone, in flight
   };
-  void forward(model::ParamSource& params, int slot, int micro_batch, const data::Loader::Batch& b, bool with_grads,
-               float grad_scale, model::LossSum* loss);
-  void backward(model::ParamSource& params, int slot, int micro_batch);
-  // Waits for the slot's send, naming it when it fails.
-  void finish_send(Slot& s);
-  void receive(float* data, int peer, int micro_batch, bool gradient);
+  // The ops in order; hooks null: forward only, without gradients (evaluation).
+  model::LossSum run(const std::vector<PipelineOp>& ops, model::ParamSource& params, const BatchSource& batch,
+                     const Hooks* hooks, float grad_scale);
+  std::optional<Transfer> incoming(const PipelineOp& op);
+  std::optional<Transfer> outgoing(const PipelineOp& op);
+  // Issues what `done` hands on together with what `next` needs (either may be null); what `next`
+  // needs is waited for before it runs, a lone send before its slot is used again.
+  void post(const PipelineOp* done, const PipelineOp* next);
+  // Waits for a batch, naming it when it fails; the time counts as blocked.
+  void finish(InFlight& f);
+  int slot_of(const PipelineOp& op) const { return op.micro_batch % slots(); }
 
   const model::ModelLayout& layout_;
   PipelineSchedule schedule_;
@@ -93,6 +116,7 @@ class PipelineStageRunner {
   int64_t activation_floats_ = 0;  // Llama::stage_floats(): N x C, or N / tp x C with sequence parallelism
   std::vector<std::unique_ptr<model::Llama>> models_;
   std::vector<Slot> slots_;
+  InFlight incoming_;  // the next op's input, and perhaps the last op's output
   double blocked_seconds_ = 0.0;
 };
 

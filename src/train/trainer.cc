@@ -67,7 +67,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
       pipeline_(std::make_unique<PipelineStageRunner>(
           layout_, config.micro_batch(), configure_threads(config), config.parallel.activation_checkpointing,
           config.parallel.param_dtype == config::Precision::kBf16, config.parallel.pipeline_schedule,
-          static_cast<int>(config.accumulation_steps()), dist.mesh->group(parallel::Dim::kPp),
+          static_cast<int>(config.accumulation_steps()), dist.mesh->device_group(parallel::Dim::kPp),
           comm::Millis(config.parallel.timeout_ms), backend)),
       train_stream_(open_split(dataset_dir, "train", config.data.cache_dir)),
       val_stream_(open_split(dataset_dir, "val", config.data.cache_dir)),
