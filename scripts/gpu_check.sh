@@ -362,7 +362,7 @@ run_check() {
   local nccl_tests='NcclGroup.WorldOneAllCollectives:NcclGroup.PeerThatNeverJoinsTimesOut'
   if (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') >= 2)); then nccl_tests='NcclGroup.*'; fi
   gtest_step nccl_tests 60 "${bundle_env[@]}" "$bundle/bin/tessera_unit_tests" --gtest_filter="$nccl_tests"
-  step multi_gpu 120 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests" --gtest_filter='*OnGpus*'
+  step multi_gpu 240 "${bundle_env[@]}" "$bundle/bin/tessera_cuda_tests" --gtest_filter='*OnGpus*'
   # The 50-step loss curve of `tessera train` on the bundled default (bf16, learning the bundled
   # corpus: 8.4 -> 4.8 nats) on the GPU and on this machine's CPU, compared within the bf16 bound.
   local tessera=("${bundle_env[@]}" "$bundle/bin/tessera")

@@ -79,6 +79,11 @@ struct Event {
   }
 };
 
+// A stream's wait for an operation, between two timing events recorded on that stream.
+struct Stall {
+  Event before, after;
+};
+
 struct OpId {
   OpKind kind;
   uint64_t seq;
@@ -121,6 +126,18 @@ struct State {
   std::thread watchdog;
   std::condition_variable wake;
   bool stopping = false;
+  std::deque<std::unique_ptr<Stall>> stalls;  // waits on the device not yet timed, in order
+  double stalled_seconds = 0.0;               // of the waits timed so far
+
+  // Adds the waits on the device that their streams have passed to stalled_seconds. mu held.
+  void time_stalls() {
+    std::erase_if(stalls, [&](const std::unique_ptr<Stall>& w) {
+      if (cudaEventQuery(w->after.ev) != cudaSuccess) return false;  // not yet passed, or failed: later
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, w->before.ev, w->after.ev) == cudaSuccess) stalled_seconds += 1e-3 * ms;
+      return true;
+    });
+  }
 
   std::string failure(OpId op, const std::string& what) const {
     return std::string(op_name(op.kind)) + " #" + std::to_string(op.seq) + " on rank " + std::to_string(rank) +
@@ -275,11 +292,21 @@ class NcclWork final : public Work {
       error_ = s.aborted(op_);
       throw CollectiveError(error_);
     }
+    // Timed by events on the stream just before and after the wait (device_wait_seconds); a
+    // failure to make them costs the figure, never the wait.
+    const auto waiting = static_cast<cudaStream_t>(stream);
+    auto stall = std::make_unique<Stall>();
+    if (cudaEventCreate(&stall->before.ev) != cudaSuccess || cudaEventCreate(&stall->after.ev) != cudaSuccess ||
+        cudaEventRecord(stall->before.ev, waiting) != cudaSuccess) {
+      stall.reset();
+    }
     // After an abort NCCL's kernels end, so the event fires and the stream goes on.
-    if (cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_->ev, 0); e != cudaSuccess) {
+    if (cudaError_t e = cudaStreamWaitEvent(waiting, event_->ev, 0); e != cudaSuccess) {
       error_ = s.failure(op_, "cudaStreamWaitEvent: " + cuda_message(e));
       throw CollectiveError(error_);
     }
+    if (stall && cudaEventRecord(stall->after.ev, waiting) == cudaSuccess) s.stalls.push_back(std::move(stall));
+    if (s.stalls.size() > 1024) s.time_stalls();  // nobody asks (evaluation): keep the list short
   }
 
  private:
@@ -413,6 +440,13 @@ class NcclGroup final : public ProcessGroup {
     return issue(OpKind::kRecv, count == 0, 0, options, [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclRecv(data, c, nccl_type(dtype), peer, comm, stream);
     });
+  }
+
+  double device_wait_seconds() override {
+    State& s = *s_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.time_stalls();
+    return s.stalled_seconds;
   }
 
   // One NCCL group: one sequence number, one event after all its transfers.

@@ -102,6 +102,11 @@ class ProcessGroup {
   // (right for Gloo, which posts sends and receives at once) and waits for them all.
   virtual std::unique_ptr<Work> send_recv(const std::vector<PointToPoint>& batch, const CollectiveOptions& options);
 
+  // Seconds the streams given to Work::wait_on_device stood still waiting for this group's
+  // operations, summed over the waits whose timing is known (their stream has passed them): the
+  // exposed communication a host clock cannot see. 0 for groups that wait on the host.
+  virtual double device_wait_seconds() { return 0.0; }
+
   // Closes every connection so that peers blocked on this rank fail fast; the group is unusable
   // afterwards (build a new one, with a new store round, to continue).
   virtual void abort() = 0;

@@ -147,6 +147,11 @@ void ShardedParams::wait(comm::Work& work) {
   exposed_seconds_ += now_seconds() - t0;
 }
 
+double ShardedParams::exposed_comm_seconds() const {
+  // Gathers are the waits on the device (finish_gather).
+  return exposed_seconds_ + (shard_group_ != nullptr ? shard_group_->device_wait_seconds() : 0.0);
+}
+
 void ShardedParams::wait_tp(comm::Work& work) {
   const double before = exposed_seconds_;
   wait(work);

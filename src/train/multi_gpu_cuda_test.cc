@@ -1,5 +1,6 @@
 // Several GPUs, each rank on its own CUDA device, over NCCL: the health check's all-reduce in
-// device memory, a rank lost mid-run, and data- and tensor-parallel training (train.device =
+// device memory, a rank lost mid-run, the exposed communication of waits on the device, and
+// data-, tensor- and pipeline-parallel training (train.device =
 // cuda) against the same global batch on one GPU: every step's loss and gradient norm on every
 // rank, the gradients after the first step and the parameters after the last, for every
 // strategy (two ranks; hybrid_shard four, two groups of two), with bf16 gathers and reductions,
@@ -197,13 +198,20 @@ int device_count() {
   return status <= 50 ? status : -status;
 }
 
+// An empty directory for one test's ranks: TempDir/NAME_PID.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("{}_{}", name, getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 class FsdpOnGpus : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
   const Case& c = GetParam();
   REQUIRE_GPUS(c.world);
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_{}_{}", name_of(c), getpid());
-  fs::remove_all(dir);
+  const fs::path dir = fresh_dir("fsdp_cuda_" + name_of(c));
   fs::create_directories(dir / "one");
   comm::test_util::expect_all_ok(run_ranks(
       c.world, [&](int rank) { return run_rank(c, rank, c.world, dir); }, 600));
@@ -251,9 +259,7 @@ TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
 // measured on 64 MiB, in device memory over the NCCL group.
 TEST(HealthOnGpus, AllReducesOverNccl) {
   REQUIRE_GPUS(2);
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("health_gpus_{}", getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir("health_gpus");
   comm::test_util::expect_all_ok(run_ranks(
       2,
       [&](int rank) {
@@ -277,9 +283,7 @@ struct Survivor {
 };
 
 Survivor survive_peer(const char* name, int timeout_ms, const std::function<void()>& leave) {
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("fsdp_cuda_{}_{}", name, getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = fresh_dir(std::string("fsdp_cuda_") + name);
   Survivor out;
   out.status = run_ranks(
       2,
@@ -336,6 +340,33 @@ TEST(HungRankOnGpus, WatchdogEndsTheOtherWithExit12) {
   EXPECT_EQ(s.status[0], kExitPeer);
   EXPECT_NE(s.what.find("timed out after 2000 ms"), std::string::npos) << s.what;
   EXPECT_LT(s.seconds, 8.0) << "the timeout and a step, not the stuck rank's 10 s";
+}
+
+// A rank 1 s late to a step: the other's compute stream waits on the device for the step's first
+// parameter gathers (its host does not wait), and the step's exposed communication says so
+// (timing events around each wait), where the host's clock alone would count the second as
+// compute.
+TEST(ExposedCommOnGpus, DeviceWaitsForGathersCount) {
+  REQUIRE_GPUS(2);
+  const fs::path dir = fresh_dir("exposed_gpus");
+  comm::test_util::expect_all_ok(run_ranks(
+      2,
+      [&](int rank) {
+        const config::Config cfg = make_config(Case{"full_shard"}, 2);
+        const GpuRank me(cfg, rank, 2, dir);
+        Trainer trainer(cfg, "", me.job.view(), me.device.backend());
+        trainer.step();
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+        const StepStats s = trainer.step();
+        std::ofstream(dir / fmt::format("times.{}", rank)) << s.times.comm << " " << s.times.forward;
+        return 0;
+      },
+      120));
+  double comm = -1, forward = -1;
+  std::ifstream(dir / "times.0") >> comm >> forward;
+  std::fprintf(stderr, "rank 0, the step rank 1 was late to: communication %.3f s, forward %.3f s\n", comm, forward);
+  EXPECT_GE(comm, 0.8);
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(

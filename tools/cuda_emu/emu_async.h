@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -20,11 +21,17 @@ class Pending {
   void finish() {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    finished_at_ = std::chrono::steady_clock::now();
     cv_.notify_all();
   }
   bool done() {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
+  }
+  // When finish() was called (meaningful once done()).
+  std::chrono::steady_clock::time_point finished_at() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_at_;
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -35,6 +42,7 @@ class Pending {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point finished_at_;
 };
 using PendingPtr = std::shared_ptr<Pending>;
 

@@ -321,13 +321,9 @@ bool run_collective(ncclComm* c, Kind kind, const void* send, void* recv, size_t
   return true;
 }
 
-ncclResult_t enqueue(ncclComm* c, Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type,
-                     ncclRedOp_t op, int root, cudaStream_t stream) {
-  if (c == nullptr) return fail(ncclInvalidArgument, "null communicator");
-  if (type != ncclFloat32 && type != ncclBfloat16)
-    return fail(ncclInvalidUsage, "the emulation sums fp32 and bf16 only");
-  if (op != ncclSum) return fail(ncclInvalidUsage, "the emulation reduces with ncclSum only");
-  if (root < 0 || root >= c->nranks) return fail(ncclInvalidArgument, "root out of range");
+// Queues `run` on the communicator's thread, after what `stream` has in flight; it becomes the
+// stream's tail. run returns false when the communicator failed.
+ncclResult_t enqueue_op(ncclComm* c, cudaStream_t stream, std::function<bool()> run) {
   if (const ncclResult_t st = c->state; st != ncclSuccess)
     return fail(st == ncclInProgress ? ncclInvalidUsage : st, "the communicator is not ready, or has failed");
   auto done = std::make_shared<emu::Pending>();
@@ -336,17 +332,28 @@ ncclResult_t enqueue(ncclComm* c, Kind kind, const void* send, void* recv, size_
   std::lock_guard<std::mutex> lock(c->mu);
   std::erase_if(c->unfinished, [](const emu::PendingPtr& p) { return p->done(); });  // completed long ago
   c->unfinished.push_back(done);
-  c->queue.push_back([=] {
+  c->queue.push_back([=, run = std::move(run)] {
     for (const emu::PendingPtr& p : before) p->wait();
-    if (count > 0 && c->nranks > 1 && !run_collective(c, kind, send, recv, count, type, root)) return false;
-    if (count > 0 && c->nranks == 1 && send != recv) {
-      std::memmove(recv, send, count * type_bytes(type));  // one rank: every collective is a copy
-    }
+    if (!run()) return false;
     done->finish();
     return true;
   });
   c->cv.notify_all();
   return ncclSuccess;
+}
+
+ncclResult_t enqueue(ncclComm* c, Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type,
+                     ncclRedOp_t op, int root, cudaStream_t stream) {
+  if (c == nullptr) return fail(ncclInvalidArgument, "null communicator");
+  if (type != ncclFloat32 && type != ncclBfloat16)
+    return fail(ncclInvalidUsage, "the emulation sums fp32 and bf16 only");
+  if (op != ncclSum) return fail(ncclInvalidUsage, "the emulation reduces with ncclSum only");
+  if (root < 0 || root >= c->nranks) return fail(ncclInvalidArgument, "root out of range");
+  return enqueue_op(c, stream, [=] {
+    if (count > 0 && c->nranks > 1) return run_collective(c, kind, send, recv, count, type, root);
+    if (count > 0 && send != recv) std::memmove(recv, send, count * type_bytes(type));  // one rank: a copy
+    return true;
+  });
 }
 
 // One point-to-point transfer of a group.
@@ -463,25 +470,9 @@ bool run_transfers(ncclComm* c, const std::vector<Transfer>& group) {
   }
 }
 
-// Queues a group of transfers as one operation on the communicator's thread, after what `stream`
-// has in flight.
+// Queues a group of transfers as one operation.
 ncclResult_t enqueue_transfers(ncclComm* c, std::vector<Transfer> group, cudaStream_t stream) {
-  if (const ncclResult_t st = c->state; st != ncclSuccess)
-    return fail(st == ncclInProgress ? ncclInvalidUsage : st, "the communicator is not ready, or has failed");
-  auto done = std::make_shared<emu::Pending>();
-  std::vector<emu::PendingPtr> before = emu::stream_dependencies(stream);
-  emu::stream_push(stream, done);
-  std::lock_guard<std::mutex> lock(c->mu);
-  std::erase_if(c->unfinished, [](const emu::PendingPtr& p) { return p->done(); });
-  c->unfinished.push_back(done);
-  c->queue.push_back([=] {
-    for (const emu::PendingPtr& p : before) p->wait();
-    if (!run_transfers(c, group)) return false;
-    done->finish();
-    return true;
-  });
-  c->cv.notify_all();
-  return ncclSuccess;
+  return enqueue_op(c, stream, [c, group = std::move(group)] { return run_transfers(c, group); });
 }
 
 // The calling thread's open group (ncclGroupStart ... ncclGroupEnd): its transfers so far.

@@ -809,13 +809,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
-// Events: what the stream had in flight when the event was recorded.
+// Events: what the stream had in flight when the event was recorded. The stream passes the event
+// when that work is done, or at the record itself (kernels and copies run at their call): the
+// later of the two is the event's time, for cudaEventElapsedTime.
 struct EmuEvent {
   std::vector<emu::PendingPtr> work;
+  bool timing = true;  // not created with cudaEventDisableTiming
+  bool recorded = false;
+  std::chrono::steady_clock::time_point recorded_at;
 };
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   if (e == nullptr || (flags & ~0xfu) != 0) return set_error(cudaErrorInvalidValue);
-  *e = reinterpret_cast<cudaEvent_t>(new EmuEvent);
+  auto* ev = new EmuEvent;
+  ev->timing = (flags & cudaEventDisableTiming) == 0;
+  *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
@@ -826,7 +833,27 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr || !emu::valid_stream(s)) return set_error(cudaErrorInvalidResourceHandle);
-  reinterpret_cast<EmuEvent*>(e)->work = emu::stream_dependencies(s);
+  auto* ev = reinterpret_cast<EmuEvent*>(e);
+  ev->work = emu::stream_dependencies(s);
+  ev->recorded = true;
+  ev->recorded_at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  auto* a = reinterpret_cast<EmuEvent*>(start);
+  auto* b = reinterpret_cast<EmuEvent*>(end);
+  if (ms == nullptr || a == nullptr || b == nullptr) return set_error(cudaErrorInvalidValue);
+  if (!a->timing || !b->timing || !a->recorded || !b->recorded) return set_error(cudaErrorInvalidResourceHandle);
+  std::chrono::steady_clock::time_point t[2];
+  for (int i = 0; i < 2; ++i) {
+    const EmuEvent* ev = i == 0 ? a : b;
+    t[i] = ev->recorded_at;
+    for (const emu::PendingPtr& p : ev->work) {
+      if (!p->done()) return cudaErrorNotReady;  // as CUDA: not an error, the last error left alone
+      t[i] = std::max(t[i], p->finished_at());
+    }
+  }
+  *ms = std::chrono::duration<float, std::milli>(t[1] - t[0]).count();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
