@@ -143,8 +143,6 @@ class ShardedParams final : public model::ParamSource {
   kernels::Backend& backend() const { return backend_; }
   StateBytes state_bytes() const;
   ArenaBytes arena_bytes() const { return {state_.capacity(), pool_.capacity(), 0, 0, 0}; }  // as allocated
-  // The host's waits on communication. On a GPU the compute stream waits for gathers on the
-  // device: those waits are not counted here.
   // Waits on communication so far: the host's, and on a GPU the compute stream's for gathers.
   double exposed_comm_seconds() const;
   double tp_comm_seconds() const { return tp_seconds_; }  // the part spent in the tp collectives
