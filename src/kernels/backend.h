@@ -94,7 +94,7 @@ class Backend {
   // threads: the host threads the model runs with (the CPU backend's workspace is per thread).
   // allow_bf16: the backend may take the products on bf16-rounded operands with fp32 accumulation,
   // as mixed precision does the weight GEMMs (the CUDA backend then runs them on tensor cores,
-  // kernels/cuda/attention.h); the CPU backend computes in fp32 either way.
+  // kernels/cuda/attention.h; the CPU backend with avx512_bf16's dot products, kernels/cpu/attention.h).
   virtual int64_t attention_workspace_floats(int64_t B, int64_t T, int64_t H, int64_t D, int threads) const = 0;
   virtual void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                  int64_t D, bool allow_bf16, float* workspace) = 0;

@@ -788,6 +788,50 @@ TEST_P(CpuVsRef, Attention) {
   }
 }
 
+// The bf16 variant against the same fp32 reference, with the CUDA bf16 variant's bounds
+// (kernels/cuda/attention_test.cc, Bf16MatchesRef, where they are derived): operands rounded to
+// bf16 (relative 2^-9) move scores by ~4e-3, lse as much, out ~1e-2, the gradients a few times
+// that; a wrong mask, head, scale or padding errs by order one. Workspace and outputs start as NaN,
+// so a padding the packing leaves unwritten (0 x NaN is NaN) fails. The ragged sizes (T 67, 130,
+// 257; D 8 and 24, not multiples of the 16 lanes) exercise every edge of the tiles.
+TEST_P(CpuVsRef, AttentionBf16) {
+  if (!cpu::attention_bf16_available()) GTEST_SKIP() << "no avx512_bf16 on this CPU";
+  struct Heads {
+    int64_t H, Hkv;
+  };
+  for (int64_t T : {1, 5, 67, 130, 257}) {
+    for (int64_t D : {8, 24, 64, 128}) {
+      for (const Heads& hh : {Heads{4, 4}, Heads{4, 2}, Heads{3, 1}}) {
+        const AttnShape s{2, T, hh.H, hh.Hkv, D};
+        SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " H=" + std::to_string(s.H) +
+                     " Hkv=" + std::to_string(s.Hkv));
+        const int64_t n_qkv = s.B * T * (s.H + 2 * s.Hkv) * D, n_out = s.B * T * s.H * D, n_lse = s.B * s.H * T;
+        const Floats qkv = randn(n_qkv, 152), dout = randn(n_out, 153);
+        Floats ref_out(n_out), ref_lse(n_lse), ref_dqkv(n_qkv);
+        ref::attention_forward(ref_out.data(), ref_lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D);
+        ref::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T, s.H,
+                                s.Hkv, D);
+        const int64_t ws = cpu::attention_bf16_workspace_floats(T, D, num_threads());
+        const auto got = run_twice("attention bf16", [&] {
+          Floats out = nans(n_out), lse = nans(n_lse), dqkv = nans(n_qkv), workspace = nans(ws);
+          cpu::attention_forward_bf16(out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D, workspace.data());
+          cpu::attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T,
+                                       s.H, s.Hkv, D, workspace.data());
+          return std::vector<Floats>{out, lse, dqkv};
+        });
+        auto bound = [](const Floats& want, double tol) {
+          Vec v(want.size());
+          for (size_t i = 0; i < want.size(); ++i) v[i] = tol + tol * std::fabs(want[i]);
+          return v;
+        };
+        expect_within("attention bf16 out", got[0], ref_out, bound(ref_out, 2e-2));
+        expect_within("attention bf16 lse", got[1], ref_lse, bound(ref_lse, 2e-2));
+        expect_within("attention bf16 dqkv", got[2], ref_dqkv, bound(ref_dqkv, 5e-2));
+      }
+    }
+  }
+}
+
 // The cached kernel in two calls per sequence (a prompt, then the rest, at different splits per
 // sequence), against the ref's whole-sequence forward, within the forward's tolerance above: the
 // same sums in the same kind of order. Cache rows not yet written are NaN, so reading past a
@@ -1068,6 +1112,11 @@ TEST_P(CpuVsRef, EmptyInputs) {
   Floats workspace = nans(std::max<int64_t>(ws, 1));
   cpu::attention_forward(&none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
   cpu::attention_backward(&none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
+  if (cpu::attention_bf16_available()) {
+    Floats workspace16 = nans(cpu::attention_bf16_workspace_floats(5, 8, num_threads()));
+    cpu::attention_forward_bf16(&none, &none, &none, 0, 5, 2, 1, 8, workspace16.data());
+    cpu::attention_backward_bf16(&none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace16.data());
+  }
   Floats rope_table(5 * 8);
   cpu::rope_table(rope_table.data(), 5, 8, 10000.0f);
   cpu::rope_forward(&none, rope_table.data(), 0, 5, 2, 8, 16);
