@@ -170,15 +170,6 @@ void transpose_pairs(uint16_t* out16, int64_t ld_out, const uint16_t* in16, int6
   for (int64_t c = 0; c < cols; ++c) std::fill(out + c * ld_out + rows, out + (c + 1) * ld_out, Pair{0});
 }
 
-// Rows t and t+1 of two fp32 tiles (16 columns from j) as bf16 pairs: (x0[j], x1[j]), ...
-// (The maskz forms: GCC 12 warns of the plain forms' deliberately undefined pass-through.)
-void store_pairs(uint16_t* out, const float* x0, const float* x1) {
-  const __mmask16 all = 0xffff;
-  const __m512i lo = _mm512_maskz_cvtepu16_epi32(all, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x0)));
-  const __m512i hi = _mm512_maskz_cvtepu16_epi32(all, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x1)));
-  _mm512_storeu_si512(out, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16)));
-}
-
 // One thread's share of the workspace; T rounded up to 16 (Tp) as every B's row of pairs is, and
 // D to 16 (Dp) likewise, or to 2 (De) where D is the summed index.
 struct Layout {
@@ -295,23 +286,32 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int64_t B,
 
 namespace {
 
-// A backward tile's P = exp(S - lse) and dS = P (dP - di), in place over its scores and dP, zero
-// right of the diagonal, up to `cols`. A padding row (a ragged tile's odd last pair) is all zeros.
+// A backward tile's P = exp(S - lse) and dS = P (dP - di), zero right of the diagonal, from its
+// scores and dP, written as the products want them, two query rows (t, t+1) at a time: dS by row
+// (for dQ), P and dS with pairs of queries (for dV^T and dK^T), up to `cols` keys. A ragged
+// tile's odd last row pairs with zeros.
 void tile_gradients(const Layout& w, int64_t r0, int64_t r1, int64_t cols, const float* lse) {
-  for (int64_t i = r0; i < round_up(r1, 2); ++i) {
-    float* p = w.s + (i - r0) * w.Tp;
-    float* ds = w.dp + (i - r0) * w.Tp;
-    if (i >= r1) {
-      std::fill(p, p + cols, 0.0f);
-      std::fill(ds, ds + cols, 0.0f);
-      continue;
-    }
-    const float l = lse[i], di = w.di[i];
+  using Pair = uint32_t __attribute__((__may_alias__));
+  auto pair = [](float lo, float hi) {
+    return static_cast<uint32_t>(f32_to_bf16(lo)) | static_cast<uint32_t>(f32_to_bf16(hi)) << 16;
+  };
+  for (int64_t t = 0; t < r1 - r0; t += 2) {
+    const int64_t i0 = r0 + t, i1 = t + 1 < r1 - r0 ? i0 + 1 : -1;  // i1 = -1: no second row
+    const float *s0 = w.s + t * w.Tp, *s1 = s0 + w.Tp, *dp0 = w.dp + t * w.Tp, *dp1 = dp0 + w.Tp;
+    const float l0 = lse[i0], di0 = w.di[i0], l1 = i1 < 0 ? 0.0f : lse[i1], di1 = i1 < 0 ? 0.0f : w.di[i1];
+    uint16_t *ds_row0 = w.p_rows + t * w.Tp, *ds_row1 = ds_row0 + w.Tp;
+    Pair* p_pairs = reinterpret_cast<Pair*>(w.p_pairs + t * w.Tp);
+    Pair* ds_pairs = reinterpret_cast<Pair*>(w.ds_pairs + t * w.Tp);
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
-      const float pj = j <= i ? exp_fast(p[j] - l) : 0.0f;
-      p[j] = pj;
-      ds[j] = j <= i ? pj * (ds[j] - di) : 0.0f;
+      const float p0 = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;
+      const float p1 = j <= i1 ? exp_fast(s1[j] - l1) : 0.0f;
+      const float ds0 = j <= i0 ? p0 * (dp0[j] - di0) : 0.0f;
+      const float ds1 = j <= i1 ? p1 * (dp1[j] - di1) : 0.0f;
+      p_pairs[j] = pair(p0, p1);
+      ds_pairs[j] = pair(ds0, ds1);
+      ds_row0[j] = f32_to_bf16(ds0);
+      ds_row1[j] = f32_to_bf16(ds1);
     }
   }
 }
@@ -367,16 +367,6 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
         gemm_pairs(rows, keys, w.De / 2, w.q + r0 * w.De, w.De, w.k_cols, 2 * w.Tp, scale, false, w.s, w.Tp);
         gemm_pairs(rows, keys, w.De / 2, w.dout + r0 * w.De, w.De, w.v_cols, 2 * w.Tp, 1.0f, false, w.dp, w.Tp);
         tile_gradients(w, r0, r1, cols, lse + (b * H + h) * T);
-        // dS by row for dQ; P and dS with pairs of queries for dV^T and dK^T.
-        for (int64_t t = 0; t < rows; t += 2) {
-          const float *p0 = w.s + t * w.Tp, *ds0 = w.dp + t * w.Tp;
-          for (int64_t j = 0; j < cols; j += 16) {
-            store_pairs(w.p_pairs + t * w.Tp + 2 * j, p0 + j, p0 + w.Tp + j);
-            store_pairs(w.ds_pairs + t * w.Tp + 2 * j, ds0 + j, ds0 + w.Tp + j);
-          }
-          f32_to_bf16(ds0, w.p_rows + t * w.Tp, width);
-          if (t + 1 < rows) f32_to_bf16(ds0 + w.Tp, w.p_rows + (t + 1) * w.Tp, width);
-        }
         gemm_pairs(rows, D, width / 2, w.p_rows, w.Tp, w.k_rows, 2 * w.Dp, scale, false, dq_base + r0 * stride + h * D,
                    stride);
         const int64_t query_pairs = (rows + 1) / 2;
