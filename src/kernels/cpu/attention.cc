@@ -1,11 +1,13 @@
-// CPU causal grouped-query attention. Each thread takes one (batch, head) at a time and keeps
-// that head's scores in a T x T workspace block; causal structure is exploited by row tiles
+// CPU causal grouped-query attention: which implementation runs, and the one every CPU has, on
+// oneDNN's sgemm (attention_tiles.cc: the AVX-512 one). Each thread takes one (batch, head) at a
+// time and keeps that head's scores in a T x T workspace block; causal structure is exploited by row tiles
 // (tile i needs keys [0, end of tile i)), which halves the GEMM work for long sequences. The
 // backward recomputes probabilities from the saved log-sum-exp instead of storing B*H*T*T.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/threads.h"
 #include "kernels/cpu/matmul.h"
@@ -62,10 +64,46 @@ float causal_softmax_row(float* p, int64_t last, int64_t width) {
 
 }  // namespace
 
-int64_t attention_workspace_floats(int64_t T, int64_t /*D*/, int threads) { return 2 * T * T * threads; }
+int64_t attention_workspace_floats(int64_t T, int64_t D, int threads) {
+  int64_t floats = attention_sgemm_workspace_floats(T, D, threads);
+  for (const bool bf16 : {false, true}) {
+    if (attention_tiles_available(bf16))
+      floats = std::max(floats, attention_tiles_workspace_floats(bf16, T, D, threads));
+  }
+  return floats;
+}
+
+namespace {
+// The tiles' precision a call runs, or none where the CPU has no AVX-512 (the sgemm tiles).
+std::optional<bool> tiles_for(bool bf16) {
+  if (bf16 && attention_tiles_available(true)) return true;
+  if (attention_tiles_available(false)) return false;
+  return std::nullopt;
+}
+}  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, float* workspace) {
+                       int64_t D, float* workspace, bool bf16) {
+  if (const auto tiles_bf16 = tiles_for(bf16)) {
+    attention_forward_tiles(*tiles_bf16, out, lse, qkv, B, T, H, Hkv, D, workspace);
+  } else {
+    attention_forward_sgemm(out, lse, qkv, B, T, H, Hkv, D, workspace);
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace, bool bf16) {
+  if (const auto tiles_bf16 = tiles_for(bf16)) {
+    attention_backward_tiles(*tiles_bf16, dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
+  } else {
+    attention_backward_sgemm(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
+  }
+}
+
+int64_t attention_sgemm_workspace_floats(int64_t T, int64_t /*D*/, int threads) { return 2 * T * T * threads; }
+
+void attention_forward_sgemm(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                             int64_t D, float* workspace) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t out_stride = H * D;
   parallel_for_each(B * H, [&](int64_t bh, int thread) {
@@ -83,8 +121,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   });
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
-                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
+void attention_backward_sgemm(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = H / Hkv, stride = (H + 2 * Hkv) * D, out_stride = H * D;
   // Threads own whole kv groups, so dk and dv (shared by the group's query heads) have one writer.

@@ -1,31 +1,41 @@
-// CPU causal grouped-query attention: one (batch, head) at a time per thread, scores for that head
-// in a T x T workspace block, recomputed in backward from the saved log-sum-exp (never B*H*T*T).
-// Contract: ref/attention.h.
+// CPU causal grouped-query attention: one (batch, head) at a time per thread, row tiles of 64
+// queries against the keys up to the tile's end, recomputed in backward from the saved
+// log-sum-exp (never B*H*T*T). Contract: ref/attention.h.
 #pragma once
 
 #include <cstdint>
 
 namespace tessera::kernels::cpu {
 
-// Floats of workspace that attention_forward/backward need for `threads` threads.
+// The fastest implementation this CPU has: the tiles below where it has AVX-512 (bf16: with
+// avx512_bf16, else fp32), the sgemm tiles otherwise. bf16: the products may take bf16-rounded
+// operands (mixed precision, Backend::attention_forward's allow_bf16). The workspace fits every
+// choice.
 int64_t attention_workspace_floats(int64_t T, int64_t D, int threads);
-
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, float* workspace);
+                       int64_t D, float* workspace, bool bf16 = false);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
-                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace);
+                        int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace, bool bf16 = false);
 
-// The same attention with its products (Q K^T and P V; in backward also dO V^T, dS K, Q^T dS and
-// dO^T P) on bf16-rounded operands with fp32 sums (avx512_bf16), the softmax, its log-sum-exp, the
-// row dots and the score gradients in fp32: the CUDA backend's bf16 variant (kernels/cuda/
-// attention.h), for mixed precision. Only where attention_bf16_available(); the workspace is its
-// own size.
-bool attention_bf16_available();
-int64_t attention_bf16_workspace_floats(int64_t T, int64_t D, int threads);
-void attention_forward_bf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                            int64_t D, float* workspace);
-void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace);
+// Every CPU: each tile's products through oneDNN's sgemm, the scores of a head in a T x T block.
+int64_t attention_sgemm_workspace_floats(int64_t T, int64_t D, int threads);
+void attention_forward_sgemm(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                             int64_t D, float* workspace);
+void attention_backward_sgemm(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace);
+
+// AVX-512 (attention_tiles.cc): the tiles' products in registers, fp32 with FMAs or, bf16, on
+// bf16-rounded operands with fp32 sums (avx512_bf16's vdpbf16ps; Q K^T and P V, in backward also
+// dO V^T, dS K, Q^T dS and dO^T P) while the softmax, its log-sum-exp, the row dots and the score
+// gradients stay fp32: the CUDA backend's bf16 variant (kernels/cuda/attention.h). Only where
+// attention_tiles_available(bf16).
+bool attention_tiles_available(bool bf16);
+int64_t attention_tiles_workspace_floats(bool bf16, int64_t T, int64_t D, int threads);
+void attention_forward_tiles(bool bf16, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
+                             int64_t Hkv, int64_t D, float* workspace);
+void attention_backward_tiles(bool bf16, float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float* workspace);
 
 // Generation: new queries against a key/value cache, as attention_forward's causal attention
 // computes them (same score GEMMs, same softmax), without the lse. Sequence b's queries are rows

@@ -1,7 +1,6 @@
 // The CPU backend: kernels/cpu on host memory, work done before each call returns.
 #include "kernels/backend.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -92,25 +91,16 @@ class CpuBackend final : public Backend {
   }
 
   int64_t attention_workspace_floats(int64_t, int64_t T, int64_t, int64_t D, int threads) const override {
-    return std::max(cpu::attention_workspace_floats(T, D, threads),
-                    cpu::attention_bf16_available() ? cpu::attention_bf16_workspace_floats(T, D, threads) : 0);
+    return cpu::attention_workspace_floats(T, D, threads);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                          int64_t D, bool allow_bf16, float* workspace) override {
-    if (allow_bf16 && cpu::attention_bf16_available()) {
-      cpu::attention_forward_bf16(out, lse, qkv, B, T, H, Hkv, D, workspace);
-    } else {
-      cpu::attention_forward(out, lse, qkv, B, T, H, Hkv, D, workspace);
-    }
+    cpu::attention_forward(out, lse, qkv, B, T, H, Hkv, D, workspace, allow_bf16);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, bool allow_bf16,
                           float* workspace) override {
-    if (allow_bf16 && cpu::attention_bf16_available()) {
-      cpu::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
-    } else {
-      cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
-    }
+    cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace, allow_bf16);
   }
   int64_t attention_cached_workspace_floats(int64_t max_context, int threads) const override {
     return cpu::attention_cached_workspace_floats(max_context, threads);

@@ -751,38 +751,51 @@ AttnTol attention_tol(const Floats& qkv, const Floats& dout, const Floats& lse_f
   return tol;
 }
 
+// Both fp32 implementations: the sgemm tiles every CPU has, and the AVX-512 tiles where they run.
 TEST_P(CpuVsRef, Attention) {
   struct Heads {
     int64_t H, Hkv;
   };
-  for (int64_t T : {1, 5, 67, 130}) {
-    for (int64_t D : {8, 16, 64}) {
-      for (const Heads& hh : {Heads{4, 4}, Heads{4, 2}, Heads{3, 1}}) {
-        const AttnShape s{2, T, hh.H, hh.Hkv, D};
-        SCOPED_TRACE("T=" + std::to_string(T) + " D=" + std::to_string(D) + " H=" + std::to_string(s.H) +
-                     " Hkv=" + std::to_string(s.Hkv));
-        const int64_t n_qkv = s.B * T * (s.H + 2 * s.Hkv) * D, n_out = s.B * T * s.H * D, n_lse = s.B * s.H * T;
-        const Floats qkv = randn(n_qkv, 150), dout = randn(n_out, 151);
+  for (const bool tiles : {false, true}) {
+    if (tiles && !cpu::attention_tiles_available(false)) continue;
+    const std::string name = tiles ? "attention tiles" : "attention sgemm";
+    for (int64_t T : {1, 5, 67, 130}) {
+      for (int64_t D : {8, 16, 64}) {
+        for (const Heads& hh : {Heads{4, 4}, Heads{4, 2}, Heads{3, 1}}) {
+          const AttnShape s{2, T, hh.H, hh.Hkv, D};
+          SCOPED_TRACE(name + " T=" + std::to_string(T) + " D=" + std::to_string(D) + " H=" + std::to_string(s.H) +
+                       " Hkv=" + std::to_string(s.Hkv));
+          const int64_t n_qkv = s.B * T * (s.H + 2 * s.Hkv) * D, n_out = s.B * T * s.H * D, n_lse = s.B * s.H * T;
+          const Floats qkv = randn(n_qkv, 150), dout = randn(n_out, 151);
 
-        Floats ref_out(n_out), ref_lse(n_lse), ref_dqkv(n_qkv);
-        ref::attention_forward(ref_out.data(), ref_lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D);
-        ref::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T, s.H,
-                                s.Hkv, D);
-        const AttnTol tol = attention_tol(qkv, dout, ref_lse, s);
+          Floats ref_out(n_out), ref_lse(n_lse), ref_dqkv(n_qkv);
+          ref::attention_forward(ref_out.data(), ref_lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D);
+          ref::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T, s.H,
+                                  s.Hkv, D);
+          const AttnTol tol = attention_tol(qkv, dout, ref_lse, s);
 
-        // Workspace and outputs start as NaN: nothing the kernels leave unwritten may be read.
-        const int64_t ws = cpu::attention_workspace_floats(T, D, num_threads());
-        const auto got = run_twice("attention", [&] {
-          Floats out = nans(n_out), lse = nans(n_lse), dqkv = nans(n_qkv), workspace = nans(ws);
-          cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D, workspace.data());
-          // The backward is fed the ref's forward results so that its error is measured alone.
-          cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T, s.H,
-                                  s.Hkv, D, workspace.data());
-          return std::vector<Floats>{out, lse, dqkv};
-        });
-        expect_within("attention out", got[0], ref_out, tol.out);
-        expect_within("attention lse", got[1], ref_lse, tol.lse);
-        expect_within("attention dqkv", got[2], ref_dqkv, tol.dqkv);
+          // Workspace and outputs start as NaN: nothing the kernels leave unwritten may be read.
+          const int64_t ws = tiles ? cpu::attention_tiles_workspace_floats(false, T, D, num_threads())
+                                   : cpu::attention_sgemm_workspace_floats(T, D, num_threads());
+          const auto got = run_twice(name, [&] {
+            Floats out = nans(n_out), lse = nans(n_lse), dqkv = nans(n_qkv), workspace = nans(ws);
+            // The backward is fed the ref's forward results so that its error is measured alone.
+            if (tiles) {
+              cpu::attention_forward_tiles(false, out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D,
+                                           workspace.data());
+              cpu::attention_backward_tiles(false, dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(),
+                                            s.B, T, s.H, s.Hkv, D, workspace.data());
+            } else {
+              cpu::attention_forward_sgemm(out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D, workspace.data());
+              cpu::attention_backward_sgemm(dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B,
+                                            T, s.H, s.Hkv, D, workspace.data());
+            }
+            return std::vector<Floats>{out, lse, dqkv};
+          });
+          expect_within(name + " out", got[0], ref_out, tol.out);
+          expect_within(name + " lse", got[1], ref_lse, tol.lse);
+          expect_within(name + " dqkv", got[2], ref_dqkv, tol.dqkv);
+        }
       }
     }
   }
@@ -795,7 +808,7 @@ TEST_P(CpuVsRef, Attention) {
 // so a padding the packing leaves unwritten (0 x NaN is NaN) fails. The ragged sizes (T 67, 130,
 // 257; D 8 and 24, not multiples of the 16 lanes) exercise every edge of the tiles.
 TEST_P(CpuVsRef, AttentionBf16) {
-  if (!cpu::attention_bf16_available()) GTEST_SKIP() << "no avx512_bf16 on this CPU";
+  if (!cpu::attention_tiles_available(true)) GTEST_SKIP() << "no avx512_bf16 on this CPU";
   struct Heads {
     int64_t H, Hkv;
   };
@@ -811,12 +824,13 @@ TEST_P(CpuVsRef, AttentionBf16) {
         ref::attention_forward(ref_out.data(), ref_lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D);
         ref::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T, s.H,
                                 s.Hkv, D);
-        const int64_t ws = cpu::attention_bf16_workspace_floats(T, D, num_threads());
+        const int64_t ws = cpu::attention_tiles_workspace_floats(true, T, D, num_threads());
         const auto got = run_twice("attention bf16", [&] {
           Floats out = nans(n_out), lse = nans(n_lse), dqkv = nans(n_qkv), workspace = nans(ws);
-          cpu::attention_forward_bf16(out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D, workspace.data());
-          cpu::attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B, T,
-                                       s.H, s.Hkv, D, workspace.data());
+          cpu::attention_forward_tiles(true, out.data(), lse.data(), qkv.data(), s.B, T, s.H, s.Hkv, D,
+                                       workspace.data());
+          cpu::attention_backward_tiles(true, dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_lse.data(), s.B,
+                                        T, s.H, s.Hkv, D, workspace.data());
           return std::vector<Floats>{out, lse, dqkv};
         });
         auto bound = [](const Floats& want, double tol) {
@@ -1108,14 +1122,14 @@ TEST_P(CpuVsRef, EmptyInputs) {
   cpu::add_inplace(&none, &none, 0);
   cpu::scale_inplace(&none, 0, 2.0f);
   EXPECT_EQ(cpu::sum_squares(&none, 0), 0.0);
-  const int64_t ws = cpu::attention_workspace_floats(5, 8, num_threads());
+  const int64_t ws = cpu::attention_workspace_floats(5, 8, num_threads());  // fits every implementation
   Floats workspace = nans(std::max<int64_t>(ws, 1));
-  cpu::attention_forward(&none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
-  cpu::attention_backward(&none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
-  if (cpu::attention_bf16_available()) {
-    Floats workspace16 = nans(cpu::attention_bf16_workspace_floats(5, 8, num_threads()));
-    cpu::attention_forward_bf16(&none, &none, &none, 0, 5, 2, 1, 8, workspace16.data());
-    cpu::attention_backward_bf16(&none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace16.data());
+  cpu::attention_forward_sgemm(&none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
+  cpu::attention_backward_sgemm(&none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
+  for (const bool bf16 : {false, true}) {
+    if (!cpu::attention_tiles_available(bf16)) continue;
+    cpu::attention_forward_tiles(bf16, &none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
+    cpu::attention_backward_tiles(bf16, &none, &none, &none, &none, &none, 0, 5, 2, 1, 8, workspace.data());
   }
   Floats rope_table(5 * 8);
   cpu::rope_table(rope_table.data(), 5, 8, 10000.0f);

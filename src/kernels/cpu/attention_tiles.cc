@@ -1,0 +1,492 @@
+// CPU causal grouped-query attention on AVX-512 with its own tile products, in fp32 (FMAs) or, for
+// mixed precision, on bf16 operands (avx512_bf16's vdpbf16ps: pairs of bf16 products summed into
+// fp32 lanes) with the softmax, lse, row dots and score gradients in fp32, as the CUDA backend's
+// bf16 variant does (kernels/cuda/attention.h). The schedule is attention.cc's: a thread takes a
+// (batch, head) (backward: a kv group), row tiles of 64 queries against the keys up to the tile's
+// end, the probabilities recomputed in backward from the saved log-sum-exp. Its products are small
+// (64 x T x D); oneDNN's sgemm spends as long setting each up as computing it.
+//
+// Operands are 32-bit units: one fp32, or a pair of bf16s along the summed index. Every product is
+// one shape: C = alpha A B (+ C), A row-major with the summed index along its rows (read a unit at
+// a time and broadcast), B with a row of units per summed unit ("VNNI" for bf16: pair p of column
+// n at B[p][n][0..1]). The operands are packed per head into the thread's workspace:
+//   S    = Q K^T     A: Q rows         B: K transposed (by head-dim units)
+//   O    = P V       A: P rows         B: V (by key units)
+//   dP   = dO V^T    A: dO rows        B: V transposed
+//   dQ   = dS K      A: dS rows        B: K
+//   dK^T = Q^T dS    A: Q^T rows       B: dS (by query units)
+//   dV^T = dO^T P    A: dO^T rows      B: P
+// dK and dV are summed transposed (head dim x keys) over a group's heads, then transposed once.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/threads.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/vec_math.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace tessera::kernels::cpu {
+
+#if defined(__AVX512F__)
+
+namespace {
+
+constexpr int64_t kTile = 64;  // query rows per tile, as attention.cc
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+using Unit = uint32_t __attribute__((__may_alias__));  // any operand's memory, a unit at a time
+
+// E: float, or uint16_t for bf16. kPer: values of E in a 32-bit unit.
+template <typename E>
+constexpr int64_t kPer = 4 / static_cast<int64_t>(sizeof(E));
+
+template <typename E>
+__m512 multiply_add(__m512 acc, __m512i a, __m512i b) {
+  if constexpr (std::is_same_v<E, float>) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
+  } else {
+#if defined(__AVX512BF16__)
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+    static_assert(sizeof(E) == 0, "bf16 tiles need avx512_bf16");
+#endif
+  }
+}
+
+template <typename E>
+E convert(float x) {
+  if constexpr (std::is_same_v<E, float>) {
+    return x;
+  } else {
+    return f32_to_bf16(x);
+  }
+}
+
+// One MR x (16 NV) block of C over `units` units of the summed index. `last` masks the block's
+// last 16 columns (a ragged right edge of C; B is padded, so its loads are whole).
+template <typename E, int MR, int NV>
+void block(int64_t units, const E* A, int64_t lda, const E* B, int64_t ldb, float alpha, const float* row_scale,
+           bool accumulate, __mmask16 last, float* C, int64_t ldc) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t u = 0; u < units; ++u) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(B + u * ldb + 16 * kPer<E> * v);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a =
+          _mm512_set1_epi32(static_cast<int32_t>(*reinterpret_cast<const Unit*>(A + r * lda + kPer<E> * u)));
+      for (int v = 0; v < NV; ++v) acc[r][v] = multiply_add<E>(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    const __m512 scale = _mm512_set1_ps(row_scale != nullptr ? alpha * row_scale[r] : alpha);
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
+      float* c = C + r * ldc + 16 * v;
+      __m512 out = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, c));
+      _mm512_mask_storeu_ps(c, m, out);
+    }
+  }
+}
+
+template <typename E, int NV>
+void row_block(int64_t rows, int64_t units, const E* A, int64_t lda, const E* B, int64_t ldb, float alpha,
+               const float* row_scale, bool accumulate, __mmask16 last, float* C, int64_t ldc) {
+  constexpr int kRows = 6;  // 6 x 4 accumulators, 4 B vectors and a broadcast: 29 of 32 registers
+  auto scale_at = [&](int64_t m) { return row_scale != nullptr ? row_scale + m : nullptr; };
+  int64_t m = 0;
+  for (; m + kRows <= rows; m += kRows) {
+    block<E, kRows, NV>(units, A + m * lda, lda, B, ldb, alpha, scale_at(m), accumulate, last, C + m * ldc, ldc);
+  }
+  const E* a = A + m * lda;
+  const float* rs = scale_at(m);
+  float* c = C + m * ldc;
+  switch (rows - m) {
+    case 0:
+      break;
+    case 1:
+      block<E, 1, NV>(units, a, lda, B, ldb, alpha, rs, accumulate, last, c, ldc);
+      break;
+    case 2:
+      block<E, 2, NV>(units, a, lda, B, ldb, alpha, rs, accumulate, last, c, ldc);
+      break;
+    case 3:
+      block<E, 3, NV>(units, a, lda, B, ldb, alpha, rs, accumulate, last, c, ldc);
+      break;
+    case 4:
+      block<E, 4, NV>(units, a, lda, B, ldb, alpha, rs, accumulate, last, c, ldc);
+      break;
+    default:
+      block<E, 5, NV>(units, a, lda, B, ldb, alpha, rs, accumulate, last, c, ldc);
+      break;
+  }
+}
+
+// C (M x N, row stride ldc) = alpha A B, plus C when accumulate; row m of the product times
+// row_scale[m] too, where given. A: M rows of `units` units (row stride lda values). B: `units` rows
+// of round_up(N, 16) units (row stride ldb values), finite, and zero where the summed index runs past
+// its end.
+template <typename E>
+void gemm_units(int64_t M, int64_t N, int64_t units, const E* A, int64_t lda, const E* B, int64_t ldb, float alpha,
+                bool accumulate, float* C, int64_t ldc, const float* row_scale = nullptr) {
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    const int64_t cols = std::min<int64_t>(64, N - n0), nv = (cols + 15) / 16;
+    const __mmask16 last = static_cast<__mmask16>((1u << (cols - 16 * (nv - 1))) - 1u);
+    const E* b = B + kPer<E> * n0;
+    float* c = C + n0;
+    switch (nv) {
+      case 1:
+        row_block<E, 1>(M, units, A, lda, b, ldb, alpha, row_scale, accumulate, last, c, ldc);
+        break;
+      case 2:
+        row_block<E, 2>(M, units, A, lda, b, ldb, alpha, row_scale, accumulate, last, c, ldc);
+        break;
+      case 3:
+        row_block<E, 3>(M, units, A, lda, b, ldb, alpha, row_scale, accumulate, last, c, ldc);
+        break;
+      default:
+        row_block<E, 4>(M, units, A, lda, b, ldb, alpha, row_scale, accumulate, last, c, ldc);
+        break;
+    }
+  }
+}
+
+// ---- packing: fp32 rows (row stride ld) into the layouts above, zero-padded ----
+
+// rows x cols into rows of ld_out values; zeros from cols to ld_out.
+template <typename E>
+void pack_rows(E* out, int64_t ld_out, const float* in, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    E* o = out + r * ld_out;
+    const float* x = in + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) o[c] = convert<E>(x[c]);
+    std::fill(o + cols, o + ld_out, E{0});
+  }
+}
+
+// B for a product summing over the rows of `in` (rows x cols): a row of units per kPer rows (bf16:
+// rows 2p and 2p+1 interleaved) at out[p * ld_out ..]; zeros where rows or cols run out.
+template <typename E>
+void pack_row_units(E* out, int64_t ld_out, const float* in, int64_t ld, int64_t rows, int64_t cols) {
+  if constexpr (kPer<E> == 1) {
+    pack_rows(out, ld_out, in, ld, rows, cols);
+  } else {
+    for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+      E* o = out + p * ld_out;
+      const float* x0 = in + 2 * p * ld;
+      const float* x1 = 2 * p + 1 < rows ? x0 + ld : nullptr;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        o[2 * c] = convert<E>(x0[c]);
+        o[2 * c + 1] = x1 != nullptr ? convert<E>(x1[c]) : E{0};
+      }
+      std::fill(o + 2 * cols, o + ld_out, E{0});
+    }
+  }
+}
+
+// out[c][r] = in[r][c] for units, in blocks that stay in cache: rows x cols of `in` (row stride
+// ld_in units) into cols rows of ld_out units, zeros from rows to ld_out.
+void transpose_units(void* out_v, int64_t ld_out, const void* in_v, int64_t ld_in, int64_t rows, int64_t cols) {
+  auto* out = static_cast<Unit*>(out_v);
+  const auto* in = static_cast<const Unit*>(in_v);
+  constexpr int64_t kBlock = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = r0; r < r1; ++r) out[c * ld_out + r] = in[r * ld_in + c];
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) std::fill(out + c * ld_out + rows, out + (c + 1) * ld_out, Unit{0});
+}
+
+// out (T x D, row stride ld) = in^T, in (D x T, row stride ld_in), by 16 x 16 blocks.
+void store_transposed(float* out, int64_t ld, const float* in, int64_t ld_in, int64_t T, int64_t D) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
+    for (int64_t d0 = 0; d0 < D; d0 += kBlock) {
+      for (int64_t j = j0; j < std::min(T, j0 + kBlock); ++j) {
+        for (int64_t d = d0; d < std::min(D, d0 + kBlock); ++d) out[j * ld + d] = in[d * ld_in + j];
+      }
+    }
+  }
+}
+
+// One thread's share of the workspace. T rounds up to 16 (Tp) and so does D (Dp) where they count
+// B's columns; D rounds up to a whole unit (De) where it is summed.
+template <typename E>
+struct Layout {
+  int64_t Tp, Dp, De;
+  int64_t bytes = 0;
+  // fp32
+  float *s, *dp, *dkt, *dvt;  // a tile's scores and dP; dK^T, dV^T
+  float* di;                  // the head's rowsum(dO * O); forward: a tile's 1 / sum of its row
+  // E
+  E *p_rows, *p_units, *ds_units;        // a tile's P (backward: dS) by row; P, dS by query units
+  E *q, *qt, *dout, *doutt;              // the head's Q and dO by row, and transposed by units
+  E *k_cols, *v_cols, *k_rows, *v_rows;  // the group's K and V transposed, and by key units
+  E* staging;                            // rows on their way to a transpose
+
+  // base null: only `bytes`, the share's size.
+  Layout(float* base, int64_t T, int64_t D) : Tp(round_up(T, 16)), Dp(round_up(D, 16)), De(round_up(D, kPer<E>)) {
+    auto take = [&](int64_t n_bytes) {
+      char* p = base == nullptr ? nullptr : reinterpret_cast<char*>(base) + bytes;
+      bytes += round_up(n_bytes, 64);
+      return p;
+    };
+    auto floats = [&](int64_t n) { return reinterpret_cast<float*>(take(4 * n)); };
+    auto values = [&](int64_t n) { return reinterpret_cast<E*>(take(static_cast<int64_t>(sizeof(E)) * n)); };
+    s = floats(kTile * Tp);
+    dp = floats(kTile * Tp);
+    dkt = floats(D * Tp);
+    dvt = floats(D * Tp);
+    di = floats(Tp);
+    p_rows = values(kTile * Tp);
+    p_units = values(kTile * Tp);
+    ds_units = values(kTile * Tp);
+    q = values(T * De);
+    qt = values(D * Tp);
+    dout = values(T * De);
+    doutt = values(D * Tp);
+    k_cols = values(De * Tp);
+    v_cols = values(De * Tp);
+    k_rows = values(Tp * Dp);
+    v_rows = values(Tp * Dp);
+    staging = values(Tp * Dp);
+  }
+
+  // B for a product summing over the columns of x (T x D): unit u of row r at [u][r].
+  void pack_transposed(E* out, const float* x, int64_t ld, int64_t T, int64_t D) const {
+    pack_rows(staging, De, x, ld, T, D);
+    transpose_units(out, Tp, staging, De / kPer<E>, T, De / kPer<E>);
+  }
+  // A for a product summing over the rows of x (T x D): x^T, its rows in units of kPer rows of x.
+  void pack_transposed_units(E* out, const float* x, int64_t ld, int64_t T, int64_t D) const {
+    pack_row_units(staging, kPer<E> * Dp, x, ld, T, D);
+    transpose_units(out, Tp / kPer<E>, staging, Dp, (T + kPer<E> - 1) / kPer<E>, D);
+  }
+};
+
+struct Head {
+  const float* q;  // (T, D), row stride `stride`
+  const float* k;
+  const float* v;
+  int64_t stride;
+};
+
+Head head_of(const float* qkv, int64_t b, int64_t h, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t stride = (H + 2 * Hkv) * D;
+  const int64_t g = h / (H / Hkv);
+  const float* base = qkv + b * T * stride;
+  return {base + h * D, base + (H + g) * D, base + (H + Hkv + g) * D, stride};
+}
+
+template <typename E>
+int64_t workspace_floats(int64_t T, int64_t D, int threads) {
+  return Layout<E>(nullptr, T, D).bytes / 4 * threads;
+}
+
+template <typename E>
+void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+             float* workspace) {
+  constexpr int64_t per = kPer<E>;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t out_stride = H * D, per_thread = workspace_floats<E>(T, D, 1);
+  parallel_for_each(B * H, [&](int64_t bh, int thread) {
+    const int64_t b = bh / H, h = bh % H;
+    const Head hd = head_of(qkv, b, h, T, H, Hkv, D);
+    const Layout<E> w(workspace + thread * per_thread, T, D);
+    pack_rows(w.q, w.De, hd.q, hd.stride, T, D);
+    w.pack_transposed(w.k_cols, hd.k, hd.stride, T, D);
+    pack_row_units(w.v_rows, per * w.Dp, hd.v, hd.stride, T, D);
+    float* lse_bh = lse + (b * H + h) * T;
+    for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+      const int64_t r1 = std::min(T, r0 + kTile), keys = r1, width = round_up(keys, per);
+      gemm_units(r1 - r0, keys, w.De / per, w.q + r0 * w.De, w.De, w.k_cols, per * w.Tp, scale, false, w.s, w.Tp);
+      // P's rows unnormalized, exp(s - max), and O = P V / sum at the product's store: the rows
+      // are read once after their max.
+      for (int64_t i = r0; i < r1; ++i) {
+        const float* s = w.s + (i - r0) * w.Tp;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j <= i; ++j) mx = s[j] > mx ? s[j] : mx;
+        E* p = w.p_rows + (i - r0) * w.Tp;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j <= i; ++j) {
+          const float e = exp_fast(s[j] - mx);
+          p[j] = convert<E>(e);
+          sum += e;
+        }
+        std::fill(p + i + 1, p + width, E{0});
+        lse_bh[i] = mx + std::log(sum);
+        w.di[i - r0] = 1.0f / sum;
+      }
+      gemm_units(r1 - r0, D, width / per, w.p_rows, w.Tp, w.v_rows, per * w.Dp, 1.0f, false,
+                 out + b * T * out_stride + r0 * out_stride + h * D, out_stride, w.di);
+    }
+  });
+}
+
+// A backward tile's P = exp(S - lse) and dS = P (dP - di), zero right of the diagonal, from its
+// scores and dP, written as the products want them, a unit of query rows (t, and for bf16 t+1) at a
+// time: dS by row (for dQ), P and dS by query units (for dV^T and dK^T), up to `cols` keys. A
+// ragged tile's odd last bf16 row pairs with zeros.
+template <typename E>
+void tile_gradients(const Layout<E>& w, int64_t r0, int64_t r1, int64_t cols, const float* lse) {
+  for (int64_t t = 0; t < r1 - r0; t += kPer<E>) {
+    const int64_t i0 = r0 + t, i1 = t + 1 < r1 - r0 ? i0 + 1 : -1;  // i1 = -1: no second row
+    const float *s0 = w.s + t * w.Tp, *dp0 = w.dp + t * w.Tp;
+    const float l0 = lse[i0], di0 = w.di[i0];
+    E* ds_row0 = w.p_rows + t * w.Tp;
+    if constexpr (kPer<E> == 1) {
+      E *p_row = w.p_units + t * w.Tp, *ds_row = w.ds_units + t * w.Tp;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float p = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;
+        const float ds = j <= i0 ? p * (dp0[j] - di0) : 0.0f;
+        p_row[j] = p;
+        ds_row[j] = ds;
+        ds_row0[j] = ds;
+      }
+    } else {
+      const float *s1 = s0 + w.Tp, *dp1 = dp0 + w.Tp;
+      const float l1 = i1 < 0 ? 0.0f : lse[i1], di1 = i1 < 0 ? 0.0f : w.di[i1];
+      E* ds_row1 = ds_row0 + w.Tp;
+      Unit* p_pairs = reinterpret_cast<Unit*>(w.p_units + t * w.Tp);
+      Unit* ds_pairs = reinterpret_cast<Unit*>(w.ds_units + t * w.Tp);
+      auto pair = [](float lo, float hi) {
+        return static_cast<uint32_t>(f32_to_bf16(lo)) | static_cast<uint32_t>(f32_to_bf16(hi)) << 16;
+      };
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) {
+        const float p0 = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;
+        const float p1 = j <= i1 ? exp_fast(s1[j] - l1) : 0.0f;
+        const float ds0 = j <= i0 ? p0 * (dp0[j] - di0) : 0.0f;
+        const float ds1 = j <= i1 ? p1 * (dp1[j] - di1) : 0.0f;
+        p_pairs[j] = pair(p0, p1);
+        ds_pairs[j] = pair(ds0, ds1);
+        ds_row0[j] = f32_to_bf16(ds0);
+        ds_row1[j] = f32_to_bf16(ds1);
+      }
+    }
+  }
+}
+
+template <typename E>
+void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+              int64_t T, int64_t H, int64_t Hkv, int64_t D, float* workspace) {
+  constexpr int64_t per = kPer<E>;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = H / Hkv, stride = (H + 2 * Hkv) * D, out_stride = H * D;
+  const int64_t per_thread = workspace_floats<E>(T, D, 1);
+  // Threads own whole kv groups, so dk and dv (shared by the group's query heads) have one writer.
+  parallel_for_each(B * Hkv, [&](int64_t bg, int thread) {
+    const int64_t b = bg / Hkv, g = bg % Hkv;
+    const Layout<E> w(workspace + thread * per_thread, T, D);
+    const Head kv = head_of(qkv, b, g * group, T, H, Hkv, D);
+    w.pack_transposed(w.k_cols, kv.k, stride, T, D);
+    w.pack_transposed(w.v_cols, kv.v, stride, T, D);
+    pack_row_units(w.k_rows, per * w.Dp, kv.k, stride, T, D);
+    std::fill(w.dkt, w.dkt + D * w.Tp, 0.0f);
+    std::fill(w.dvt, w.dvt + D * w.Tp, 0.0f);
+    float* dq_base = dqkv + b * T * stride;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* q = qkv + b * T * stride + h * D;
+      const float* o = out + b * T * out_stride + h * D;
+      const float* dO = dout + b * T * out_stride + h * D;
+      pack_rows(w.q, w.De, q, stride, T, D);
+      w.pack_transposed_units(w.qt, q, stride, T, D);
+      pack_rows(w.dout, w.De, dO, out_stride, T, D);
+      w.pack_transposed_units(w.doutt, dO, out_stride, T, D);
+      for (int64_t i = 0; i < T; ++i) {
+        const float *dOi = dO + i * out_stride, *oi = o + i * out_stride;
+        float di = 0.0f;
+#pragma omp simd reduction(+ : di)
+        for (int64_t d = 0; d < D; ++d) di += dOi[d] * oi[d];
+        w.di[i] = di;
+      }
+      for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+        const int64_t r1 = std::min(T, r0 + kTile), rows = r1 - r0, keys = r1, width = round_up(keys, per);
+        gemm_units(rows, keys, w.De / per, w.q + r0 * w.De, w.De, w.k_cols, per * w.Tp, scale, false, w.s, w.Tp);
+        gemm_units(rows, keys, w.De / per, w.dout + r0 * w.De, w.De, w.v_cols, per * w.Tp, 1.0f, false, w.dp, w.Tp);
+        tile_gradients(w, r0, r1, round_up(keys, 16), lse + (b * H + h) * T);
+        gemm_units(rows, D, width / per, w.p_rows, w.Tp, w.k_rows, per * w.Dp, scale, false,
+                   dq_base + r0 * stride + h * D, stride);
+        const int64_t query_units = (rows + per - 1) / per;
+        gemm_units(D, keys, query_units, w.qt + r0, w.Tp, w.ds_units, per * w.Tp, scale, true, w.dkt, w.Tp);
+        gemm_units(D, keys, query_units, w.doutt + r0, w.Tp, w.p_units, per * w.Tp, 1.0f, true, w.dvt, w.Tp);
+      }
+    }
+    store_transposed(dq_base + (H + g) * D, stride, w.dkt, w.Tp, T, D);
+    store_transposed(dq_base + (H + Hkv + g) * D, stride, w.dvt, w.Tp, T, D);
+  });
+}
+
+}  // namespace
+
+bool attention_tiles_available([[maybe_unused]] bool bf16) {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return !bf16;
+#endif
+}
+
+int64_t attention_tiles_workspace_floats(bool bf16, int64_t T, int64_t D, int threads) {
+  CHECK(attention_tiles_available(bf16));
+#if defined(__AVX512BF16__)
+  if (bf16) return workspace_floats<uint16_t>(T, D, threads);
+#endif
+  return workspace_floats<float>(T, D, threads);
+}
+
+void attention_forward_tiles(bool bf16, float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
+                             int64_t Hkv, int64_t D, float* workspace) {
+  CHECK(attention_tiles_available(bf16));
+#if defined(__AVX512BF16__)
+  if (bf16) return forward<uint16_t>(out, lse, qkv, B, T, H, Hkv, D, workspace);
+#endif
+  forward<float>(out, lse, qkv, B, T, H, Hkv, D, workspace);
+}
+
+void attention_backward_tiles(bool bf16, float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float* workspace) {
+  CHECK(attention_tiles_available(bf16));
+#if defined(__AVX512BF16__)
+  if (bf16) return backward<uint16_t>(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
+#endif
+  backward<float>(dqkv, dout, qkv, out, lse, B, T, H, Hkv, D, workspace);
+}
+
+#else  // no AVX-512: attention.cc's sgemm tiles serve (the dispatch asks first)
+
+bool attention_tiles_available(bool) { return false; }
+int64_t attention_tiles_workspace_floats(bool, int64_t, int64_t, int) {
+  CHECK_MSG(false, "attention tiles need AVX-512");
+  return 0;
+}
+void attention_forward_tiles(bool, float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
+  CHECK_MSG(false, "attention tiles need AVX-512");
+}
+void attention_backward_tiles(bool, float*, const float*, const float*, const float*, const float*, int64_t, int64_t,
+                              int64_t, int64_t, int64_t, float*) {
+  CHECK_MSG(false, "attention tiles need AVX-512");
+}
+
+#endif
+
+}  // namespace tessera::kernels::cpu
