@@ -32,12 +32,14 @@ mutations=(
   "M9|src/train/trainer.cc|loss_sum = {sums[0], static_cast<int64_t>(std::llround(sums[1]))};|loss_sum.sum = sums[0];|tessera_fsdp_tests|tests/tessera_fsdp_tests --gtest_filter=Strategies/MaskedTargets.MatchOneProcess/full_shard_w2_mb3"
   "M10|src/optim/adamw.cc|return std::min(1.0, max_norm / (grad_norm + 1e-6));|return 1.0;|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/clip"
   "M11|src/model/llama.cc|return std::count_if(targets, targets + n, [](int32_t t) { return t >= 0; });|return n + 0 * (targets != nullptr);|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/ignored"
-  "M12|src/kernels/cpu/attention.cc|gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|gemm(true, false, c1 - c0, D, c1 - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/t130"
+  "M12|src/kernels/cpu/attention.cc|gemm(true, false, c1 - c0, D, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|gemm(true, false, c1 - c0, D, c1 - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * out_stride, out_stride, beta,|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.Attention/*"
   "M13|src/train/run.cc|trainer.evaluate(last ? trainer.validation_batches() : 0);|trainer.evaluate(0);|tessera|ctest -R '^e2e_train_test\$' --output-on-failure"
   "M14|src/checkpoint/checkpointer.cc|m.optimizer_steps = state.optimizer_steps;|m.optimizer_steps = state.step;|tessera|ctest -R '^faults_test\$' --output-on-failure"
   "M21|src/fsdp/sharded_params.cc|  if (poison_) {  // before any reduction|  if (poison_ && shards_ > 1) {  // before any reduction|tessera|ctest -R '^faults_test\$' --output-on-failure"
   "M22|src/kernels/cpu/adamw.cc|if constexpr (kImage) image[i] = f32_to_bf16(p);|if constexpr (kImage) image[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p) >> 16);|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.AdamW/*"
   "M23|src/kernels/cpu/cross_entropy.cc|inline void store(uint16_t* out, float v) { *out = f32_to_bf16(v); }|inline void store(uint16_t* out, float v) { *out = static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16); }|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.CrossEntropy/*"
+  "M24|src/kernels/cpu/attention_tiles.cc|const float p = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;|const float p = j < i0 ? exp_fast(s0[j] - l0) : 0.0f;|tessera_parity_tests|tests/tessera_parity_tests --gtest_filter=Variants/ModelParity.MatchesPyTorch/t130"
+  "M25|src/kernels/cpu/attention_tiles.cc|p_pairs[j] = pair(p0, p1);|p_pairs[j] = pair(p1, p0);|tessera_unit_tests|src/tessera_unit_tests --gtest_filter=Threads/CpuVsRef.AttentionBf16/*"
 )
 
 field() { IFS='|' read -r -a f <<<"$1"; echo "${f[$2]}"; }
