@@ -1,8 +1,8 @@
 // CPU causal grouped-query attention: which implementation runs, and the one every CPU has, on
 // oneDNN's sgemm (attention_tiles.cc: the AVX-512 one). Each thread takes one (batch, head) at a
-// time and keeps that head's scores in a T x T workspace block; causal structure is exploited by row tiles
-// (tile i needs keys [0, end of tile i)), which halves the GEMM work for long sequences. The
-// backward recomputes probabilities from the saved log-sum-exp instead of storing B*H*T*T.
+// time and keeps that head's scores in a T x T workspace block; causal structure is exploited by
+// row tiles (tile i needs keys [0, end of tile i)), which halves the GEMM work for long sequences.
+// The backward recomputes probabilities from the saved log-sum-exp instead of storing B*H*T*T.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -67,8 +67,9 @@ float causal_softmax_row(float* p, int64_t last, int64_t width) {
 int64_t attention_workspace_floats(int64_t T, int64_t D, int threads) {
   int64_t floats = attention_sgemm_workspace_floats(T, D, threads);
   for (const bool bf16 : {false, true}) {
-    if (attention_tiles_available(bf16))
+    if (attention_tiles_available(bf16)) {
       floats = std::max(floats, attention_tiles_workspace_floats(bf16, T, D, threads));
+    }
   }
   return floats;
 }
