@@ -10,27 +10,16 @@
 #include <optional>
 
 #include "core/threads.h"
+#include "kernels/cpu/attention_head.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace tessera::kernels::cpu {
 namespace {
 
-constexpr int64_t kTile = 64;  // query rows per GEMM tile
-
-struct Head {
-  const float* q;  // (T, D), row stride `stride`
-  const float* k;
-  const float* v;
-  int64_t stride;
-};
-
-Head head_of(const float* qkv, int64_t b, int64_t h, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  const int64_t stride = (H + 2 * Hkv) * D;
-  const int64_t g = h / (H / Hkv);
-  const float* base = qkv + b * T * stride;
-  return {base + h * D, base + (H + g) * D, base + (H + Hkv + g) * D, stride};
-}
+using attention_detail::Head;
+using attention_detail::head_of;
+using attention_detail::kTile;
 
 // P (T,T) rows [0,T): probabilities of the causal softmax from scaled scores, using lse when it is
 // given (backward) or computing it (forward). Entries right of the diagonal inside each tile are

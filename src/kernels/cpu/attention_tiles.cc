@@ -26,6 +26,7 @@
 #include "core/check.h"
 #include "core/threads.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_head.h"
 #include "kernels/cpu/vec_math.h"
 
 #if defined(__AVX512F__)
@@ -38,7 +39,9 @@ namespace tessera::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 64;  // query rows per tile, as attention.cc
+using attention_detail::Head;
+using attention_detail::head_of;
+using attention_detail::kTile;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -278,20 +281,6 @@ struct Layout {
     transpose_units(out, Tp / kPer<E>, staging, Dp, (T + kPer<E> - 1) / kPer<E>, D);
   }
 };
-
-struct Head {
-  const float* q;  // (T, D), row stride `stride`
-  const float* k;
-  const float* v;
-  int64_t stride;
-};
-
-Head head_of(const float* qkv, int64_t b, int64_t h, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  const int64_t stride = (H + 2 * Hkv) * D;
-  const int64_t g = h / (H / Hkv);
-  const float* base = qkv + b * T * stride;
-  return {base + h * D, base + (H + g) * D, base + (H + Hkv + g) * D, stride};
-}
 
 template <typename E>
 int64_t workspace_floats(int64_t T, int64_t D, int threads) {
