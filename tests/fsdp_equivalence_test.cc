@@ -270,8 +270,12 @@ TEST_P(Fsdp, MatchesOneProcess) {
   // bf16 compute under tensor parallelism reorders sums that feed every element before its next
   // rounding (the row-parallel products' partial sums, the vocabulary-parallel softmax's sum), so
   // tips are everywhere rather than rare: observed gradients within 8e-4 after one step and
-  // parameters within 1.5e-3 after five; allowed 2e-3 and 4e-3, still under the 7e-3 that bf16
-  // against fp32 shows. expect_no_rounding_of_its_own checks that this is only reordering.
+  // parameters within 1.5e-3 after five while attention ran in fp32. With its products on bf16
+  // operands (CPUs with avx512_bf16) Q, K, V, P and dS are rounded too, each after sums the split
+  // reorders: gradients within 1.4e-3 in the release build and 2.2e-3 in the sanitizer build (-O1:
+  // other contractions), the attention weights' worst. Allowed 4e-3 and 4e-3, under the 7e-3 that
+  // bf16 against fp32 showed with fp32 attention (more with bf16 attention's roundings).
+  // expect_no_rounding_of_its_own checks that this is only reordering.
   //
   // The wide model in fp32 (the nightly matrix): AdamW divides each element's moment by its own
   // scale, so an element whose gradient is near zero turns the ~1e-7 reordering difference of its
@@ -279,7 +283,7 @@ TEST_P(Fsdp, MatchesOneProcess) {
   // process after 5 steps, 1.6e-5 with sequence parallelism, while every first-step gradient is
   // within 6e-7 and the losses and norms within 1e-5: parameters allowed 5e-5.
   const Tolerances tol = c.bf16                           ? Tolerances{1e-3, 1e-2, 3e-2, 1e-1, true}
-                         : c.bf16_compute && c.tensor > 1 ? Tolerances{1e-3, 1e-3, 2e-3, 4e-3}
+                         : c.bf16_compute && c.tensor > 1 ? Tolerances{1e-3, 1e-3, 4e-3, 4e-3}
                          : c.bf16_compute                 ? Tolerances{1e-3, 1e-3, 1e-3, 1e-3}
                          : c.wide                         ? Tolerances{1e-5, 1e-5, 1e-5, 5e-5}
                                                           : Tolerances{1e-5, 1e-5, 1e-5, 1e-5};
