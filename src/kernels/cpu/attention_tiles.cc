@@ -258,7 +258,8 @@ struct Layout {
     di = floats(Tp);
     p_rows = values(kTile * Tp);
     p_units = values(kTile * Tp);
-    ds_units = values(kTile * Tp);
+    // In fp32 a unit is one query row: dS by query units is dS by row, one buffer.
+    ds_units = kPer<E> == 1 ? p_rows : values(kTile * Tp);
     q = values(T * De);
     qt = values(D * Tp);
     dout = values(T * De);
@@ -341,13 +342,12 @@ void tile_gradients(const Layout<E>& w, int64_t r0, int64_t r1, int64_t cols, co
     const float l0 = lse[i0], di0 = w.di[i0];
     E* ds_row0 = w.p_rows + t * w.Tp;
     if constexpr (kPer<E> == 1) {
-      E *p_row = w.p_units + t * w.Tp, *ds_row = w.ds_units + t * w.Tp;
+      E* p_row = w.p_units + t * w.Tp;  // dS by query units is ds_row0 (Layout)
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
         const float p = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;
         const float ds = j <= i0 ? p * (dp0[j] - di0) : 0.0f;
         p_row[j] = p;
-        ds_row[j] = ds;
         ds_row0[j] = ds;
       }
     } else {
