@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/cpu/rope.h"
 #include "tessera/build_config.h"
 
@@ -16,6 +17,11 @@
 namespace tessera::kernels {
 
 const char* device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+void Backend::pack_weight_bf16(void*, const uint16_t*, int64_t, int64_t, WeightUse) {
+  const std::string why = std::string("the ") + device_name(device()) + " backend packs no weights";
+  CHECK_MSG(false, why.c_str());
+}
 
 void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, double theta) {
   std::vector<float> host(static_cast<size_t>(T * D));

@@ -30,6 +30,20 @@ struct MemoryFree {
 };
 using Memory = std::unique_ptr<std::byte, MemoryFree>;
 
+// What a bf16 weight GEMM reads of w: its plain image, or (Backend::pack_weight_bf16) a pack of it
+// for the GEMM's use. A plain image converts.
+enum class WeightUse { kForward, kInputGrad };  // y = x w^T; dx = dy w
+struct Bf16Weight {
+  Bf16Weight(const uint16_t* plain) : image(plain) {}  // NOLINT(google-explicit-constructor)
+  static Bf16Weight packed(const void* pack) {
+    Bf16Weight w(nullptr);
+    w.pack = pack;
+    return w;
+  }
+  const uint16_t* image = nullptr;
+  const void* pack = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -67,13 +81,19 @@ class Backend {
 
   // y (M,N) = x (M,K) . w (N,K)^T + beta y, in fp32 or on bf16 inputs with fp32 accumulation.
   virtual void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) = 0;
-  virtual void linear_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
-                           float beta) = 0;
+  virtual void linear_bf16(float* y, const uint16_t* x, Bf16Weight w, int64_t M, int64_t N, int64_t K, float beta) = 0;
   // dx (M,K) = dy . w (skipped when null), dw (N,K) += dy^T . x.
   virtual void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int64_t M,
                                int64_t N, int64_t K) = 0;
-  virtual void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+  virtual void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, Bf16Weight w,
                                     int64_t M, int64_t N, int64_t K) = 0;
+  // A weight w (N,K)'s bf16 image packed for one use in the layout the backend's bf16 GEMMs read
+  // fastest (on the CPU oneDNN's blocked layout, which its matmul otherwise copies a plain weight
+  // into on every call), into packed_weight_bytes of the backend's memory: for a weight read by
+  // several products (the LM head over its chunks), or by one whose rows are many. 0 bytes: the
+  // backend reads plain images at full speed and packs nothing (CUDA; CPUs without bf16 GEMMs).
+  virtual int64_t packed_weight_bytes(int64_t /*N*/, int64_t /*K*/, WeightUse /*use*/) const { return 0; }
+  virtual void pack_weight_bf16(void* packed, const uint16_t* w, int64_t N, int64_t K, WeightUse use);
 
   virtual void to_bf16(uint16_t* out, const float* in, int64_t n) = 0;
   virtual void from_bf16(float* out, const uint16_t* in, int64_t n) = 0;

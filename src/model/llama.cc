@@ -109,6 +109,20 @@ void Llama::plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B,
     b.dy16 =
         arena.take<uint16_t>(static_cast<size_t>(std::max(N * std::max({C, Q, 2 * F}), head_group_rows(V, N) * V)));
     b.norm_w = take(2 * C);
+    int64_t fwd = 0, dx = 0;
+    auto fit = [&](int64_t rows, int64_t cols) {
+      fwd = std::max(fwd, backend.packed_weight_bytes(rows, cols, kernels::WeightUse::kForward));
+      dx = std::max(dx, backend.packed_weight_bytes(rows, cols, kernels::WeightUse::kInputGrad));
+    };
+    if (layout.num_layers() > 0) {
+      fit(Q, C);
+      fit(C, H * D);
+      fit(2 * F, C);
+      fit(C, F);
+    }
+    if (layout.has_head()) fit(V, C);
+    b.pack_fwd = fwd > 0 ? arena.take_bytes(static_cast<size_t>(fwd)) : nullptr;
+    b.pack_dx = dx > 0 ? arena.take_bytes(static_cast<size_t>(dx)) : nullptr;
   }
 }
 
@@ -147,7 +161,7 @@ UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_
 
 void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
                    float beta) {
-  unit_linear(be_, y, x, p, offset, M, N, K, beta, b_.x16);
+  unit_linear(be_, y, x, p, offset, M, N, K, beta, b_.x16, b_.pack_fwd);
 }
 
 void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
@@ -155,7 +169,10 @@ void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* 
   if (p.bf16 != nullptr) {
     be_.to_bf16(b_.dy16, dy, M * N);
     be_.to_bf16(b_.x16, x, M * K);
-    be_.linear_backward_bf16(dx, dw, b_.dy16, b_.x16, p.bf16 + offset, M, N, K);
+    const uint16_t* w = p.bf16 + offset;
+    be_.linear_backward_bf16(dx, dw, b_.dy16, b_.x16,
+                             dx != nullptr ? bf16_weight(be_, w, N, K, kernels::WeightUse::kInputGrad, b_.pack_dx) : w,
+                             M, N, K);
   } else {
     be_.linear_backward(dx, dw, dy, x, p.f32 + offset, M, N, K);
   }
@@ -323,12 +340,17 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   const bool bf16 = w_out.bf16 != nullptr;
   const int64_t group = bf16 ? head_group_rows(V, N_) : chunk;
   const uint16_t* w16 = bf16 ? w_out.bf16 + out_offset : nullptr;
-  if (bf16) be_.to_bf16(b_.x16, xn_all, N_ * C);
+  kernels::Bf16Weight w_fwd = w16, w_dx = w16;  // packed once for all chunks where the backend packs
+  if (bf16) {
+    be_.to_bf16(b_.x16, xn_all, N_ * C);
+    w_fwd = bf16_weight(be_, w16, V, C, kernels::WeightUse::kForward, b_.pack_fwd);
+    if (with_grads) w_dx = bf16_weight(be_, w16, V, C, kernels::WeightUse::kInputGrad, b_.pack_dx);
+  }
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
     const float* xn = xn_all + r0 * C;
     if (bf16) {
-      be_.linear_bf16(b_.logits, b_.x16 + r0 * C, w16, rows, V, C, 0.0f);
+      be_.linear_bf16(b_.logits, b_.x16 + r0 * C, w_fwd, rows, V, C, 0.0f);
     } else {
       linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
     }
@@ -352,7 +374,7 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
       linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
     } else {
       if (end == N_ || end - g0 == group) {
-        be_.linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w16, end - g0, V, C);
+        be_.linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w_dx, end - g0, V, C);
       }
     }
     head_backward_seconds_ += now_seconds() - t0;

@@ -110,7 +110,7 @@ class Llama {
     float* x_final;     // (R, C) output of the last block
     float* xn_final;    // (R, C)
     float* rstd_final;  // (R)
-    float* rope;  // (T, D/2, 2)
+    float* rope;        // (T, D/2, 2)
     float* attn_ws;
     float* norm_ws;        // the backend's RMSNorm backward workspace
     int32_t* tokens;       // (N) this micro-batch's inputs, in the backend's memory
@@ -142,6 +142,12 @@ class Llama {
     uint16_t* x16;   // (N, max(C, H*D, F))
     uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), head_group_rows V))
     float* norm_w;   // (2, C)
+    // bf16 on a backend that packs weights (Backend::packed_weight_bytes; null otherwise): a
+    // product's weight packed for the forward and for dx's product, each large enough for the
+    // model's largest. A block's product packs its weight just before it runs (the weight changes
+    // between its uses: gathered anew, or updated); the LM head packs once for all its chunks.
+    void* pack_fwd;
+    void* pack_dx;
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                    bool bf16, const kernels::Backend& backend);

@@ -20,10 +20,15 @@ struct UnitParams {
 // else its fp32 buffer. The caller releases it.
 UnitParams acquire_unit(ParamSource& params, int unit, bool bf16);
 
+// W (N, K)'s bf16 image w as a product for `use` reads it: packed into `pack` first
+// (Backend::pack_weight_bf16) when the caller planned one, else the image itself.
+kernels::Bf16Weight bf16_weight(kernels::Backend& be, const uint16_t* w, int64_t N, int64_t K, kernels::WeightUse use,
+                                void* pack);
+
 // y (M, N) = x (M, K) . W^T + beta y on `be`, W the (N, K) tensor at `offset` in the unit. With a
-// bf16 image the product takes bf16 inputs (x rounded into x16, M x K of them) and accumulates in
-// fp32.
+// bf16 image the product takes bf16 inputs (x rounded into x16, M x K of them; W packed into
+// `pack` first when not null) and accumulates in fp32.
 void unit_linear(kernels::Backend& be, float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M,
-                 int64_t N, int64_t K, float beta, uint16_t* x16);
+                 int64_t N, int64_t K, float beta, uint16_t* x16, void* pack = nullptr);
 
 }  // namespace tessera::model

@@ -54,17 +54,33 @@ class CpuBackend final : public Backend {
   void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) override {
     cpu::gemm(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
   }
-  void linear_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
-                   float beta) override {
-    cpu::gemm_bf16(false, true, M, N, K, 1.0f, x, K, w, K, beta, y, N);
+  void linear_bf16(float* y, const uint16_t* x, Bf16Weight w, int64_t M, int64_t N, int64_t K, float beta) override {
+    if (w.pack != nullptr) {
+      cpu::gemm_bf16_packed(false, M, N, K, 1.0f, x, K, w.pack, beta, y, N);
+    } else {
+      cpu::gemm_bf16(false, true, M, N, K, 1.0f, x, K, w.image, K, beta, y, N);
+    }
   }
   void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int64_t M, int64_t N,
                        int64_t K) override {
     cpu::linear_backward(dx, dw, dy, x, w, M, N, K, false);
   }
-  void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
+  void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, Bf16Weight w, int64_t M,
                             int64_t N, int64_t K) override {
-    cpu::linear_backward_bf16(dx, dw, dy, x, w, M, N, K, false);
+    if (w.pack == nullptr) return cpu::linear_backward_bf16(dx, dw, dy, x, w.image, M, N, K, false);
+    if (dx != nullptr) cpu::gemm_bf16_packed(false, M, K, N, 1.0f, dy, N, w.pack, 0.0f, dx, K);
+    cpu::linear_backward_bf16(nullptr, dw, dy, x, nullptr, M, N, K, false);
+  }
+  // The GEMM's B is w^T (K, N) in the forward, w (N, K) in dx's product.
+  int64_t packed_weight_bytes(int64_t N, int64_t K, WeightUse use) const override {
+    return use == WeightUse::kForward ? cpu::packed_b_bytes(K, N) : cpu::packed_b_bytes(N, K);
+  }
+  void pack_weight_bf16(void* packed, const uint16_t* w, int64_t N, int64_t K, WeightUse use) override {
+    if (use == WeightUse::kForward) {
+      cpu::pack_b(packed, true, w, K, K, N);
+    } else {
+      cpu::pack_b(packed, false, w, K, N, K);
+    }
   }
 
   void to_bf16(uint16_t* out, const float* in, int64_t n) override { cpu::to_bf16(out, in, n); }

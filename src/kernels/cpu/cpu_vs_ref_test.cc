@@ -38,6 +38,7 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -464,53 +465,78 @@ TEST_P(CpuVsRef, GemmBf16TransposesStridesBeta) {
   }
 }
 
-// linear_*_bf16 against the fp32 ref on the same bf16 values, with the fp32 linear's tolerances.
+// linear_*_bf16 against the fp32 ref on the same bf16 values, with the fp32 linear's tolerances:
+// the kernels reading the plain weight, and (where the CPU packs) the backend's products reading
+// it packed for each use (Backend::pack_weight_bf16).
 TEST_P(CpuVsRef, LinearBf16) {
   struct Shape {
     int64_t M, N, K;
   };
-  for (const Shape& s : {Shape{1, 1, 1}, Shape{7, 13, 33}, Shape{130, 67, 257}, Shape{5, 131, 1023}}) {
-    const int64_t M = s.M, N = s.N, K = s.K;
-    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
-    const Halves x16 = round_bf16(randn(M * K, 140)), w16 = round_bf16(randn(N * K, 141)),
-                 dy16 = round_bf16(randn(M * N, 142));
-    const Floats x = widen(x16), w = widen(w16), dy = widen(dy16), dx0 = randn(M * K, 143), dw0 = randn(N * K, 144);
-    const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy), dx02 = squared(dx0), dw02 = squared(dw0);
+  Backend& be = cpu_backend();
+  for (const Shape& s :
+       {Shape{1, 1, 1}, Shape{7, 13, 33}, Shape{130, 67, 257}, Shape{5, 131, 1023}, Shape{67, 96, 40}}) {
+    for (bool packed : {false, true}) {
+      const int64_t M = s.M, N = s.N, K = s.K;
+      if (packed && be.packed_weight_bytes(N, K, WeightUse::kForward) == 0) continue;
+      SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                   (packed ? " packed" : " plain"));
+      const Halves x16 = round_bf16(randn(M * K, 140)), w16 = round_bf16(randn(N * K, 141)),
+                   dy16 = round_bf16(randn(M * N, 142));
+      const Floats x = widen(x16), w = widen(w16), dy = widen(dy16), dx0 = randn(M * K, 143), dw0 = randn(N * K, 144);
+      const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy), dx02 = squared(dx0), dw02 = squared(dw0);
 
-    Floats ref_y(M * N), y_sq(M * N);
-    ref::linear_forward(ref_y.data(), x.data(), w.data(), M, N, K);
-    ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
-    const auto fwd = run_twice("linear_forward_bf16", [&] {
-      Floats y = nans(M * N);
-      cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), M, N, K);
-      return std::vector<Floats>{y};
-    });
-    Vec tol_y(M * N);
-    for (int64_t i = 0; i < M * N; ++i) {
-      tol_y[i] = reduction_tol(K, ref_y[i], std::sqrt(y_sq[i])) + kU * std::fabs(ref_y[i]) + kTiny;
-    }
-    expect_within("linear_bf16 y", fwd[0], ref_y, tol_y);
-
-    for (bool accumulate : {false, true}) {
-      SCOPED_TRACE(accumulate ? "accumulate_dx" : "overwrite dx");
-      Floats ref_dx = dx0, ref_dw = dw0;
-      ref::linear_backward(ref_dx.data(), ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
-      Floats dx_sq = dx02, dw_sq = dw02;
-      ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
-      const auto bwd = run_twice("linear_backward_bf16", [&] {
-        Floats dx = accumulate ? dx0 : nans(M * K), dw = dw0;
-        cpu::linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), w16.data(), M, N, K, accumulate);
-        return std::vector<Floats>{dx, dw};
+      Floats ref_y(M * N), y_sq(M * N);
+      ref::linear_forward(ref_y.data(), x.data(), w.data(), M, N, K);
+      ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
+      // The packs start as NaN: a byte the products read but the pack did not write shows.
+      std::vector<uint16_t> pack_fwd(be.packed_weight_bytes(N, K, WeightUse::kForward) / 2, 0x7fc1),
+          pack_dx(be.packed_weight_bytes(N, K, WeightUse::kInputGrad) / 2, 0x7fc1);
+      if (packed) {
+        be.pack_weight_bf16(pack_fwd.data(), w16.data(), N, K, WeightUse::kForward);
+        be.pack_weight_bf16(pack_dx.data(), w16.data(), N, K, WeightUse::kInputGrad);
+      }
+      const auto fwd = run_twice("linear_forward_bf16", [&] {
+        Floats y = nans(M * N);
+        if (packed) {
+          be.linear_bf16(y.data(), x16.data(), Bf16Weight::packed(pack_fwd.data()), M, N, K, 0.0f);
+        } else {
+          cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), M, N, K);
+        }
+        return std::vector<Floats>{y};
       });
-      Vec tol_dx(M * K), tol_dw(N * K);
-      for (int64_t i = 0; i < M * K; ++i) {
-        tol_dx[i] = reduction_tol(N + accumulate, ref_dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(ref_dx[i]) + kTiny;
+      Vec tol_y(M * N);
+      for (int64_t i = 0; i < M * N; ++i) {
+        tol_y[i] = reduction_tol(K, ref_y[i], std::sqrt(y_sq[i])) + kU * std::fabs(ref_y[i]) + kTiny;
       }
-      for (int64_t i = 0; i < N * K; ++i) {
-        tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
+      expect_within("linear_bf16 y", fwd[0], ref_y, tol_y);
+
+      for (bool accumulate : {false, true}) {
+        if (packed && accumulate) continue;  // the backend's product overwrites dx
+        SCOPED_TRACE(accumulate ? "accumulate_dx" : "overwrite dx");
+        Floats ref_dx = dx0, ref_dw = dw0;
+        ref::linear_backward(ref_dx.data(), ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
+        Floats dx_sq = dx02, dw_sq = dw02;
+        ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
+        const auto bwd = run_twice("linear_backward_bf16", [&] {
+          Floats dx = accumulate ? dx0 : nans(M * K), dw = dw0;
+          if (packed) {
+            be.linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), Bf16Weight::packed(pack_dx.data()),
+                                    M, N, K);
+          } else {
+            cpu::linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), w16.data(), M, N, K, accumulate);
+          }
+          return std::vector<Floats>{dx, dw};
+        });
+        Vec tol_dx(M * K), tol_dw(N * K);
+        for (int64_t i = 0; i < M * K; ++i) {
+          tol_dx[i] = reduction_tol(N + accumulate, ref_dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(ref_dx[i]) + kTiny;
+        }
+        for (int64_t i = 0; i < N * K; ++i) {
+          tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
+        }
+        expect_within("linear_bf16 dx", bwd[0], ref_dx, tol_dx);
+        expect_within("linear_bf16 dw", bwd[1], ref_dw, tol_dw);
       }
-      expect_within("linear_bf16 dx", bwd[0], ref_dx, tol_dx);
-      expect_within("linear_bf16 dw", bwd[1], ref_dw, tol_dw);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -24,8 +25,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   // dnnl_sgemm is row-major; with K == 0 it still scales C by beta, as BLAS does.
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                      beta, C, ldc);
+  const dnnl_status_t st =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   CHECK(st == dnnl_success);
 }
 
@@ -58,13 +59,25 @@ struct Bf16Gemm {
   std::vector<float> a32, b32;  // the fallback's widened inputs; empty with a primitive
 };
 
-using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, threads, B packed); a packed B has
+// trans_b false and ldb 0.
+using Bf16Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int, bool>;
+
+// A reorder from B as stored into the packed layout, kept as the products are.
+struct Packer {
+  dnnl::reorder primitive;
+  dnnl::memory from, to, scratchpad;
+  std::vector<uint8_t> scratch_bytes;
+};
+using PackerKey = std::tuple<bool, int64_t, int64_t, int64_t, int>;  // (trans_b, K, N, ldb, threads)
 
 struct Bf16Cache {
   std::mutex mutex;  // held through execution: entries own their scratchpad
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Bf16Key, std::unique_ptr<Bf16Gemm>> entries;
+  std::map<std::pair<int64_t, int64_t>, dnnl::memory::desc> packed_layouts;  // by (K, N)
+  std::map<PackerKey, std::unique_ptr<Packer>> packers;
 };
 
 Bf16Cache& bf16_cache() {
@@ -72,17 +85,39 @@ Bf16Cache& bf16_cache() {
   return *cache;
 }
 
-std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine& engine) {
-  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, threads] = key;
-  using md = dnnl::memory::desc;
-  using dims = dnnl::memory::dims;
-  using dt = dnnl::memory::data_type;
-  // Row-major with row strides; a transpose is the same matrix with its strides swapped.
-  const md a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
-  const md b_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
-  const md c_md({M, N}, dt::f32, dims{ldc, 1});
+using md = dnnl::memory::desc;
+using dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+
+dnnl::primitive_attr user_scratchpad() {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// The layout oneDNN's matmul picks for a (K, N) bf16 B it may choose freely. It depends on K and
+// N, not on M (checked for M from 1 to 4096), so one pack serves every row count; the caller holds
+// the cache's mutex.
+const md& packed_layout(Bf16Cache& cache, int64_t K, int64_t N) {
+  auto it = cache.packed_layouts.find({K, N});
+  if (it == cache.packed_layouts.end()) {
+    const int64_t M = 256;
+    const md a_md({M, K}, dt::bf16, dims{K, 1}), b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any),
+        c_md({M, N}, dt::f32, dims{N, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), user_scratchpad(), cache.engine);
+    it = cache.packed_layouts.emplace(std::make_pair(K, N), pd.weights_desc()).first;
+  }
+  return it->second;
+}
+
+std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, Bf16Cache& cache) {
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, threads, packed] = key;
+  const dnnl::engine& engine = cache.engine;
+  // Row-major with row strides; a transpose is the same matrix with its strides swapped.
+  const md a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
+  const md b_md = packed ? packed_layout(cache, K, N) : md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+  const md c_md({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr = user_scratchpad();
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
     dnnl::post_ops ops;
@@ -95,6 +130,9 @@ std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, const dnnl::engine
     pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
+    CHECK_MSG(!packed, ("oneDNN has no bf16 matmul reading a packed B (M=" + std::to_string(M) +
+                        " N=" + std::to_string(N) + " K=" + std::to_string(K) + ")")
+                           .c_str());
     g->a32.resize(static_cast<size_t>(M * K));
     g->b32.resize(static_cast<size_t>(K * N));
     return g;
@@ -115,12 +153,34 @@ void widen(float* out, const uint16_t* in, int64_t rows, int64_t cols, int64_t l
   });
 }
 
+// The cached product for `key`, built on first use; the caller holds the cache's mutex.
+Bf16Gemm& bf16_gemm(Bf16Cache& cache, const Bf16Key& key) {
+  auto it = cache.entries.find(key);
+  if (it == cache.entries.end()) it = cache.entries.emplace(key, build_bf16_gemm(key, cache)).first;
+  return *it->second;
+}
+
+void execute(Bf16Cache& cache, Bf16Gemm& g, const uint16_t* A, const void* B, float* C) {
+  g.a.set_data_handle(const_cast<uint16_t*>(A));
+  g.b.set_data_handle(const_cast<void*>(B));
+  g.c.set_data_handle(C);
+  // A plain array of arguments: the C++ execute() would build an unordered_map per call.
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, g.a.get()},
+                                  {DNNL_ARG_WEIGHTS, g.b.get()},
+                                  {DNNL_ARG_DST, g.c.get()},
+                                  {DNNL_ARG_SCRATCHPAD, g.scratchpad.get()}};
+  CHECK(dnnl_primitive_execute(g.primitive.get(), cache.stream.get(), 4, args) == dnnl_success);
+  CHECK(dnnl_stream_wait(cache.stream.get()) == dnnl_success);
+}
+
 }  // namespace
 
 bool bf16_gemm_native() {
   static const bool native = [] {
-    const Bf16Key key{false, true, 16, 16, 16, 16, 16, 16, 1.0f, 0.0f, 1};
-    return build_bf16_gemm(key, bf16_cache().engine)->a32.empty();
+    Bf16Cache& cache = bf16_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    const Bf16Key key{false, true, 16, 16, 16, 16, 16, 16, 1.0f, 0.0f, 1, false};
+    return build_bf16_gemm(key, cache)->a32.empty();
   }();
   return native;
 }
@@ -139,10 +199,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   Bf16Cache& cache = bf16_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   // The thread count is part of the key: a primitive partitions its work when it is built.
-  const Bf16Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
-  auto it = cache.entries.find(key);
-  if (it == cache.entries.end()) it = cache.entries.emplace(key, build_bf16_gemm(key, cache.engine)).first;
-  Bf16Gemm& g = *it->second;
+  const Bf16Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, omp_get_max_threads(), false};
+  Bf16Gemm& g = bf16_gemm(cache, key);
   if (!g.a32.empty()) {
     // Stored as op() reads them: A is K x M when transposed, B N x K.
     widen(g.a32.data(), A, trans_a ? K : M, trans_a ? M : K, lda);
@@ -150,16 +208,52 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     gemm(trans_a, trans_b, M, N, K, alpha, g.a32.data(), trans_a ? M : K, g.b32.data(), trans_b ? K : N, beta, C, ldc);
     return;
   }
-  g.a.set_data_handle(const_cast<uint16_t*>(A));
-  g.b.set_data_handle(const_cast<uint16_t*>(B));
-  g.c.set_data_handle(C);
-  // A plain array of arguments: the C++ execute() would build an unordered_map per call.
-  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, g.a.get()},
-                                  {DNNL_ARG_WEIGHTS, g.b.get()},
-                                  {DNNL_ARG_DST, g.c.get()},
-                                  {DNNL_ARG_SCRATCHPAD, g.scratchpad.get()}};
-  CHECK(dnnl_primitive_execute(g.primitive.get(), cache.stream.get(), 4, args) == dnnl_success);
+  execute(cache, g, A, B, C);
+}
+
+int64_t packed_b_bytes(int64_t K, int64_t N) {
+  if (K <= 0 || N <= 0 || !bf16_gemm_native()) return 0;
+  Bf16Cache& cache = bf16_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return static_cast<int64_t>(packed_layout(cache, K, N).get_size());
+}
+
+void pack_b(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N) {
+  CHECK_MSG(K > 0 && N > 0 && bf16_gemm_native(), "pack_b: nothing packs here (see packed_b_bytes)");
+  CHECK_MSG(!omp_in_parallel(), "pack_b inside a parallel region");
+  Bf16Cache& cache = bf16_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const PackerKey key{trans_b, K, N, ldb, omp_get_max_threads()};
+  auto it = cache.packers.find(key);
+  if (it == cache.packers.end()) {
+    auto p = std::make_unique<Packer>();
+    const md from_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+    const md& to_md = packed_layout(cache, K, N);
+    const dnnl::reorder::primitive_desc pd(cache.engine, from_md, cache.engine, to_md, user_scratchpad());
+    p->primitive = dnnl::reorder(pd);
+    p->from = dnnl::memory(from_md, cache.engine, nullptr);
+    p->to = dnnl::memory(to_md, cache.engine, nullptr);
+    p->scratch_bytes.resize(pd.scratchpad_desc().get_size());
+    p->scratchpad = dnnl::memory(pd.scratchpad_desc(), cache.engine, p->scratch_bytes.data());
+    it = cache.packers.emplace(key, std::move(p)).first;
+  }
+  Packer& p = *it->second;
+  p.from.set_data_handle(const_cast<uint16_t*>(B));
+  p.to.set_data_handle(packed);
+  const dnnl_exec_arg_t args[] = {
+      {DNNL_ARG_FROM, p.from.get()}, {DNNL_ARG_TO, p.to.get()}, {DNNL_ARG_SCRATCHPAD, p.scratchpad.get()}};
+  CHECK(dnnl_primitive_execute(p.primitive.get(), cache.stream.get(), 3, args) == dnnl_success);
   CHECK(dnnl_stream_wait(cache.stream.get()) == dnnl_success);
+}
+
+void gemm_bf16_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+                      const void* B_packed, float beta, float* C, int64_t ldc) {
+  if (M == 0) return;
+  CHECK_MSG(!omp_in_parallel(), "gemm_bf16_packed inside a parallel region");
+  Bf16Cache& cache = bf16_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const Bf16Key key{trans_a, false, M, N, K, lda, 0, ldc, alpha, beta, omp_get_max_threads(), true};
+  execute(cache, bf16_gemm(cache, key), A, B_packed, C);
 }
 
 void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K) {

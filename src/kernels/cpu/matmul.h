@@ -23,6 +23,17 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// B (K, N) of gemm_bf16 packed in the blocked layout oneDNN's bf16 matmul reads (what it otherwise
+// copies B into on every call): a weight used by several products, or one product whose B is
+// large against its A, is packed once and multiplied from there. packed_b_bytes: the packed
+// size, or 0 where bf16_gemm_native() is false (nothing packs). pack_b reads B row-major with row
+// stride ldb, or transposed (stored N x K) when trans_b. The layout depends on K and N only.
+int64_t packed_b_bytes(int64_t K, int64_t N);
+void pack_b(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N);
+// gemm_bf16 with B packed by pack_b for the same K and N.
+void gemm_bf16_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+                      const void* B_packed, float beta, float* C, int64_t ldc);
+
 // Whether gemm_bf16 runs oneDNN's bf16 kernels (avx512_bf16, AMX) rather than widening its
 // inputs for sgemm (CPUs oneDNN has no bf16 matmul for).
 bool bf16_gemm_native();

@@ -111,17 +111,19 @@ class CudaBackend final : public Backend {
   void linear(float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta) override {
     linear_forward(blas_, y, x, w, M, N, K, beta, stream_);
   }
-  void linear_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
-                   float beta) override {
-    linear_forward_bf16(blas_, y, x, w, M, N, K, beta, stream_);
+  // No packs here (packed_weight_bytes is 0): cuBLASLt reads the plain image at full rate.
+  void linear_bf16(float* y, const uint16_t* x, Bf16Weight w, int64_t M, int64_t N, int64_t K, float beta) override {
+    CHECK(w.pack == nullptr);
+    linear_forward_bf16(blas_, y, x, w.image, M, N, K, beta, stream_);
   }
   void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int64_t M, int64_t N,
                        int64_t K) override {
     cuda::linear_backward(blas_, dx, dw, dy, x, w, M, N, K, false, stream_);
   }
-  void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
+  void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, Bf16Weight w, int64_t M,
                             int64_t N, int64_t K) override {
-    cuda::linear_backward_bf16(blas_, dx, dw, dy, x, w, M, N, K, false, stream_);
+    CHECK(w.pack == nullptr);
+    cuda::linear_backward_bf16(blas_, dx, dw, dy, x, w.image, M, N, K, false, stream_);
   }
 
   void to_bf16(uint16_t* out, const float* in, int64_t n) override { cuda::to_bf16(out, in, n, stream_); }
