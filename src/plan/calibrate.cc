@@ -15,10 +15,12 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "metrics/mfu.h"
+#include "model/unit_params.h"
 #include "plan/hardware.h"
 
 namespace tessera::plan {
@@ -141,12 +143,25 @@ double measure_gemm_rate(const model::ModelConfig& m, bool bf16) {
   most = std::max<size_t>(most, static_cast<size_t>(std::max({chunk * V, chunk * C, V * C})));
   std::vector<float> x(most, 0.01f), w(most, 0.02f), y(most), dx(most), dw(most);
   std::vector<uint16_t> x16(bf16 ? most : 0, 0x3c00), w16(bf16 ? most : 0, 0x3c00), dy16(bf16 ? most : 0, 0x3c00);
+  // bf16 weights packed as Llama packs them (Backend::pack_weight_bf16): a block's before each
+  // product, the LM head's once for all its chunks.
+  kernels::Backend& be = kernels::cpu_backend();
+  int64_t pack_bytes = 0;
+  for (const Shape& s : {block[0], block[1], block[2], block[3], head[0]}) {
+    for (const auto use : {kernels::WeightUse::kForward, kernels::WeightUse::kInputGrad}) {
+      pack_bytes = std::max(pack_bytes, bf16 ? be.packed_weight_bytes(s.N, s.K, use) : 0);
+    }
+  }
+  std::vector<std::byte> pack_fwd(static_cast<size_t>(pack_bytes)), pack_dx(static_cast<size_t>(pack_bytes));
   auto pass = [&](const Shape& s) {
+    const kernels::Bf16Weight w_fwd = model::bf16_weight(be, w16.data(), s.N, s.K, kernels::WeightUse::kForward,
+                                                         pack_bytes ? pack_fwd.data() : nullptr);
+    const kernels::Bf16Weight w_dx = model::bf16_weight(be, w16.data(), s.N, s.K, kernels::WeightUse::kInputGrad,
+                                                        pack_bytes ? pack_dx.data() : nullptr);
     for (int64_t r = 0; r < s.repeat; ++r) {
       if (bf16) {
-        kernels::cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), s.M, s.N, s.K);
-        kernels::cpu::linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), w16.data(), s.M, s.N, s.K,
-                                           false);
+        be.linear_bf16(y.data(), x16.data(), w_fwd, s.M, s.N, s.K, 0.0f);
+        be.linear_backward_bf16(dx.data(), dw.data(), dy16.data(), x16.data(), w_dx, s.M, s.N, s.K);
       } else {
         kernels::cpu::linear_forward(y.data(), x.data(), w.data(), s.M, s.N, s.K);
         kernels::cpu::linear_backward(dx.data(), dw.data(), y.data(), x.data(), w.data(), s.M, s.N, s.K, false);
