@@ -473,8 +473,8 @@ TEST_P(CpuVsRef, LinearBf16) {
     int64_t M, N, K;
   };
   Backend& be = cpu_backend();
-  for (const Shape& s :
-       {Shape{1, 1, 1}, Shape{7, 13, 33}, Shape{130, 67, 257}, Shape{5, 131, 1023}, Shape{67, 96, 40}}) {
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{7, 13, 33}, Shape{130, 67, 257}, Shape{5, 131, 1023}, Shape{67, 96, 40},
+                         Shape{37, 1030, 70}}) {
     for (bool packed : {false, true}) {
       const int64_t M = s.M, N = s.N, K = s.K;
       if (packed && be.packed_weight_bytes(N, K, WeightUse::kForward) == 0) continue;

@@ -6,6 +6,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -263,7 +264,18 @@ void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* w, int64_t
 void linear_backward_bf16(float* dx, float* dw, const uint16_t* dy, const uint16_t* x, const uint16_t* w, int64_t M,
                           int64_t N, int64_t K, bool accumulate_dx) {
   if (dx != nullptr) gemm_bf16(false, false, M, K, N, 1.0f, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
-  gemm_bf16(true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
+  // dw += dy^T x. oneDNN's matmul copies a plain B (here x, M x K) into its blocked layout for
+  // each block of C's rows it computes; with dw's rows many (the MLP's and the LM head's
+  // products), packing x once first is 7-20% faster with the pack included, with few (N = 512)
+  // 4% slower (Zen 5, 2 threads, M = 2048 or 786). The pack lives per thread, as long as its
+  // largest use.
+  constexpr int64_t kPackRows = 1024;
+  const int64_t pack_bytes = N >= kPackRows ? packed_b_bytes(M, K) : 0;
+  if (pack_bytes == 0) return gemm_bf16(true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
+  thread_local std::vector<std::byte> pack;
+  if (pack.size() < static_cast<size_t>(pack_bytes)) pack.resize(static_cast<size_t>(pack_bytes));
+  pack_b(pack.data(), false, x, K, M, K);
+  gemm_bf16_packed(true, N, K, M, 1.0f, dy, N, pack.data(), 1.0f, dw, K);
 }
 
 const char* gemm_library() {
