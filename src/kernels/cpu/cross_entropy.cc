@@ -1,8 +1,10 @@
 // CPU fused softmax + cross-entropy: one pass for the max, one for the sum, one to write the
-// gradient; the probability row is never stored separately.
+// gradient.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/threads.h"
@@ -16,11 +18,17 @@ inline void store(float* out, float v) { *out = v; }
 inline void store(uint16_t* out, float v) { *out = f32_to_bf16(v); }
 
 // Out: float, or uint16_t for the gradient rounded to bf16 as it is written (each value is the
-// fp32 path's, rounded: the same bits as rounding that path's output afterwards).
+// fp32 path's, rounded: the same bits as rounding that path's output afterwards). With a gradient,
+// the pass that sums the exponentials keeps them, in the gradient's row (fp32) or in a row of the
+// thread's own (bf16; 4V bytes, in cache), for the pass that scales them: one exp per logit.
 template <typename Out>
 void softmax_cross_entropy_impl(Out* dlogits, float* losses, const float* logits, const int32_t* targets, int64_t n,
                                 int64_t V, float dscale) {
   parallel_for(n, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> own_row;
+    if constexpr (!std::is_same_v<Out, float>) {
+      if (dlogits != nullptr && own_row.size() < static_cast<size_t>(V)) own_row.resize(static_cast<size_t>(V));
+    }
     for (int64_t i = begin; i < end; ++i) {
       const float* z = logits + i * V;
       Out* dz = dlogits != nullptr ? dlogits + i * V : nullptr;
@@ -35,18 +43,31 @@ void softmax_cross_entropy_impl(Out* dlogits, float* losses, const float* logits
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < V; ++j) mx = z[j] > mx ? z[j] : mx;
+      const float zt = z[target];  // read before an in-place gradient overwrites it
       float sum = 0.0f;
+      if (dz == nullptr) {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < V; ++j) sum += exp_fast(z[j] - mx);
-      const float log_sum = std::log(sum);
-      losses[i] = log_sum + mx - z[target];
-      if (dz != nullptr) {
-        const float k = dscale / sum;
-        const float dt = exp_fast(z[target] - mx) * k - dscale;  // read before an in-place write
-#pragma omp simd
-        for (int64_t j = 0; j < V; ++j) store(dz + j, exp_fast(z[j] - mx) * k);
-        store(dz + target, dt);
+        for (int64_t j = 0; j < V; ++j) sum += exp_fast(z[j] - mx);
+        losses[i] = std::log(sum) + mx - zt;
+        continue;
       }
+      float* e = nullptr;
+      if constexpr (std::is_same_v<Out, float>) {
+        e = dz;
+      } else {
+        e = own_row.data();
+      }
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) {
+        e[j] = exp_fast(z[j] - mx);
+        sum += e[j];
+      }
+      losses[i] = std::log(sum) + mx - zt;
+      const float k = dscale / sum;
+      const float dt = e[target] * k - dscale;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) store(dz + j, e[j] * k);
+      store(dz + target, dt);
     }
   });
 }
