@@ -282,6 +282,33 @@ Floats squared(const Floats& a) {
   return s;
 }
 
+// The ref's linear_forward and linear_backward (dx from dx0, accumulated or not; dw from dw0),
+// each element with its tolerance: sums of K (y), N (dx) and M (dw) products.
+struct LinearRef {
+  Floats y, dx, dw;
+  Vec tol_y, tol_dx, tol_dw;
+};
+LinearRef linear_ref(const Floats& x, const Floats& w, const Floats& dy, const Floats& dx0, const Floats& dw0,
+                     int64_t M, int64_t N, int64_t K, bool accumulate) {
+  const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy);
+  LinearRef r{Floats(M * N), dx0, dw0, Vec(M * N), Vec(M * K), Vec(N * K)};
+  Floats y_sq(M * N), dx_sq = squared(dx0), dw_sq = squared(dw0);
+  ref::linear_forward(r.y.data(), x.data(), w.data(), M, N, K);
+  ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
+  ref::linear_backward(r.dx.data(), r.dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
+  ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
+  for (int64_t i = 0; i < M * N; ++i) {
+    r.tol_y[i] = reduction_tol(K, r.y[i], std::sqrt(y_sq[i])) + kU * std::fabs(r.y[i]) + kTiny;
+  }
+  for (int64_t i = 0; i < M * K; ++i) {
+    r.tol_dx[i] = reduction_tol(N + accumulate, r.dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(r.dx[i]) + kTiny;
+  }
+  for (int64_t i = 0; i < N * K; ++i) {
+    r.tol_dw[i] = reduction_tol(M + 1, r.dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(r.dw[i]) + kTiny;
+  }
+  return r;
+}
+
 TEST_P(CpuVsRef, Linear) {
   struct Shape {
     int64_t M, N, K;
@@ -292,55 +319,31 @@ TEST_P(CpuVsRef, Linear) {
     SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
     const Floats x = randn(M * K, 120), w = randn(N * K, 121), dy = randn(M * N, 122);
     const Floats dx0 = randn(M * K, 123), dw0 = randn(N * K, 124);
-    const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy), dx02 = squared(dx0), dw02 = squared(dw0);
-
-    Floats ref_y(M * N), y_sq(M * N);
-    ref::linear_forward(ref_y.data(), x.data(), w.data(), M, N, K);
-    ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
-    const auto fwd = run_twice("linear_forward", [&] {
-      Floats y = nans(M * N);
-      cpu::linear_forward(y.data(), x.data(), w.data(), M, N, K);
-      return std::vector<Floats>{y};
-    });
-    Vec tol_y(M * N);
-    for (int64_t i = 0; i < M * N; ++i) {
-      tol_y[i] = reduction_tol(K, ref_y[i], std::sqrt(y_sq[i])) + kU * std::fabs(ref_y[i]) + kTiny;
-    }
-    expect_within("linear y", fwd[0], ref_y, tol_y);
-
     for (bool accumulate : {false, true}) {
       SCOPED_TRACE(accumulate ? "accumulate_dx" : "overwrite dx");
-      Floats ref_dx = dx0, ref_dw = dw0;
-      ref::linear_backward(ref_dx.data(), ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
-      Floats dx_sq = dx02, dw_sq = dw02;
-      ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
+      const LinearRef want = linear_ref(x, w, dy, dx0, dw0, M, N, K, accumulate);
+      if (!accumulate) {
+        const auto fwd = run_twice("linear_forward", [&] {
+          Floats y = nans(M * N);
+          cpu::linear_forward(y.data(), x.data(), w.data(), M, N, K);
+          return std::vector<Floats>{y};
+        });
+        expect_within("linear y", fwd[0], want.y, want.tol_y);
+      }
       const auto bwd = run_twice("linear_backward", [&] {
         Floats dx = accumulate ? dx0 : nans(M * K), dw = dw0;
         cpu::linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
         return std::vector<Floats>{dx, dw};
       });
-      Vec tol_dx(M * K), tol_dw(N * K);
-      for (int64_t i = 0; i < M * K; ++i) {
-        tol_dx[i] = reduction_tol(N + accumulate, ref_dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(ref_dx[i]) + kTiny;
-      }
-      for (int64_t i = 0; i < N * K; ++i) {
-        tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
-      }
-      expect_within("linear dx", bwd[0], ref_dx, tol_dx);
-      expect_within("linear dw", bwd[1], ref_dw, tol_dw);
+      expect_within("linear dx", bwd[0], want.dx, want.tol_dx);
+      expect_within("linear dw", bwd[1], want.dw, want.tol_dw);
     }
 
     // Without dx only dw is produced, and it is the same computation.
-    Floats ref_dw = dw0, dw = dw0;
-    ref::linear_backward(nullptr, ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, false);
+    const LinearRef want = linear_ref(x, w, dy, dx0, dw0, M, N, K, false);
+    Floats dw = dw0;
     cpu::linear_backward(nullptr, dw.data(), dy.data(), x.data(), w.data(), M, N, K, false);
-    Floats dw_sq = dw02;
-    ref::linear_backward(nullptr, dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, false);
-    Vec tol_dw(N * K);
-    for (int64_t i = 0; i < N * K; ++i) {
-      tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
-    }
-    expect_within("linear dw without dx", dw, ref_dw, tol_dw);
+    expect_within("linear dw without dx", dw, want.dw, want.tol_dw);
   }
 }
 
@@ -483,11 +486,6 @@ TEST_P(CpuVsRef, LinearBf16) {
       const Halves x16 = round_bf16(randn(M * K, 140)), w16 = round_bf16(randn(N * K, 141)),
                    dy16 = round_bf16(randn(M * N, 142));
       const Floats x = widen(x16), w = widen(w16), dy = widen(dy16), dx0 = randn(M * K, 143), dw0 = randn(N * K, 144);
-      const Floats x2 = squared(x), w2 = squared(w), dy2 = squared(dy), dx02 = squared(dx0), dw02 = squared(dw0);
-
-      Floats ref_y(M * N), y_sq(M * N);
-      ref::linear_forward(ref_y.data(), x.data(), w.data(), M, N, K);
-      ref::linear_forward(y_sq.data(), x2.data(), w2.data(), M, N, K);
       // The packs start as NaN: a byte the products read but the pack did not write shows.
       std::vector<uint16_t> pack_fwd(be.packed_weight_bytes(N, K, WeightUse::kForward) / 2, 0x7fc1),
           pack_dx(be.packed_weight_bytes(N, K, WeightUse::kInputGrad) / 2, 0x7fc1);
@@ -495,28 +493,22 @@ TEST_P(CpuVsRef, LinearBf16) {
         be.pack_weight_bf16(pack_fwd.data(), w16.data(), N, K, WeightUse::kForward);
         be.pack_weight_bf16(pack_dx.data(), w16.data(), N, K, WeightUse::kInputGrad);
       }
-      const auto fwd = run_twice("linear_forward_bf16", [&] {
-        Floats y = nans(M * N);
-        if (packed) {
-          be.linear_bf16(y.data(), x16.data(), Bf16Weight::packed(pack_fwd.data()), M, N, K, 0.0f);
-        } else {
-          cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), M, N, K);
-        }
-        return std::vector<Floats>{y};
-      });
-      Vec tol_y(M * N);
-      for (int64_t i = 0; i < M * N; ++i) {
-        tol_y[i] = reduction_tol(K, ref_y[i], std::sqrt(y_sq[i])) + kU * std::fabs(ref_y[i]) + kTiny;
-      }
-      expect_within("linear_bf16 y", fwd[0], ref_y, tol_y);
-
       for (bool accumulate : {false, true}) {
         if (packed && accumulate) continue;  // the backend's product overwrites dx
         SCOPED_TRACE(accumulate ? "accumulate_dx" : "overwrite dx");
-        Floats ref_dx = dx0, ref_dw = dw0;
-        ref::linear_backward(ref_dx.data(), ref_dw.data(), dy.data(), x.data(), w.data(), M, N, K, accumulate);
-        Floats dx_sq = dx02, dw_sq = dw02;
-        ref::linear_backward(dx_sq.data(), dw_sq.data(), dy2.data(), x2.data(), w2.data(), M, N, K, accumulate);
+        const LinearRef want = linear_ref(x, w, dy, dx0, dw0, M, N, K, accumulate);
+        if (!accumulate) {
+          const auto fwd = run_twice("linear_forward_bf16", [&] {
+            Floats y = nans(M * N);
+            if (packed) {
+              be.linear_bf16(y.data(), x16.data(), Bf16Weight::packed(pack_fwd.data()), M, N, K, 0.0f);
+            } else {
+              cpu::linear_forward_bf16(y.data(), x16.data(), w16.data(), M, N, K);
+            }
+            return std::vector<Floats>{y};
+          });
+          expect_within("linear_bf16 y", fwd[0], want.y, want.tol_y);
+        }
         const auto bwd = run_twice("linear_backward_bf16", [&] {
           Floats dx = accumulate ? dx0 : nans(M * K), dw = dw0;
           if (packed) {
@@ -527,15 +519,8 @@ TEST_P(CpuVsRef, LinearBf16) {
           }
           return std::vector<Floats>{dx, dw};
         });
-        Vec tol_dx(M * K), tol_dw(N * K);
-        for (int64_t i = 0; i < M * K; ++i) {
-          tol_dx[i] = reduction_tol(N + accumulate, ref_dx[i], std::sqrt(dx_sq[i])) + kU * std::fabs(ref_dx[i]) + kTiny;
-        }
-        for (int64_t i = 0; i < N * K; ++i) {
-          tol_dw[i] = reduction_tol(M + 1, ref_dw[i], std::sqrt(dw_sq[i])) + kU * std::fabs(ref_dw[i]) + kTiny;
-        }
-        expect_within("linear_bf16 dx", bwd[0], ref_dx, tol_dx);
-        expect_within("linear_bf16 dw", bwd[1], ref_dw, tol_dw);
+        expect_within("linear_bf16 dx", bwd[0], want.dx, want.tol_dx);
+        expect_within("linear_bf16 dw", bwd[1], want.dw, want.tol_dw);
       }
     }
   }
