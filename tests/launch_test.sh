@@ -254,8 +254,8 @@ print(*(x.getsockname()[1] for x in s))')
   etcd_long() { exec "$tessera" launch --nnodes 2 --nproc-per-node 1 --rdzv "etcd://127.0.0.1:$client/tessera-test" \
     --run-id "$1" --run-dir "$dir/$1" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "${train_args[@]}" "${long[@]}"; }
   etcd_long lref 2>"$dir/lref.a.log" & a=$!
-  (etcd_long lref) 2>"$dir/lref.b.log" || fail "etcd restart: reference"
-  wait $a || fail "etcd restart: reference (agent a)"
+  (etcd_long lref) 2>"$dir/lref.b.log" || { grep -v "info: step" "$dir/lref.b.log" | tail; fail "etcd restart: reference"; }
+  wait $a || { grep -v "info: step" "$dir/lref.a.log" | tail; fail "etcd restart: reference (agent a)"; }
   etcd_long outage 2>"$dir/outage.a.log" & agent_a=$!
   etcd_long outage 2>"$dir/outage.b.log" & agent_b=$!
   wait_step "$dir/outage" 30
