@@ -18,6 +18,16 @@
 
 namespace tessera::fsdp {
 
+namespace {
+
+// Tied embeddings under pipeline parallelism: the first stage receives the last stage's copy's
+// gradient shard (join_tied_gradients) into a buffer of its state arena.
+bool receives_tied_gradient(const model::ModelLayout& layout) {
+  return layout.config().tied_embeddings && layout.stage().size > 1 && layout.stage().first();
+}
+
+}  // namespace
+
 struct ShardedParams::Unit {
   int64_t padded = 0;               // L
   parallel::ShardRange range;       // this rank's elements of the unit: L/S of them
@@ -91,6 +101,7 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     if (image16) u->send16 = state_.take<uint16_t>(u->range.size);
     units_.push_back(std::move(u));
   }
+  if (receives_tied_gradient(layout_)) tied_recv_ = state_.take<float>(units_[layout_.embedding_unit()]->range.size);
   if (S > 1) {
     pool_memory_ = backend_.allocate(plan.buffers);
     pool_ = Arena(pool_memory_.get(), plan.buffers);
@@ -123,6 +134,10 @@ ArenaBytes ShardedParams::planned_bytes(const model::ModelLayout& layout, Strate
   // each take may pad to the arena's alignment.
   b.state = 2 * sizeof(float) * shard_total + n * 4 * Arena::kAlign + (bf16 ? 2 * sizeof(uint16_t) * shard_total : 0) +
             (image16 ? sizeof(uint16_t) * shard_total : 0);
+  // Tied embeddings' first stage: where the last stage's copy's gradient shard arrives.
+  if (receives_tied_gradient(layout)) {
+    b.state += sizeof(float) * layout.unit(layout.embedding_unit()).padded / S + Arena::kAlign;
+  }
   if (S == 1) return b;
   // Full parameters: shard_grad_op keeps every unit from forward to backward; the others need
   // the unit in use and the one prefetched, plus the embedding that a tied head reads.
@@ -398,10 +413,8 @@ void ShardedParams::join_tied_gradients() {
     return;
   }
   Unit& table = *units_[layout_.embedding_unit()];
-  if (!tied_recv_) tied_recv_ = backend_.allocate(sizeof(float) * static_cast<size_t>(table.range.size));
-  auto* theirs = reinterpret_cast<float*>(tied_recv_.get());
-  wait(*pp_group_->recv(theirs, table.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
-  backend_.add_inplace(table.grad, theirs, table.range.size);
+  wait(*pp_group_->recv(tied_recv_, table.range.size, comm::DType::kF32, peer, kTiedGradientTag, options_));
+  backend_.add_inplace(table.grad, tied_recv_, table.range.size);
 }
 
 void ShardedParams::sync_tied_copy() {

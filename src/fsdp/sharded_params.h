@@ -185,7 +185,7 @@ class ShardedParams final : public model::ParamSource {
   kernels::Memory state_memory_;  // the backend's memory under state_
   Arena state_;                   // shards: master, grads and their bf16 companions
   kernels::Memory pool_memory_;   // the backend's memory under pool_
-  kernels::Memory tied_recv_;     // tied embeddings' first stage: the copy's gradient shard, received
+  float* tied_recv_ = nullptr;    // tied embeddings' first stage: the copy's gradient shard, received
   Arena pool_;   // full parameter and gradient buffers
   std::vector<float*> free_param_buffers_, free_grad_buffers_;
   std::map<const float*, uint16_t*> companion_;  // bf16 image of each pooled buffer

@@ -136,6 +136,7 @@ int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
   const config::Config cfg = make_config(c, world);
   const GpuRank me(cfg, rank, world, dir);
   REQUIRE(me.device.cuda());  // train.device = cuda: a ConfigError otherwise
+  const int64_t before = me.device.backend().device_memory().in_use;  // the job's communicators
   Trainer trainer(cfg, "", me.job.view(), me.device.backend());
   jitter_norm_gains(trainer);
   const parallel::Mesh& mesh = *me.job.view().mesh;
@@ -152,6 +153,10 @@ int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
     if (i == 0) save(trainer.params().gather_named_gradients(), "grads1");
   }
   save(trainer.params().gather_named_tensors(), "params");
+  // What the trainer holds on the device after the steps against the arenas planned at start-up.
+  std::ofstream(dir / fmt::format("memory.{}", rank))
+      << me.device.backend().device_memory().in_use - before << ' ' << trainer.arena_bytes().total() << ' '
+      << (me.device.gpu_name().find("emulation") != std::string::npos);
   return 0;
 }
 
@@ -206,6 +211,24 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
+// What every rank's trainer holds on the device after its steps (nothing is allocated during a
+// step, so it is the peak) is the arenas planned at start-up (`tessera plan` predicts those to the
+// byte): exactly where the device is emulated, which counts every byte the process allocates; on
+// a real GPU at least that, since NCCL's and cuBLAS's own lazy buffers count there too.
+void expect_memory_planned(const fs::path& dir, int world) {
+  for (int rank = 0; rank < world; ++rank) {
+    int64_t in_use = -1, planned = -1;
+    bool exact = false;
+    std::ifstream(dir / fmt::format("memory.{}", rank)) >> in_use >> planned >> exact;
+    ASSERT_GT(planned, 0) << dir << ", rank " << rank;
+    if (exact) {
+      EXPECT_EQ(in_use, planned) << "device bytes in use against the plan, " << dir << ", rank " << rank;
+    } else {
+      EXPECT_GE(in_use, planned) << "device bytes in use against the plan, " << dir << ", rank " << rank;
+    }
+  }
+}
+
 class FsdpOnGpus : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
@@ -236,6 +259,8 @@ TEST_P(FsdpOnGpus, SeveralGpusMatchOne) {
           << "gradient norm, rank " << rank << " step " << i + 1;
     }
   }
+  expect_memory_planned(dir, c.world);
+  expect_memory_planned(dir / "one", 1);
   const Tensors grads = read_tensors(dir, "grads1"), want_grads = read_tensors(dir / "one", "grads1");
   Tensors params = read_tensors(dir, "params"), want_params = read_tensors(dir / "one", "params");
   ASSERT_EQ(params.size(), want_params.size());
