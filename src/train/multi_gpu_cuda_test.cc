@@ -44,6 +44,7 @@
 #include "core/compare.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/cuda/test_util.h"
 #include "parallel/job.h"
 #include "train/device.h"
 #include "train/health.h"
@@ -156,7 +157,7 @@ int run_rank(const Case& c, int rank, int world, const fs::path& dir) {
   // What the trainer holds on the device after the steps against the arenas planned at start-up.
   std::ofstream(dir / fmt::format("memory.{}", rank))
       << me.device.backend().device_memory().in_use - before << ' ' << trainer.arena_bytes().total() << ' '
-      << (me.device.gpu_name().find("emulation") != std::string::npos);
+      << kernels::cuda::testing::devices_are_emulated();
   return 0;
 }
 

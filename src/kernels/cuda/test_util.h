@@ -34,6 +34,14 @@ inline int device_count(std::string* why) {
     if (::tessera::kernels::cuda::testing::device_count(&why_) == 0) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
+// Whether the devices are tools/cuda_emu's emulation, whose memory in use counts exactly the bytes
+// the process allocated (a real GPU's also holds the runtime's and the libraries' own buffers, and
+// rounds allocations to pages).
+inline bool devices_are_emulated() {
+  cudaDeviceProp p{};
+  return cudaGetDeviceProperties(&p, 0) == cudaSuccess && std::string(p.name).starts_with("CPU emulation");
+}
+
 // A device allocation of n T's, freed on destruction.
 template <typename T>
 class DeviceBuffer {
