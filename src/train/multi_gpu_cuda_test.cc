@@ -1,7 +1,8 @@
 // Several GPUs, each rank on its own CUDA device, over NCCL: the health check's all-reduce in
-// device memory, a rank lost mid-run, the exposed communication of waits on the device, and
-// data-, tensor- and pipeline-parallel training (train.device =
-// cuda) against the same global batch on one GPU: every step's loss and gradient norm on every
+// device memory, a rank lost or stuck mid-run (a pipeline stage too), the exposed communication
+// of waits on the device (for gathers and for pipeline transfers), and data-, tensor- and
+// pipeline-parallel training (train.device = cuda) against the same global batch on one GPU, each
+// rank's device memory against its plan: every step's loss and gradient norm on every
 // rank, the gradients after the first step and the parameters after the last, for every
 // strategy (two ranks; hybrid_shard four, two groups of two), with bf16 gathers and reductions,
 // with tensor parallelism (two ranks; with sequence parallelism; that on two data-parallel
@@ -308,13 +309,14 @@ struct Survivor {
   double seconds = -1;
 };
 
-Survivor survive_peer(const char* name, int timeout_ms, const std::function<void()>& leave) {
+Survivor survive_peer(const char* name, int timeout_ms, const std::function<void()>& leave,
+                      const Case& c = Case{"full_shard"}) {
   const fs::path dir = fresh_dir(std::string("fsdp_cuda_") + name);
   Survivor out;
   out.status = run_ranks(
       2,
       [&](int rank) {
-        config::Config cfg = make_config(Case{"full_shard"}, 2);
+        config::Config cfg = make_config(c, 2);
         cfg.parallel.timeout_ms = timeout_ms;
         const GpuRank me(cfg, rank, 2, dir);
         Trainer trainer(cfg, "", me.job.view(), me.device.backend());
@@ -368,6 +370,24 @@ TEST(HungRankOnGpus, WatchdogEndsTheOtherWithExit12) {
   EXPECT_LT(s.seconds, 8.0) << "the timeout and a step, not the stuck rank's 10 s";
 }
 
+// The same with two pipeline stages, the second stuck: the first's compute stream waits on the
+// device for the output gradients that never come; the group's watchdog aborts the transfer at
+// parallel.timeout_ms and the stage leaves with exit code 12, naming the timeout.
+TEST(HungRankOnGpus, PipelineStageEndsTheOtherWithExit12) {
+  REQUIRE_GPUS(2);
+  const Survivor s = survive_peer(
+      "hung_stage", 2000,
+      [] {
+        std::this_thread::sleep_for(std::chrono::seconds(6));  // stuck
+        ::_exit(7);
+      },
+      Case{.strategy = "full_shard", .pipeline = 2});
+  EXPECT_EQ(s.status[1], 7);
+  EXPECT_EQ(s.status[0], kExitPeer);
+  EXPECT_NE(s.what.find("timed out after 2000 ms"), std::string::npos) << s.what;
+  EXPECT_LT(s.seconds, 5.0) << "the timeout and a step, not the stuck stage's 6 s";
+}
+
 // A rank 1 s late to a step: the other's compute stream waits on the device for the step's first
 // parameter gathers (its host does not wait), and the step's exposed communication says so
 // (timing events around each wait), where the host's clock alone would count the second as
@@ -392,6 +412,38 @@ TEST(ExposedCommOnGpus, DeviceWaitsForGathersCount) {
   std::ifstream(dir / "times.0") >> comm >> forward;
   std::fprintf(stderr, "rank 0, the step rank 1 was late to: communication %.3f s, forward %.3f s\n", comm, forward);
   EXPECT_GE(comm, 0.8);
+  fs::remove_all(dir);
+}
+
+// Two pipeline stages, the second 1 s late to a step: the first stage's compute stream waits on
+// the device for the output gradients it needs (its host goes on queueing), and the step's
+// pipeline communication counts that wait (timing events around it), where a host wait would
+// leave the group's device-wait clock at zero.
+TEST(ExposedCommOnGpus, PipelineWaitsOnTheDevice) {
+  REQUIRE_GPUS(2);
+  const fs::path dir = fresh_dir("pipeline_waits_gpus");
+  comm::test_util::expect_all_ok(run_ranks(
+      2,
+      [&](int rank) {
+        const config::Config cfg = make_config(Case{.strategy = "full_shard", .pipeline = 2}, 2);
+        const GpuRank me(cfg, rank, 2, dir);
+        Trainer trainer(cfg, "", me.job.view(), me.device.backend());
+        trainer.step();
+        comm::ProcessGroup& stages = *me.job.view().mesh->device_group(parallel::Dim::kPp);
+        const double device_waits = stages.device_wait_seconds();
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+        const StepStats s = trainer.step();
+        std::ofstream(dir / fmt::format("times.{}", rank))
+            << s.times.comm_pp << " " << stages.device_wait_seconds() - device_waits;
+        return 0;
+      },
+      120));
+  double comm_pp = -1, device_waits = -1;
+  std::ifstream(dir / "times.0") >> comm_pp >> device_waits;
+  std::fprintf(stderr, "stage 0, the step stage 1 was late to: pipeline communication %.3f s, on the device %.3f s\n",
+               comm_pp, device_waits);
+  EXPECT_GE(comm_pp, 0.8);
+  EXPECT_GE(device_waits, 0.8);
   fs::remove_all(dir);
 }
 

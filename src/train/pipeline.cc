@@ -48,7 +48,7 @@ PipelineStageRunner::PipelineStageRunner(const model::ModelLayout& layout, int64
   CHECK((group == nullptr) == (st.size == 1));
   CHECK(group == nullptr || (group->size() == st.size && group->rank() == st.rank));
   options_.timeout = timeout;
-  options_.after = backend.stream();  // a send follows the compute that wrote its buffer
+  options_.after = stream_ = backend.stream();  // a send follows the compute that wrote its buffer
   const int n = pipeline_in_flight(schedule, st.size, st.rank, micro_batches);
   for (int i = 0; i < n; ++i) {
     models_.push_back(std::make_unique<model::Llama>(layout, micro_batch, threads, recompute_every, bf16, backend));
@@ -64,17 +64,33 @@ size_t PipelineStageRunner::activation_bytes() const {
   return n;
 }
 
+double PipelineStageRunner::blocked_seconds() const {
+  return blocked_seconds_ + (group_ != nullptr && stream_ != nullptr ? group_->device_wait_seconds() : 0.0);
+}
+
 void PipelineStageRunner::finish(InFlight& f) {
   if (!f.work) return;
   const double t0 = now_seconds();
+  named(f, [&] { f.work->wait(); });
+  blocked_seconds_ += now_seconds() - t0;
+  f.work.reset();
+}
+
+void PipelineStageRunner::order(InFlight& f) {
+  if (!f.work) return;
+  if (stream_ == nullptr) return finish(f);
+  named(f, [&] { f.work->wait_on_device(stream_); });
+  ordered_.push_back(std::move(f));
+  f = {};
+}
+
+void PipelineStageRunner::named(const InFlight& f, const std::function<void()>& wait) const {
   try {
-    f.work->wait();
+    wait();
   } catch (const comm::CollectiveError& e) {
     throw comm::CollectiveError(
         fmt::format("pipeline stage {}: {} failed: {}", layout_.stage().rank, f.what, e.what()));
   }
-  blocked_seconds_ += now_seconds() - t0;
-  f.work.reset();
 }
 
 std::optional<PipelineStageRunner::Transfer> PipelineStageRunner::incoming(const PipelineOp& op) {
@@ -115,7 +131,9 @@ void PipelineStageRunner::post(const PipelineOp* done, const PipelineOp* next) {
     if (out) slots_[slot_of(*done)].send = {group_->send_recv({out->p2p}, options_), out->what};
     return;
   }
-  finish(slots_[slot_of(*next)].send);  // the buffers about to be received into are free
+  // The buffers about to be received into must be sent first. On a device the group's one stream
+  // runs the receive after the send anyway.
+  order(slots_[slot_of(*next)].send);
   std::vector<comm::PointToPoint> batch{in->p2p};
   std::string what = in->what;
   if (out) {
@@ -137,8 +155,8 @@ model::LossSum PipelineStageRunner::run(const std::vector<PipelineOp>& ops, mode
     Slot& s = slots_[slot];
     model::Llama& m = *models_[slot];
     if (i == 0) post(nullptr, &op);
-    finish(incoming_);
-    finish(s.send);  // the slot's buffers are about to be overwritten
+    order(incoming_);
+    order(s.send);  // the slot's buffers are about to be overwritten
     if (hooks && hooks->before) hooks->before(op);
     if (op.forward) {
       const data::Loader::Batch b = batch(op.micro_batch);
@@ -157,6 +175,8 @@ model::LossSum PipelineStageRunner::run(const std::vector<PipelineOp>& ops, mode
   }
   finish(incoming_);
   for (Slot& s : slots_) finish(s.send);
+  for (InFlight& f : ordered_) finish(f);  // done, or failed: a failure surfaces here
+  ordered_.clear();
   return loss;
 }
 

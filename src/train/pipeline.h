@@ -76,8 +76,9 @@ class PipelineStageRunner {
   model::Llama& model(int slot = 0) { return *models_[slot]; }
   size_t activation_bytes() const;
   // Seconds blocked on the neighbours so far (receiving, or waiting for a send to finish): the
-  // pipeline's bubble and its communication.
-  double blocked_seconds() const { return blocked_seconds_; }
+  // pipeline's bubble and its communication. On a device, the compute stream's waits (timed by
+  // events, counted once the stream has passed them).
+  double blocked_seconds() const;
 
  private:
   // A transfer of one op: what it receives before it runs, or sends after; `what` names it in
@@ -104,8 +105,15 @@ class PipelineStageRunner {
   // Issues what `done` hands on together with what `next` needs (either may be null); what `next`
   // needs is waited for before it runs, a lone send before its slot is used again.
   void post(const PipelineOp* done, const PipelineOp* next);
-  // Waits for a batch, naming it when it fails; the time counts as blocked.
+  // Waits for a batch on the host, naming it when it fails; the time counts as blocked.
   void finish(InFlight& f);
+  // Orders what runs next after a batch. On a device stream the compute waits for it there while
+  // the host goes on queueing work (the batch joins ordered_, waited for by the host at the end
+  // of the pass, where a failure surfaces; NCCL's watchdog ends a wait past the timeout);
+  // without one (Gloo) the host waits.
+  void order(InFlight& f);
+  // Runs `wait`, naming the batch in the CollectiveError it throws.
+  void named(const InFlight& f, const std::function<void()>& wait) const;
   int slot_of(const PipelineOp& op) const { return op.micro_batch % slots(); }
 
   const model::ModelLayout& layout_;
@@ -117,6 +125,8 @@ class PipelineStageRunner {
   std::vector<std::unique_ptr<model::Llama>> models_;
   std::vector<Slot> slots_;
   InFlight incoming_;  // the next op's input, and perhaps the last op's output
+  std::vector<InFlight> ordered_;  // waited for on the device, not yet on the host
+  void* stream_ = nullptr;         // the backend's compute stream (a cudaStream_t); null on the CPU
   double blocked_seconds_ = 0.0;
 };
 
