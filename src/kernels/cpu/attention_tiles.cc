@@ -330,6 +330,35 @@ void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int
   });
 }
 
+// Rows a and b (n values, n a multiple of 16) rounded to bf16 (round to nearest even, as
+// f32_to_bf16, but subnormals flushed to zero): as units of pairs (a[j], b[j]) and, where row_a is
+// given, as rows. Two rows in one vcvtne2ps2bf16, then paired by one vpermw.
+[[maybe_unused]] void round_pairs(Unit* pairs, const float* a, const float* b, int64_t n, uint16_t* row_a,
+                                  uint16_t* row_b) {
+#if defined(__AVX512BF16__)
+  // Word indexes: a[k] and b[k] side by side, and b's values first. (GCC 12's 512-to-256-bit casts
+  // and extracts trip its own -Wmaybe-uninitialized, so the halves move by permutes and masks.)
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                           21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                           11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  alignas(64) static constexpr uint16_t kHigh[32] = {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                                     16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave), high = _mm512_load_si512(kHigh);
+  for (int64_t j = 0; j < n; j += 16) {
+    // a's 16 values in the low half, b's in the high half.
+    const auto both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(b + j), _mm512_loadu_ps(a + j));
+    _mm512_storeu_si512(pairs + j, _mm512_permutexvar_epi16(interleave, both));
+    if (row_a != nullptr) {
+      _mm512_mask_storeu_epi16(row_a + j, 0xffff, both);
+      _mm512_mask_storeu_epi16(row_b + j, 0xffff, _mm512_permutexvar_epi16(high, both));
+    }
+  }
+#else
+  (void)pairs, (void)a, (void)b, (void)n, (void)row_a, (void)row_b;
+  CHECK_MSG(false, "bf16 tiles need avx512_bf16");
+#endif
+}
+
 // A backward tile's P = exp(S - lse) and dS = P (dP - di), zero right of the diagonal, from its
 // scores and dP, written as the products want them, a unit of query rows (t, and for bf16 t+1) at a
 // time: dS by row (for dQ), P and dS by query units (for dV^T and dK^T), up to `cols` keys. A
@@ -351,25 +380,21 @@ void tile_gradients(const Layout<E>& w, int64_t r0, int64_t r1, int64_t cols, co
         ds_row0[j] = ds;
       }
     } else {
-      const float *s1 = s0 + w.Tp, *dp1 = dp0 + w.Tp;
+      // P and dS of the two rows in fp32, in place of their scores and dP (read only here), then
+      // rounded to bf16 16 columns at a time.
+      float *p0 = w.s + t * w.Tp, *p1 = p0 + w.Tp, *ds0 = w.dp + t * w.Tp, *ds1 = ds0 + w.Tp;
       const float l1 = i1 < 0 ? 0.0f : lse[i1], di1 = i1 < 0 ? 0.0f : w.di[i1];
-      E* ds_row1 = ds_row0 + w.Tp;
-      Unit* p_pairs = reinterpret_cast<Unit*>(w.p_units + t * w.Tp);
-      Unit* ds_pairs = reinterpret_cast<Unit*>(w.ds_units + t * w.Tp);
-      auto pair = [](float lo, float hi) {
-        return static_cast<uint32_t>(f32_to_bf16(lo)) | static_cast<uint32_t>(f32_to_bf16(hi)) << 16;
-      };
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) {
-        const float p0 = j <= i0 ? exp_fast(s0[j] - l0) : 0.0f;
-        const float p1 = j <= i1 ? exp_fast(s1[j] - l1) : 0.0f;
-        const float ds0 = j <= i0 ? p0 * (dp0[j] - di0) : 0.0f;
-        const float ds1 = j <= i1 ? p1 * (dp1[j] - di1) : 0.0f;
-        p_pairs[j] = pair(p0, p1);
-        ds_pairs[j] = pair(ds0, ds1);
-        ds_row0[j] = f32_to_bf16(ds0);
-        ds_row1[j] = f32_to_bf16(ds1);
+        const float e0 = j <= i0 ? exp_fast(p0[j] - l0) : 0.0f;
+        const float e1 = j <= i1 ? exp_fast(p1[j] - l1) : 0.0f;
+        ds0[j] = j <= i0 ? e0 * (ds0[j] - di0) : 0.0f;
+        ds1[j] = j <= i1 ? e1 * (ds1[j] - di1) : 0.0f;
+        p0[j] = e0;
+        p1[j] = e1;
       }
+      round_pairs(reinterpret_cast<Unit*>(w.p_units + t * w.Tp), p0, p1, cols, nullptr, nullptr);
+      round_pairs(reinterpret_cast<Unit*>(w.ds_units + t * w.Tp), ds0, ds1, cols, ds_row0, ds_row0 + w.Tp);
     }
   }
 }
