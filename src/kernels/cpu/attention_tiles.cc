@@ -1,8 +1,9 @@
 // CPU causal grouped-query attention on AVX-512 with its own tile products, in fp32 (FMAs) or, for
 // mixed precision, on bf16 operands (avx512_bf16's vdpbf16ps: pairs of bf16 products summed into
 // fp32 lanes) with the softmax, lse, row dots and score gradients in fp32, as the CUDA backend's
-// bf16 variant does (kernels/cuda/attention.h). The schedule is attention.cc's: a thread takes a
-// (batch, head) (backward: a kv group), row tiles of 64 queries against the keys up to the tile's
+// bf16 variant does (kernels/cuda/attention.h). The schedule is attention.cc's, but for whole kv
+// groups: a thread takes a (batch, kv group) (forward: a run of a group's heads where there are
+// few groups a thread), row tiles of 64 queries against the keys up to the tile's
 // end, the probabilities recomputed in backward from the saved log-sum-exp. Its products are small
 // (64 x T x D); oneDNN's sgemm spends as long setting each up as computing it.
 //
@@ -288,44 +289,60 @@ int64_t workspace_floats(int64_t T, int64_t D, int threads) {
   return Layout<E>(nullptr, T, D).bytes / 4 * threads;
 }
 
+// One query head's attention against its group's K and V, packed in w: out (T x D, row stride
+// out_stride) and its lse (T).
+template <typename E>
+void forward_head(const Layout<E>& w, float* out, int64_t out_stride, float* lse_bh, const float* q, int64_t stride,
+                  int64_t T, int64_t D, float scale) {
+  constexpr int64_t per = kPer<E>;
+  pack_rows(w.q, w.De, q, stride, T, D);
+  for (int64_t r0 = 0; r0 < T; r0 += kTile) {
+    const int64_t r1 = std::min(T, r0 + kTile), keys = r1, width = round_up(keys, per);
+    gemm_units(r1 - r0, keys, w.De / per, w.q + r0 * w.De, w.De, w.k_cols, per * w.Tp, scale, false, w.s, w.Tp);
+    // P's rows unnormalized, exp(s - max), and O = P V / sum at the product's store: the rows
+    // are read once after their max.
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* s = w.s + (i - r0) * w.Tp;
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j <= i; ++j) mx = s[j] > mx ? s[j] : mx;
+      E* p = w.p_rows + (i - r0) * w.Tp;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j <= i; ++j) {
+        const float e = exp_fast(s[j] - mx);
+        p[j] = convert<E>(e);
+        sum += e;
+      }
+      std::fill(p + i + 1, p + width, E{0});
+      lse_bh[i] = mx + std::log(sum);
+      w.di[i - r0] = 1.0f / sum;
+    }
+    gemm_units(r1 - r0, D, width / per, w.p_rows, w.Tp, w.v_rows, per * w.Dp, 1.0f, false, out + r0 * out_stride,
+               out_stride, w.di);
+  }
+}
+
 template <typename E>
 void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
              float* workspace) {
   constexpr int64_t per = kPer<E>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t out_stride = H * D, per_thread = workspace_floats<E>(T, D, 1);
-  parallel_for_each(B * H, [&](int64_t bh, int thread) {
-    const int64_t b = bh / H, h = bh % H;
-    const Head hd = head_of(qkv, b, h, T, H, Hkv, D);
+  // A task is a run of a kv group's query heads, which packs the group's K and V once for them
+  // all: a whole group where there are 4 groups a thread or more, else parts of groups (as many
+  // tasks as heads for multi-head attention, whose groups are single heads).
+  const int64_t group = H / Hkv, groups = B * Hkv, threads = std::max(1, omp_get_max_threads());
+  const int64_t parts = std::min(group, (4 * threads + groups - 1) / groups);
+  parallel_for_each(groups * parts, [&](int64_t task, int thread) {
+    const int64_t b = task / parts / Hkv, g = task / parts % Hkv, part = task % parts;
     const Layout<E> w(workspace + thread * per_thread, T, D);
-    pack_rows(w.q, w.De, hd.q, hd.stride, T, D);
-    w.pack_transposed(w.k_cols, hd.k, hd.stride, T, D);
-    pack_row_units(w.v_rows, per * w.Dp, hd.v, hd.stride, T, D);
-    float* lse_bh = lse + (b * H + h) * T;
-    for (int64_t r0 = 0; r0 < T; r0 += kTile) {
-      const int64_t r1 = std::min(T, r0 + kTile), keys = r1, width = round_up(keys, per);
-      gemm_units(r1 - r0, keys, w.De / per, w.q + r0 * w.De, w.De, w.k_cols, per * w.Tp, scale, false, w.s, w.Tp);
-      // P's rows unnormalized, exp(s - max), and O = P V / sum at the product's store: the rows
-      // are read once after their max.
-      for (int64_t i = r0; i < r1; ++i) {
-        const float* s = w.s + (i - r0) * w.Tp;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j <= i; ++j) mx = s[j] > mx ? s[j] : mx;
-        E* p = w.p_rows + (i - r0) * w.Tp;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= i; ++j) {
-          const float e = exp_fast(s[j] - mx);
-          p[j] = convert<E>(e);
-          sum += e;
-        }
-        std::fill(p + i + 1, p + width, E{0});
-        lse_bh[i] = mx + std::log(sum);
-        w.di[i - r0] = 1.0f / sum;
-      }
-      gemm_units(r1 - r0, D, width / per, w.p_rows, w.Tp, w.v_rows, per * w.Dp, 1.0f, false,
-                 out + b * T * out_stride + r0 * out_stride + h * D, out_stride, w.di);
+    const Head kv = head_of(qkv, b, g * group, T, H, Hkv, D);
+    w.pack_transposed(w.k_cols, kv.k, kv.stride, T, D);
+    pack_row_units(w.v_rows, per * w.Dp, kv.v, kv.stride, T, D);
+    for (int64_t h = g * group + group * part / parts; h < g * group + group * (part + 1) / parts; ++h) {
+      forward_head(w, out + b * T * out_stride + h * D, out_stride, lse + (b * H + h) * T,
+                   head_of(qkv, b, h, T, H, Hkv, D).q, kv.stride, T, D, scale);
     }
   });
 }
