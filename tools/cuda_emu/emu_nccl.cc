@@ -373,54 +373,104 @@ struct Header {
 };
 constexpr uint32_t kToken = 1, kData = 2;
 
+// One peer's side of a group's transfers, on the communicator's thread: our transfers with it in
+// issue order, the header or payload being read from it, and the send being written to it.
+struct PeerLink {
+  std::deque<size_t> sends, recvs;  // indexes into the group
+  Header in_header{};
+  size_t header_got = 0;   // bytes of in_header read
+  size_t payload_got = 0;  // bytes of the head receive's payload read (after its header)
+  std::vector<char> out;   // the head send's header and payload being written
+  size_t out_sent = 0;
+  bool sending = false;  // the head send met its token: out holds it
+
+  // The head send, once the peer's token for it has come (tokens: the peer's, in order), into
+  // `out`. False when the sizes differ (undefined in NCCL; a failure here).
+  bool start_send(const std::vector<Transfer>& group, std::deque<uint64_t>& tokens) {
+    if (sending || sends.empty() || tokens.empty()) return true;
+    const Transfer& t = group[sends.front()];
+    if (tokens.front() != t.bytes) return false;
+    tokens.pop_front();
+    const Header h{kData, 0, t.bytes};
+    out.assign(reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + sizeof h);
+    out.insert(out.end(), t.data, t.data + t.bytes);
+    out_sent = 0;
+    sending = true;
+    return true;
+  }
+  // What to poll the socket for: reading while a receive, or a send's token, is due; writing while
+  // a send is under way. 0: done with this peer.
+  short events() const {
+    return static_cast<short>(((!recvs.empty() || (!sends.empty() && !sending)) ? POLLIN : 0) |
+                              (sending ? POLLOUT : 0));
+  }
+  // Writes what the socket takes of the head send. False when the peer is gone.
+  bool write_some(int fd) {
+    const ssize_t w = ::send(fd, out.data() + out_sent, out.size() - out_sent, MSG_NOSIGNAL);
+    if (w < 0 && errno != EAGAIN) return false;
+    if (w > 0 && (out_sent += static_cast<size_t>(w)) == out.size()) {
+      sends.pop_front();
+      sending = false;
+    }
+    return true;
+  }
+  // Reads what has come: a header (a token for one of our sends, queued in `tokens`, or the data
+  // of our head receive) or the head receive's payload. False when the peer closed (it exited or
+  // aborted) or sent what no receive of ours expects.
+  bool read_some(int fd, const std::vector<Transfer>& group, std::deque<uint64_t>& tokens) {
+    const bool in_payload = header_got == sizeof(Header);
+    char* dst = in_payload ? group[recvs.front()].data + payload_got : reinterpret_cast<char*>(&in_header) + header_got;
+    const size_t want = in_payload ? in_header.bytes - payload_got : sizeof(Header) - header_got;
+    const ssize_t got = want == 0 ? 0 : ::recv(fd, dst, want, 0);
+    if (want > 0 && got == 0) return false;
+    if (got < 0 && errno != EAGAIN) return false;
+    if (got > 0) (in_payload ? payload_got : header_got) += static_cast<size_t>(got);
+    if (!in_payload && header_got == sizeof(Header)) {
+      if (in_header.kind == kToken) {
+        tokens.push_back(in_header.bytes);
+        header_got = 0;
+      } else if (in_header.kind != kData || recvs.empty() || in_header.bytes != group[recvs.front()].bytes) {
+        return false;
+      }
+    }
+    if (header_got == sizeof(Header) && payload_got == in_header.bytes) {  // the head receive is done
+      recvs.pop_front();
+      header_got = payload_got = 0;
+    }
+    return true;
+  }
+};
+
+// A receive's token to its peer: 16 bytes, which the socket takes at once unless our earlier data
+// still fills it. False when the communicator stops or the peer is gone.
+bool post_token(ncclComm* c, const Transfer& t) {
+  const Header token{kToken, 0, t.bytes};
+  const int fd = c->peer_fds[static_cast<size_t>(t.peer)];
+  for (pollfd w{fd, POLLOUT, 0}; ::poll(&w, 1, 50) != 1;) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->stop) return false;
+  }
+  return write_all(fd, &token, sizeof token);
+}
+
 // A group's transfers, run on the communicator's thread: every receive posts its token, then
 // sends go out as their tokens arrive and receives fill as their data does, all at once. False
 // when a peer left, a sizes mismatch, or the communicator stops.
 bool run_transfers(ncclComm* c, const std::vector<Transfer>& group) {
   const size_t W = static_cast<size_t>(c->nranks);
-  struct Peer {
-    std::deque<size_t> sends, recvs;  // the group's transfers with this peer, in issue order
-    Header in_header{};
-    size_t header_got = 0;   // bytes of in_header read
-    size_t payload_got = 0;  // bytes of the head receive's payload read (after its header)
-    std::vector<char> out;   // the head send's header and payload being written
-    size_t out_sent = 0;
-    bool sending = false;  // the head send met its token: out holds it
-  };
-  std::vector<Peer> peers(W);
+  std::vector<PeerLink> peers(W);
   for (size_t i = 0; i < group.size(); ++i) {
     const Transfer& t = group[i];
-    Peer& p = peers[static_cast<size_t>(t.peer)];
+    PeerLink& p = peers[static_cast<size_t>(t.peer)];
     (t.send ? p.sends : p.recvs).push_back(i);
-    if (!t.send) {
-      const Header token{kToken, 0, t.bytes};
-      const int fd = c->peer_fds[static_cast<size_t>(t.peer)];
-      // 16 bytes: the socket takes them at once unless our earlier data still fills it.
-      for (pollfd w{fd, POLLOUT, 0}; ::poll(&w, 1, 50) != 1;) {
-        std::lock_guard<std::mutex> lock(c->mu);
-        if (c->stop) return false;
-      }
-      if (!write_all(fd, &token, sizeof token)) return false;
-    }
+    if (!t.send && !post_token(c, t)) return false;
   }
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<size_t> who;
     for (size_t r = 0; r < W; ++r) {
-      Peer& p = peers[r];
-      if (!p.sending && !p.sends.empty() && !c->tokens[r].empty()) {  // the head send met its token
-        const Transfer& t = group[p.sends.front()];
-        if (c->tokens[r].front() != t.bytes) return false;  // NCCL: undefined; here a failure
-        c->tokens[r].pop_front();
-        const Header h{kData, 0, t.bytes};
-        p.out.assign(reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + sizeof h);
-        p.out.insert(p.out.end(), t.data, t.data + t.bytes);
-        p.out_sent = 0;
-        p.sending = true;
-      }
-      const short events = static_cast<short>(((!p.recvs.empty() || (!p.sends.empty() && !p.sending)) ? POLLIN : 0) |
-                                              (p.sending ? POLLOUT : 0));
-      if (events != 0) {
+      if (!peers[r].start_send(group, c->tokens[r])) return false;
+      if (const short events = peers[r].events(); events != 0) {
         fds.push_back({c->peer_fds[r], events, 0});
         who.push_back(r);
       }
@@ -432,40 +482,11 @@ bool run_transfers(ncclComm* c, const std::vector<Transfer>& group) {
     }
     if (::poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR) return false;
     for (size_t k = 0; k < fds.size(); ++k) {
-      const size_t r = who[k];
-      Peer& p = peers[r];
-      const int fd = fds[k].fd;
-      if (fds[k].revents & (POLLERR | POLLNVAL)) return false;
-      if (fds[k].revents & POLLOUT) {
-        const ssize_t w = ::send(fd, p.out.data() + p.out_sent, p.out.size() - p.out_sent, MSG_NOSIGNAL);
-        if (w < 0 && errno != EAGAIN) return false;
-        if (w > 0 && (p.out_sent += static_cast<size_t>(w)) == p.out.size()) {
-          p.sends.pop_front();
-          p.sending = false;
-        }
-      }
-      if (!(fds[k].revents & (POLLIN | POLLHUP))) continue;
-      // A header (a token for one of our sends, or the data of our head receive), or payload.
-      const bool in_payload = p.header_got == sizeof(Header);
-      char* dst = in_payload ? group[p.recvs.front()].data + p.payload_got
-                             : reinterpret_cast<char*>(&p.in_header) + p.header_got;
-      const size_t want = in_payload ? p.in_header.bytes - p.payload_got : sizeof(Header) - p.header_got;
-      const ssize_t got = want == 0 ? 0 : ::recv(fd, dst, want, 0);
-      if (want > 0 && got == 0) return false;  // the peer closed: it exited or aborted
-      if (got < 0 && errno != EAGAIN) return false;
-      if (got > 0) (in_payload ? p.payload_got : p.header_got) += static_cast<size_t>(got);
-      if (!in_payload && p.header_got == sizeof(Header)) {
-        if (p.in_header.kind == kToken) {
-          c->tokens[r].push_back(p.in_header.bytes);
-          p.header_got = 0;
-        } else if (p.in_header.kind != kData || p.recvs.empty() || p.in_header.bytes != group[p.recvs.front()].bytes) {
-          return false;
-        }
-      }
-      if (p.header_got == sizeof(Header) && p.payload_got == p.in_header.bytes) {  // the head receive is done
-        p.recvs.pop_front();
-        p.header_got = p.payload_got = 0;
-      }
+      PeerLink& p = peers[who[k]];
+      const short got = fds[k].revents;
+      if (got & (POLLERR | POLLNVAL)) return false;
+      if ((got & POLLOUT) && !p.write_some(fds[k].fd)) return false;
+      if ((got & (POLLIN | POLLHUP)) && !p.read_some(fds[k].fd, group, c->tokens[who[k]])) return false;
     }
   }
 }
