@@ -333,6 +333,7 @@ void forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int
   // all: a whole group where there are 4 groups a thread or more, else parts of groups (as many
   // tasks as heads for multi-head attention, whose groups are single heads).
   const int64_t group = H / Hkv, groups = B * Hkv, threads = std::max(1, omp_get_max_threads());
+  if (groups == 0) return;
   const int64_t parts = std::min(group, (4 * threads + groups - 1) / groups);
   parallel_for_each(groups * parts, [&](int64_t task, int thread) {
     const int64_t b = task / parts / Hkv, g = task / parts % Hkv, part = task % parts;
