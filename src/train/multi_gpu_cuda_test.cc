@@ -219,15 +219,12 @@ fs::path fresh_dir(const std::string& name) {
 // a real GPU at least that, since NCCL's and cuBLAS's own lazy buffers count there too.
 void expect_memory_planned(const fs::path& dir, int world) {
   for (int rank = 0; rank < world; ++rank) {
-    int64_t in_use = -1, planned = -1;
+    int64_t held = -1, planned = -1;
     bool exact = false;
-    std::ifstream(dir / fmt::format("memory.{}", rank)) >> in_use >> planned >> exact;
+    std::ifstream(dir / fmt::format("memory.{}", rank)) >> held >> planned >> exact;
     ASSERT_GT(planned, 0) << dir << ", rank " << rank;
-    if (exact) {
-      EXPECT_EQ(in_use, planned) << "device bytes in use against the plan, " << dir << ", rank " << rank;
-    } else {
-      EXPECT_GE(in_use, planned) << "device bytes in use against the plan, " << dir << ", rank " << rank;
-    }
+    kernels::cuda::testing::expect_held_as_planned(held, planned, exact,
+                                                   fmt::format("{}, rank {}", dir.string(), rank));
   }
 }
 

@@ -42,6 +42,17 @@ inline bool devices_are_emulated() {
   return cudaGetDeviceProperties(&p, 0) == cudaSuccess && std::string(p.name).starts_with("CPU emulation");
 }
 
+// Device bytes a run holds after its steps (nothing is allocated during a step, so the peak)
+// against the arenas planned at start-up: equal where `exact` (devices_are_emulated(), asked where
+// CUDA is in use), at least the plan on a real GPU.
+inline void expect_held_as_planned(int64_t held, int64_t planned, bool exact, const std::string& what) {
+  if (exact) {
+    EXPECT_EQ(held, planned) << "device bytes held against the plan, " << what;
+  } else {
+    EXPECT_GE(held, planned) << "device bytes held against the plan, " << what;
+  }
+}
+
 // A device allocation of n T's, freed on destruction.
 template <typename T>
 class DeviceBuffer {
