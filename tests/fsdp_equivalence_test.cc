@@ -49,17 +49,20 @@ struct Case {
   // tensor-parallel ranks divide (the nightly matrix).
   bool wide = false;
   const char* pipeline_layers = "";  // parallel.pipeline_layers; "": balanced
+  // model.vocab_size (0: the preset's 512, of which a batch touches most rows): 4096 leaves most
+  // of the table's rows untouched, so its gradient is reduced row-sparse (fsdp/row_sparse.h).
+  int vocab = 0;
 };
 
 std::string name_of(const Case& c) {
   std::string layers = c.pipeline_layers;  // "1,3" -> "1_3": a test name has no commas
   std::replace(layers.begin(), layers.end(), ',', '_');
-  return fmt::format("{}_w{}_mb{}{}{}{}{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
-                     c.bf16 ? "_bf16" : "", c.bf16_compute ? "_bf16compute" : "",
-                     c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "", c.sequence ? "_sp" : "",
-                     c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "",
-                     c.recompute > 0 ? fmt::format("_rc{}", c.recompute) : "", c.wide ? "_wide" : "",
-                     *c.pipeline_layers != 0 ? "_layers" + layers : "");
+  return fmt::format(
+      "{}_w{}_mb{}{}{}{}{}{}{}{}{}{}{}", c.strategy, c.world, c.micro_batch, c.tied ? "_tied" : "",
+      c.bf16 ? "_bf16" : "", c.bf16_compute ? "_bf16compute" : "", c.tensor > 1 ? fmt::format("_tp{}", c.tensor) : "",
+      c.sequence ? "_sp" : "", c.pipeline > 1 ? fmt::format("_pp{}_{}", c.pipeline, c.schedule) : "",
+      c.recompute > 0 ? fmt::format("_rc{}", c.recompute) : "", c.wide ? "_wide" : "",
+      *c.pipeline_layers != 0 ? "_layers" + layers : "", c.vocab > 0 ? fmt::format("_vocab{}", c.vocab) : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
@@ -89,6 +92,7 @@ config::Config make_config(const Case& c, int micro_batch, int nproc) {
                               {"parallel.reduce_dtype", c.bf16 && nproc > 1 ? "bf16" : "fp32"},
                               {"parallel.activation_checkpointing", std::to_string(c.recompute)}};
   if (nproc > 1) overrides.emplace_back("parallel.pipeline_layers", c.pipeline_layers);
+  if (c.vocab > 0) overrides.emplace_back("model.vocab_size", std::to_string(c.vocab));
   if (c.wide)
     overrides.insert(overrides.end(), {{"model.n_layers", "4"}, {"model.n_heads", "8"}, {"model.n_kv_heads", "4"}});
   return config::load("", overrides);
@@ -225,7 +229,24 @@ void expect_no_rounding_of_its_own(const Case& c, const Record& got, const Recor
   }
 }
 
+// With a vocabulary a batch leaves mostly untouched, the table's gradient was reduced row-sparse:
+// some rows, at most half. A rank without the table (a later pipeline stage) reduces none.
+bool reduced_table_as_expected(const Case& c, train::Trainer& trainer) {
+  const model::ModelLayout& layout = trainer.layout();
+  const int64_t reduced = trainer.params().table_rows_reduced();
+  if (c.vocab == 0 || !layout.has_embedding()) return true;
+  const int64_t rows = layout.local().vocab;
+  if (reduced > 0 && 2 * reduced <= rows) return true;
+  fmt::print(stderr, "{}: {} rows of the table's {} reduced; expected fewer than half\n", name_of(c), reduced, rows);
+  return false;
+}
+
 class Fsdp : public ::testing::TestWithParam<Case> {};
+
+Case vocab_case(Case c) {
+  c.vocab = 4096;
+  return c;
+}
 
 TEST_P(Fsdp, MatchesOneProcess) {
   const Case& c = GetParam();
@@ -239,9 +260,9 @@ TEST_P(Fsdp, MatchesOneProcess) {
     train::Trainer trainer(sharded, "", job.view());
     jitter_norm_gains(trainer);
     run_and_write(trainer, rank, kSteps, dir);
-    return 0;
+    return reduced_table_as_expected(c, trainer) ? 0 : 3;
   });
-  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(rc, 0) << "(3: the embedding's gradient was not reduced as the test's vocabulary expects)";
   train::Trainer reference(make_config(c, 12, 1), "");
   jitter_norm_gains(reference);
   run_and_write(reference, 0, kSteps, dir / "ref");
@@ -321,7 +342,14 @@ INSTANTIATE_TEST_SUITE_P(
         // Sequence parallelism: alone, with a pipeline, with bf16 compute.
         Case{"full_shard", 2, 0, 6, false, false, false, 2, 1, "1f1b", true},
         Case{"shard_grad_op", 4, 0, 3, false, false, false, 2, 2, "1f1b", true},
-        Case{"no_shard", 4, 0, 3, true, false, true, 2, 1, "1f1b", true}),
+        Case{"no_shard", 4, 0, 3, true, false, true, 2, 1, "1f1b", true},
+        // The embedding's gradient reduced as the rows the batches touched: over the replicas
+        // (no_shard, with accumulation), the shard group (in fp32 and bf16, with replicas after it),
+        // a tensor-parallel block of the table, and the first stage of tied embeddings.
+        vocab_case({"no_shard", 2, 0, 6, false}), vocab_case({"no_shard", 3, 0, 2, false}),
+        vocab_case({"full_shard", 2, 0, 6, false, true}), vocab_case({"shard_grad_op", 2, 0, 3, false}),
+        vocab_case({"hybrid_shard", 4, 2, 3, false}), vocab_case({"full_shard", 4, 0, 3, false, false, false, 2}),
+        vocab_case({"full_shard", 4, 0, 3, true, false, false, 1, 2})),
     [](const auto& p) { return name_of(p.param); });
 
 // The nightly matrix (scripts/nightly.sh sets TESSERA_NIGHTLY_MATRIX=1; no cases otherwise):
@@ -459,6 +487,10 @@ INSTANTIATE_TEST_SUITE_P(Strategies, MaskedTargets,
 // Between pipeline stages (point to point): each micro-batch's activations forward and their
 // gradients back, N x C floats (N C / T with sequence parallelism) per link, and with tied
 // embeddings the copy's gradient shard to the first stage and the table's shard back.
+// The embedding table's gradient, where no LM head on the rank is tied to it, first has its
+// reducing group (dp_shard, or the replicas when S = 1) all-gather a mask of one bit per row of
+// the table's block; where the rows the group touched are at most half, it is all-reduced as
+// those K rows instead of reduce-scattered (or all-reduced) whole (fsdp/row_sparse.h).
 class FsdpBytes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FsdpBytes, MatchTheLayout) {
@@ -493,7 +525,8 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     for (size_t i = 0; i < before.size(); ++i) out << after[i] - before[i] << ' ';
     out << state.params << ' ' << state.grads << ' ' << trainer.optimizer().bytes() << ' ';
     const train::Trainer::ArenaBytes arenas = trainer.arena_bytes();
-    out << arenas.shards << ' ' << arenas.buffers << ' ' << arenas.optimizer << ' ' << arenas.activations << '\n';
+    out << arenas.shards << ' ' << arenas.buffers << ' ' << arenas.optimizer << ' ' << arenas.activations << ' ';
+    out << trainer.params().table_rows_reduced() << '\n';
     return 0;
   });
   ASSERT_EQ(rc, 0);
@@ -520,12 +553,18 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     }
   }
   const uint64_t unit_elems = stage_elems[0].units;  // the formulas below without pipelines
+  // The table on the first stage: its block's rows, the mask's bytes, its padded length.
+  const model::ModelLayout first(cfg.model, 16 * S, {T, 0}, model::pipeline_stage(cfg.model, P, 0));
+  const uint64_t table_rows = first.local().vocab, mask_bytes = (table_rows + 31) / 32 * sizeof(uint32_t);
+  const uint64_t table_elems = first.units()[first.embedding_unit()].padded;
+  const bool row_sparse_table = !(c.tied && P == 1);
   const uint64_t f = c.bf16 ? 2 : sizeof(float);  // bytes per element of the sharded collectives
   uint64_t sum_world_allreduce = 0, sum_replica_allreduce = 0, sum_tp_allreduce = 0, sum_tp_allgather = 0,
            sum_tp_reduce_scatter = 0, sum_pp_send = 0;
+  uint64_t sparse_rows = 0;  // K, where the table was reduced as K rows
   for (int rank = 0; rank < W; ++rank) {
     std::ifstream in(dir / fmt::format("bytes.{}", rank));
-    uint64_t v[20];
+    uint64_t v[21];
     for (uint64_t& x : v) ASSERT_TRUE(in >> x);
     // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}, pp send;
     // then params, grads, optimizer; then the arenas: shards, buffers, optimizer, activations.
@@ -537,10 +576,19 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     const Elements& e = stage_elems[rank / (W / P)];  // the pipeline dimension is the outermost
     const bool sharded = S > 1;
     const uint64_t shard_ag = v[0], shard_rs = v[1];
-    if (sharded) {
-      EXPECT_EQ(shard_ag, (S - 1) * e.gathered / S * f) << "rank " << rank;
-      EXPECT_EQ(shard_rs, (S - 1) * e.units / S * f) << "rank " << rank;
+    const bool has_table = rank < W / P && row_sparse_table;
+    const uint64_t rows_reduced = v[20];
+    if (has_table && W / (T * P) > 1) {  // data-parallel ranks reduce the table
+      EXPECT_TRUE(rows_reduced > 0 && rows_reduced <= table_rows) << "rank " << rank << ": " << rows_reduced;
+    } else {
+      EXPECT_EQ(rows_reduced, 0u) << "rank " << rank;
     }
+    const bool packed = has_table && 2 * rows_reduced <= table_rows;
+    if (sharded) {
+      EXPECT_EQ(shard_ag, (S - 1) * (e.gathered / S * f + (has_table ? mask_bytes : 0))) << "rank " << rank;
+      EXPECT_EQ(shard_rs, (S - 1) * (e.units - (packed ? table_elems : 0)) / S * f) << "rank " << rank;
+    }
+    if (packed) sparse_rows = rows_reduced;
     sum_replica_allreduce += S == 1 && T == 1 && P == 1 ? 0 : v[5];  // no_shard alone: the world is its group
     sum_world_allreduce += v[8];
     EXPECT_EQ(state[0], e.units / S * sizeof(float));  // fp32 masters, gradients and moments
@@ -579,17 +627,17 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   {
     const uint64_t N = static_cast<uint64_t>(cfg.micro_batch() * cfg.model.seq_len), C = cfg.model.dim;
     const uint64_t activation = N * C / (c.sequence ? T : 1), m = cfg.accumulation_steps();
-    const model::ModelLayout first(cfg.model, 16 * S, {T, 0}, model::pipeline_stage(cfg.model, P, 0));
     const uint64_t tied = P > 1 && c.tied ? 2 * first.units()[first.embedding_unit()].padded / S : 0;
     // One pipeline group per (data, tensor) coordinate, P - 1 links in each.
     EXPECT_EQ(sum_pp_send, static_cast<uint64_t>(W / P) * ((P - 1) * 2 * m * activation + tied) * sizeof(float));
   }
   // Summed over ranks, a ring all-reduce of c elements sends 2 (W-1) c of them.
   if (S == 1 && T == 1 && P == 1) {
-    // no_shard: every gradient, and the loss with the step's signal bits (replicas hold the whole
-    // gradient: no norm reduction).
+    // no_shard: every gradient (the table's touched rows only, where packed), and the loss with
+    // the step's signal bits (replicas hold the whole gradient: no norm reduction).
+    const uint64_t reduced = sparse_rows > 0 ? unit_elems - table_elems + sparse_rows * cfg.model.dim : unit_elems;
     EXPECT_EQ(sum_world_allreduce,
-              2 * (W - 1) * unit_elems * f + 2 * (W - 1) * train::Trainer::step_reduce_floats(W) * sizeof(float));
+              2 * (W - 1) * reduced * f + 2 * (W - 1) * train::Trainer::step_reduce_floats(W) * sizeof(float));
   } else if (const int R = W / (T * P) / S; R > 1) {
     // Each of the S replica groups of a (stage, tp) coordinate all-reduces its shard; the norm
     // goes over the shard group.
@@ -600,25 +648,25 @@ TEST_P(FsdpBytes, MatchTheLayout) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, FsdpBytes,
-                         ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
-                                           Case{"shard_grad_op", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
-                                           Case{"hybrid_shard", 4, 2, 3, false},
-                                           Case{"full_shard", 2, 0, 6, false, true},
-                                           // One micro-batch per step (the gather formula above), and three.
-                                           Case{"full_shard", 4, 0, 6, false, false, false, 2},
-                                           Case{"full_shard", 2, 0, 4, true, false, false, 2},
-                                           Case{"full_shard", 4, 0, 6, false, false, false, 2, 1, "1f1b", true},
-                                           Case{"full_shard", 4, 0, 6, true, false, false, 1, 2},
-                                           Case{"shard_grad_op", 8, 0, 6, true, false, false, 2, 2, "1f1b", true}),
-                         [](const auto& p) {
-                           return fmt::format("{}_w{}{}{}{}{}{}", p.param.strategy, p.param.world,
-                                              p.param.bf16 ? "_bf16" : "",
-                                              p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "",
-                                              p.param.sequence ? "_sp" : "",
-                                              p.param.pipeline > 1 ? fmt::format("_pp{}", p.param.pipeline) : "",
-                                              p.param.tied ? "_tied" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, FsdpBytes,
+    ::testing::Values(Case{"full_shard", 2, 0, 6, false}, Case{"full_shard", 3, 0, 4, false},
+                      Case{"shard_grad_op", 2, 0, 6, false}, Case{"no_shard", 3, 0, 4, false},
+                      Case{"hybrid_shard", 4, 2, 3, false}, Case{"full_shard", 2, 0, 6, false, true},
+                      // One micro-batch per step (the gather formula above), and three.
+                      Case{"full_shard", 4, 0, 6, false, false, false, 2},
+                      Case{"full_shard", 2, 0, 4, true, false, false, 2},
+                      Case{"full_shard", 4, 0, 6, false, false, false, 2, 1, "1f1b", true},
+                      Case{"full_shard", 4, 0, 6, true, false, false, 1, 2},
+                      Case{"shard_grad_op", 8, 0, 6, true, false, false, 2, 2, "1f1b", true},
+                      // The table reduced as the rows the batches touched.
+                      vocab_case({"full_shard", 2, 0, 6, false}), vocab_case({"no_shard", 3, 0, 4, false})),
+    [](const auto& p) {
+      return fmt::format("{}_w{}{}{}{}{}{}{}", p.param.strategy, p.param.world, p.param.bf16 ? "_bf16" : "",
+                         p.param.tensor > 1 ? fmt::format("_tp{}", p.param.tensor) : "", p.param.sequence ? "_sp" : "",
+                         p.param.pipeline > 1 ? fmt::format("_pp{}", p.param.pipeline) : "",
+                         p.param.tied ? "_tied" : "", p.param.vocab > 0 ? fmt::format("_vocab{}", p.param.vocab) : "");
+    });
 
 }  // namespace
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "fsdp/row_sparse.h"
 #include "model/init.h"
 
 namespace tessera::fsdp {
@@ -24,6 +25,13 @@ namespace {
 // gradient shard (join_tied_gradients) into a buffer of its state arena.
 bool receives_tied_gradient(const model::ModelLayout& layout) {
   return layout.config().tied_embeddings && layout.stage().size > 1 && layout.stage().first();
+}
+
+// The embedding table's gradient holds the lookup's rows only (no LM head tied to it on this
+// stage), in host memory: it may be reduced row-sparse (row_sparse.h).
+bool reduces_table_rows(const model::ModelLayout& layout, const kernels::Backend& backend) {
+  return backend.device() == kernels::Device::kCpu && layout.has_embedding() &&
+         !(layout.config().tied_embeddings && layout.has_head());
 }
 
 }  // namespace
@@ -45,6 +53,10 @@ struct ShardedParams::Unit {
   uint16_t* recv16 = nullptr;
   bool widened = false;           // bf16 gather: full holds the companion widened to fp32
   bool image_fresh = false;       // param_dtype bf16: send16 holds the master rounded, as it is now
+  // The embedding's row-sparse reduction in flight (row_sparse.h): the rows packed at the front of
+  // the gradient (full_grad, or grad when S = 1) and being reduced; unpacked when it completes.
+  bool row_sparse = false;
+  std::vector<int64_t> packed_rows;
 };
 
 ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, Strategy strategy,
@@ -102,6 +114,11 @@ ShardedParams::ShardedParams(const model::ModelLayout& layout, uint64_t seed, St
     units_.push_back(std::move(u));
   }
   if (receives_tied_gradient(layout_)) tied_recv_ = state_.take<float>(units_[layout_.embedding_unit()]->range.size);
+  if (reduces_table_rows(layout_, backend_) && (S > 1 || replica_group_ != nullptr)) {
+    const std::vector<int64_t>& shape = layout_.units()[layout_.embedding_unit()].tensors.at(0).shape;
+    table_rows_ = shape.at(0);
+    table_width_ = shape.at(1);
+  }
   if (S > 1) {
     pool_memory_ = backend_.allocate(plan.buffers);
     pool_ = Arena(pool_memory_.get(), plan.buffers);
@@ -271,7 +288,12 @@ void ShardedParams::complete_oldest_reduction() {
   pending_.erase(pending_.begin());
   wait(*u.reduce);
   u.reduce.reset();
-  if (reduce_dtype_ == comm::DType::kBF16) backend_.from_bf16(u.grad, u.recv16, u.range.size);
+  if (u.row_sparse) {
+    finish_row_sparse(u);
+    backend_.copy(u.grad, u.full_grad + u.range.begin, sizeof(float) * u.range.size);
+  } else if (reduce_dtype_ == comm::DType::kBF16) {
+    backend_.from_bf16(u.grad, u.recv16, u.range.size);
+  }
   free_grad_buffers_.push_back(u.full_grad);
   u.full_grad = nullptr;
   issue_replica_reduction(pending_unit);
@@ -304,20 +326,72 @@ void ShardedParams::grads_ready(int unit) {
     backend_.to_device(shards_ == 1 ? u.grad : u.full_grad, &kNaN, sizeof kNaN);
     poison_ = false;
   }
-  if (shards_ == 1 && micro_ == accumulation_ - 1) issue_replica_reduction(unit);  // DDP's bucket
-  if (shards_ > 1 && micro_ == accumulation_ - 1) {
-    // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
-    // buffer's companion, reduced into a staging shard that is widened on completion).
-    if (reduce_dtype_ == comm::DType::kBF16) {
-      uint16_t* h = companion_.at(u.full_grad);
-      backend_.to_bf16(h, u.full_grad, u.padded);
-      u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.range.size, comm::DType::kBF16, options_);
-    } else {
-      u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.range.size, comm::DType::kF32, options_);
-    }
-    pending_.push_back(unit);
+  if (micro_ == accumulation_ - 1) {
+    const bool row_sparse = unit == layout_.embedding_unit() && table_rows_ > 0 && issue_row_sparse_reduction(unit);
+    if (!row_sparse && shards_ == 1) issue_replica_reduction(unit);  // DDP's bucket
+    if (!row_sparse && shards_ > 1) issue_shard_reduction(unit);
   }
   if (strategy_ == Strategy::kShardGradOp) maybe_free_params(unit);
+}
+
+void ShardedParams::issue_shard_reduction(int unit) {
+  Unit& u = *units_[unit];
+  // Sum over the shard group straight into this rank's gradient shard (bf16: rounded into the
+  // buffer's companion, reduced into a staging shard that is widened on completion).
+  if (reduce_dtype_ == comm::DType::kBF16) {
+    uint16_t* h = companion_.at(u.full_grad);
+    backend_.to_bf16(h, u.full_grad, u.padded);
+    u.reduce = shard_group_->reduce_scatter(h, u.recv16, u.range.size, comm::DType::kBF16, options_);
+  } else {
+    u.reduce = shard_group_->reduce_scatter(u.full_grad, u.grad, u.range.size, comm::DType::kF32, options_);
+  }
+  pending_.push_back(unit);
+}
+
+bool ShardedParams::issue_row_sparse_reduction(int unit) {
+  Unit& u = *units_[unit];
+  comm::ProcessGroup& group = shards_ > 1 ? *shard_group_ : *replica_group_;
+  float* g = shards_ > 1 ? u.full_grad : u.grad;
+  const std::vector<uint32_t> mine = nonzero_rows(g, table_rows_, table_width_);
+  const int64_t words = static_cast<int64_t>(mine.size());
+  std::vector<uint32_t> masks(static_cast<size_t>(words * group.size()));
+  // Masks travel as bits in f32 slots: an all-gather copies them.
+  wait(*group.all_gather(mine.data(), masks.data(), words, comm::DType::kF32, options_));
+  std::vector<int64_t> rows = union_rows(masks.data(), group.size(), words, table_rows_);
+  table_rows_reduced_ = static_cast<int64_t>(rows.size());
+  // An all-reduce of K rows sends 2 (n - 1) / n of them; the whole table's reduce-scatter
+  // (n - 1) / n of all rows: past half the table, the dense reduction is the cheaper.
+  if (2 * table_rows_reduced_ > table_rows_) {
+    table_rows_reduced_ = table_rows_;
+    return false;
+  }
+  pack_rows(g, rows, table_width_);
+  const int64_t n = table_rows_reduced_ * table_width_;
+  u.row_sparse = true;
+  u.packed_rows = std::move(rows);
+  if (shards_ == 1) {  // no_shard (or one-rank shard groups): the replicas' all-reduce is the reduction
+    u.replica_reduce = group.all_reduce(g, n, comm::DType::kF32, options_);
+    replica_pending_.push_back(unit);
+  } else if (reduce_dtype_ == comm::DType::kBF16) {
+    uint16_t* h = companion_.at(u.full_grad);
+    backend_.to_bf16(h, g, n);
+    u.reduce = group.all_reduce(h, n, comm::DType::kBF16, options_);
+    pending_.push_back(unit);
+  } else {
+    u.reduce = group.all_reduce(g, n, comm::DType::kF32, options_);
+    pending_.push_back(unit);
+  }
+  return true;
+}
+
+void ShardedParams::finish_row_sparse(Unit& u) {
+  float* g = shards_ > 1 ? u.full_grad : u.grad;
+  if (shards_ > 1 && reduce_dtype_ == comm::DType::kBF16) {
+    backend_.from_bf16(g, companion_.at(g), table_width_ * static_cast<int64_t>(u.packed_rows.size()));
+  }
+  unpack_rows(g, u.packed_rows, table_width_, table_rows_);
+  u.row_sparse = false;
+  u.packed_rows.clear();
 }
 
 void ShardedParams::tp_all_reduce(float* data, int64_t count) {
@@ -346,8 +420,10 @@ double ShardedParams::finish_step() {
   CHECK_MSG(replica_group_ == nullptr || replica_pending_.size() == units_.size(),
             "a unit's gradients were never marked ready: its replicas would not be reduced");
   for (int unit : replica_pending_) {
-    wait(*units_[unit]->replica_reduce);
-    units_[unit]->replica_reduce.reset();
+    Unit& u = *units_[unit];
+    wait(*u.replica_reduce);
+    u.replica_reduce.reset();
+    if (u.row_sparse) finish_row_sparse(u);
   }
   replica_pending_.clear();
   join_tied_gradients();

@@ -146,6 +146,10 @@ class ShardedParams final : public model::ParamSource {
   // Waits on communication so far: the host's, and on a GPU the compute stream's for gathers.
   double exposed_comm_seconds() const;
   double tp_comm_seconds() const { return tp_seconds_; }  // the part spent in the tp collectives
+  // Rows of the embedding table's gradient the last step reduced: those some rank's batch touched
+  // (row_sparse.h), or all of them when that was more than half of them; 0 where the table's
+  // gradient is reduced whole (on a device, tied to the LM head, no data-parallel ranks).
+  int64_t table_rows_reduced() const { return table_rows_reduced_; }
 
  private:
   struct Unit;
@@ -159,6 +163,11 @@ class ShardedParams final : public model::ParamSource {
   // without replicas): no_shard issues it as the unit's backward ends (DDP's bucket: one unit),
   // hybrid_shard once its reduce-scatter is done; finish_step waits for them all.
   void issue_replica_reduction(int unit);
+  void issue_shard_reduction(int unit);  // the unit's reduce-scatter over dp_shard (S > 1)
+  // The embedding's gradient reduced as the rows some rank touched, packed (row_sparse.h); false
+  // (nothing issued) when the dense reduction is the cheaper.
+  bool issue_row_sparse_reduction(int unit);
+  void finish_row_sparse(Unit& u);  // after its reduction: unpacks (S > 1: widens bf16 first)
   void wait(comm::Work& work);  // waits and counts the time as exposed communication
   void wait_tp(comm::Work& work);  // the same, counted as the tp collectives' too
   void finish_gather(Unit& u);  // waits for the unit's gather (and widens bf16)
@@ -198,6 +207,8 @@ class ShardedParams final : public model::ParamSource {
   bool poison_ = false;       // poison_next_gradients() was called
   double exposed_seconds_ = 0.0;
   double tp_seconds_ = 0.0;
+  int64_t table_rows_ = 0, table_width_ = 0;  // the embedding table reduced row-sparse; 0 rows: never
+  int64_t table_rows_reduced_ = 0;
 };
 
 }  // namespace tessera::fsdp

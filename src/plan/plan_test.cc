@@ -134,6 +134,38 @@ TEST(StepPlan, NoShardOverlapsItsAllReducesWithTheBackward) {
   EXPECT_GE(s.dp_exposed_s, embedding);
 }
 
+TEST(StepPlan, GlooReducesTheTablesTouchedRows) {
+  // On Gloo (CPU ranks) the embedding table's gradient is reduced as the rows the batches touched
+  // (fsdp/row_sparse.h): `bench`'s 32000-row table, 4 sequences of 512 per rank, 2 ranks touch
+  // 32000 (1 - e^(-4096 / 32000)) = 3845 rows, expected; NCCL reduces the whole table.
+  Hardware h = *hardware_preset("a100-80gb");
+  const Cluster nccl{h, 1, 2};
+  h.gloo = true;
+  const Cluster gloo{h, 1, 2};
+  const double bw = h.intra_bandwidth, lat = h.intra_latency;
+  const double rows = 32000.0 * (1.0 - std::exp(-4096.0 / 32000.0));
+  for (const char* strategy : {"no_shard", "full_shard"}) {
+    const config::Config c = config::load("", {{"model.preset", "bench"},
+                                               {"train.batch_size", "8"},
+                                               {"train.micro_batch_size", "4"},
+                                               {"parallel.nproc", "2"},
+                                               {"parallel.strategy", strategy}});
+    const model::ModelLayout layout(c.model, 32);
+    const double table = static_cast<double>(layout.unit(0).padded) * 4.0;
+    // no_shard all-reduces the table; full_shard reduce-scatters it (half an all-reduce's bytes).
+    const double dense = std::string(strategy) == "no_shard" ? ring_all_reduce_seconds(table, 2, bw, lat)
+                                                             : ring_gather_seconds(table, 2, bw, lat);
+    const double sparse =
+        ring_gather_seconds(32000.0 / 8, 2, bw, lat) + ring_all_reduce_seconds(rows * 512 * 4.0, 2, bw, lat);
+    const StepPlan a = plan_config(c, gloo, 1).step, b = plan_config(c, nccl, 1).step;
+    EXPECT_NEAR(b.dp_comm_s - a.dp_comm_s, dense - sparse, 1e-9) << strategy;
+    // Tied to the LM head, the table's gradient is dense: reduced whole on Gloo too.
+    config::Config tied = c;
+    tied.model.tied_embeddings = true;
+    EXPECT_DOUBLE_EQ(plan_config(tied, gloo, 1).step.dp_comm_s, plan_config(tied, nccl, 1).step.dp_comm_s) << strategy;
+  }
+}
+
 TEST(StepPlan, PipelineBubble) {
   const Cluster cluster{fast_links(), 1, 8};
   // pp 4 x dp 2, 16 micro-batches of 1 per dp rank: the bubble is (P - 1) / (m + P - 1).

@@ -1,6 +1,7 @@
 #include "plan/speed.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -133,6 +134,22 @@ double exposed_replica_reductions(const std::vector<double>& ar_s, const std::ve
   return std::max(0.0, done - now);
 }
 
+// The reduction of the embedding table's gradient when it goes row-sparse (fsdp/row_sparse.h: on
+// Gloo, with no LM head on the stage tied to the table, over a group of `ranks`): an all-gather of
+// each rank's row mask, then an all-reduce of the rows the group's tokens touched, as many as ids
+// drawn uniformly would touch (text repeats its ids: fewer). -1 where the whole table is reduced.
+double row_sparse_seconds(const config::Config& c, const ParallelDims& dims, const Hardware& h, int stage, int ranks,
+                          double element_bytes, Link l) {
+  if (!h.gloo || stage != 0 || ranks <= 1 || (c.model.tied_embeddings && dims.pp == 1)) return -1.0;
+  const double V = static_cast<double>(c.model.vocab_size), rows = V / dims.tp;
+  const double tokens = static_cast<double>(c.train.batch_size * c.model.seq_len) * ranks / dims.dp();
+  const double touched = rows * (1.0 - std::exp(-tokens / V));
+  if (2.0 * touched > rows) return -1.0;
+  return ring_gather_seconds(rows / 8.0, ranks, l.bandwidth, l.latency) +
+         ring_all_reduce_seconds(touched * static_cast<double>(c.model.dim) * element_bytes, ranks, l.bandwidth,
+                                 l.latency);
+}
+
 }  // namespace
 
 double ring_gather_seconds(double bytes, int n, double bandwidth, double latency) {
@@ -172,6 +189,7 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
     }
     // FSDP: every micro-batch gathers (full_shard and hybrid twice, shard_grad_op once); the
     // gradients are reduced after the last one only.
+    if (const double t = row_sparse_seconds(c, dims, h, p, S, rbytes, shard_link); t >= 0.0) rs[0] = t;
     const bool regather = strategy != config::Strategy::kShardGradOp;
     double exposed = 0.0, comm = 0.0;
     if (S > 1) {
@@ -183,10 +201,10 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
     }
     if (R > 1) {  // replicas all-reduce the fp32 gradient shards, unit by unit
       std::vector<double> ar;
-      for (double L : w.unit_elements) {
+      for (double L : w.unit_elements)
         ar.push_back(ring_all_reduce_seconds(L / S * 4.0, R, replica_link.bandwidth, replica_link.latency));
-        comm += ar.back();
-      }
+      if (const double t = S == 1 ? row_sparse_seconds(c, dims, h, p, R, 4.0, replica_link) : -1.0; t >= 0.0) ar[0] = t;
+      comm += std::accumulate(ar.begin(), ar.end(), 0.0);
       exposed += S > 1 ? std::accumulate(ar.begin(), ar.end(), 0.0) : exposed_replica_reductions(ar, bwd);
     }
     // AdamW reads master, gradient and both moments and writes three (28 bytes per element); the
