@@ -567,7 +567,8 @@ TEST_P(FsdpBytes, MatchTheLayout) {
     uint64_t v[21];
     for (uint64_t& x : v) ASSERT_TRUE(in >> x);
     // v: shard {ag, rs, ar}, replica {ag, rs, ar}, world {ag, rs, ar}, tp {ag, rs, ar}, pp send;
-    // then params, grads, optimizer; then the arenas: shards, buffers, optimizer, activations.
+    // then params, grads, optimizer; then the arenas: shards, buffers, optimizer, activations;
+    // then the table's rows the step reduced (ShardedParams::table_rows_reduced).
     sum_tp_allgather += v[9];
     sum_tp_reduce_scatter += v[10];
     sum_tp_allreduce += v[11];
