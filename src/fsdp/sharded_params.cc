@@ -360,7 +360,8 @@ bool ShardedParams::issue_row_sparse_reduction(int unit) {
   std::vector<int64_t> rows = union_rows(masks.data(), group.size(), words, table_rows_);
   table_rows_reduced_ = static_cast<int64_t>(rows.size());
   // An all-reduce of K rows sends 2 (n - 1) / n of them; the whole table's reduce-scatter
-  // (n - 1) / n of all rows: past half the table, the dense reduction is the cheaper.
+  // (n - 1) / n of all rows: past half the table, the dense reduction is the cheaper (no_shard's
+  // dense all-reduce only past the whole table; one rule for both).
   if (2 * table_rows_reduced_ > table_rows_) {
     table_rows_reduced_ = table_rows_;
     return false;
@@ -372,15 +373,16 @@ bool ShardedParams::issue_row_sparse_reduction(int unit) {
   if (shards_ == 1) {  // no_shard (or one-rank shard groups): the replicas' all-reduce is the reduction
     u.replica_reduce = group.all_reduce(g, n, comm::DType::kF32, options_);
     replica_pending_.push_back(unit);
-  } else if (reduce_dtype_ == comm::DType::kBF16) {
+    return true;
+  }
+  if (reduce_dtype_ == comm::DType::kBF16) {  // rounded into the buffer's companion, widened on completion
     uint16_t* h = companion_.at(u.full_grad);
     backend_.to_bf16(h, g, n);
     u.reduce = group.all_reduce(h, n, comm::DType::kBF16, options_);
-    pending_.push_back(unit);
   } else {
     u.reduce = group.all_reduce(g, n, comm::DType::kF32, options_);
-    pending_.push_back(unit);
   }
+  pending_.push_back(unit);
   return true;
 }
 
