@@ -59,9 +59,10 @@ PY
 
 # --- health check: passes on a healthy run with figures (this run is also the reference below)
 run ref 0
-has ref '\[rank 0\] info: health check passed on 2 ranks in [0-9]+ ms: all-reduce of [0-9]+ known values exact; all-reduce of 4 MiB at [0-9.]+ GB/s bus bandwidth over Gloo'
+has ref '\[rank 0\] info: health check passed on 2 ranks in [0-9]+ ms: all-reduce of [0-9]+ known values exact; all-reduce of 4 MiB at [0-9.]+ GB/s bus bandwidth over shared memory'
+has ref '\[rank 0\] info: host collectives: world: shared memory'
 has ref 'GEMM 96x80x72 within tolerance'
-echo "ok: health check passed ($(grep -oE '[0-9.]+ GB/s bus bandwidth over Gloo \(ranks [0-9.]+\.\.[0-9.]+\)' "$dir/ref.log")); run ${secs}s"
+echo "ok: health check passed ($(grep -oE '[0-9.]+ GB/s bus bandwidth over shared memory \(ranks [0-9.]+\.\.[0-9.]+\)' "$dir/ref.log")); run ${secs}s"
 
 # --- health check: rank 1's part of the known all-reduce is corrupted; every rank sees wrong sums
 TESSERA_FAULT=1:0:health:allreduce run allreduce 4
@@ -152,9 +153,23 @@ echo "ok: rank 0 exits at backward of step 2: exit 1 in ${secs}s, worker 0 named
 
 # --- hang at optimizer: the peer's next collective times out naming the operation
 TESSERA_FAULT=1:2:optimizer:hang run hang 12 --set parallel.timeout_ms=2000
-has hang '\[rank 0\] error: .*(all_gather|reduce_scatter|all_reduce) #[0-9]+ on rank 0 of 2 failed \([0-9]+ x f32\): .*Timed out'
+has hang '\[rank 0\] error: .*(all_gather|reduce_scatter|all_reduce) #[0-9]+ on rank 0 of 2 failed \([0-9]+ x f32\): .*timed out waiting for rank 1'
 $py -c 'import sys; sys.exit(float(sys.argv[1]) > 20)' "$secs" || fail "hang: took ${secs}s"
 echo "ok: rank 1 hangs at optimizer of step 2: rank 0 times out after 2 s naming the operation, exit 12 in ${secs}s"
+# --- the same over TCP (Gloo names its own timeout)
+TESSERA_FAULT=1:2:optimizer:hang run hang-tcp 12 --set parallel.timeout_ms=2000 --set parallel.host_transport=tcp
+has hang-tcp '\[rank 0\] error: .*(all_gather|reduce_scatter|all_reduce) #[0-9]+ on rank 0 of 2 failed \([0-9]+ x f32\): .*Timed out'
+has hang-tcp '\[rank 0\] info: host collectives: world: TCP \(Gloo\)'
+echo "ok: the same hang over TCP: exit 12 in ${secs}s"
+# --- shared memory refused (rank 1 cannot map the group's segment, as in a container with another
+# IPC namespace or a full /dev/shm): auto warns, naming the rank and why, and trains over TCP;
+# host_transport = shm stops at start-up naming it, exit 2 (a restart would not help)
+TESSERA_FAULT='1:*:shm.attach:io' run shm-refused 0 --set train.max_steps=2
+has shm-refused 'warn: a group of 2 ranks keeps its collectives on TCP: its ranks cannot share memory \(rank 1: cannot map the segment'
+has shm-refused '\[rank 0\] info: host collectives: world: TCP \(Gloo\)'
+TESSERA_FAULT='1:*:shm.attach:io' run shm-forced 2 --set parallel.host_transport=shm
+has shm-forced 'parallel.host_transport = shm, but the group.s ranks cannot share memory: rank 1: cannot map the segment'
+echo "ok: shared memory refused by rank 1: auto trains over TCP with a warning naming rank 1; shm stops with exit 2 naming it"
 # --- row 17: one slow rank (2 s sleep before each step's forward) is flagged within K steps;
 # a healthy run flags nobody
 TESSERA_FAULT='1:*:forward:slow' run straggler 0 --set train.max_steps=4 --set metrics.straggler_steps=2

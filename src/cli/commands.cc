@@ -390,8 +390,10 @@ int cmd_bench(const Args& args) {
   const int rc = launch::run_local_workers(world, [&](int rank) {
     train::configure_threads(c);
     const train::ComputeDevice device(c, world, rank, world);  // one node: rank i on GPU i
-    const parallel::Job job({store, "bench", "0", rank, world}, parallel::dims_for(c, world),
-                            comm::Millis(c.parallel.timeout_ms), device.nccl_device());
+    parallel::JobAddress address{store, "bench", "0", rank, world};
+    address.transport = parallel::host_transport(c);
+    const parallel::Job job(address, parallel::dims_for(c, world), comm::Millis(c.parallel.timeout_ms),
+                            device.nccl_device());
     bench_worker(c, steps, job.view(), device, checkpoint_dir);
     return 0;
   });

@@ -289,8 +289,8 @@ ProbeRun run_probe(const config::Config& c, int nproc, int threads) {
       c.parallel.strategy == config::Strategy::kHybridShard ? config::Strategy::kFullShard : c.parallel.strategy;
   const std::string overrides = fmt::format(
       "--set model.n_layers=1 --set train.threads={} --set parallel.strategy={} --set parallel.param_dtype={} "
-      "--set metrics.log_level=error",
-      threads, config::name(strategy), config::name(c.parallel.param_dtype));
+      "--set metrics.log_level=error --set parallel.host_transport={}",
+      threads, config::name(strategy), config::name(c.parallel.param_dtype), config::name(c.parallel.host_transport));
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();  // (popen runs sh)
   const std::string command =
       fmt::format("'{}' bench --preset tiny --steps 32 --nproc {} {} 2>/dev/null", self, nproc, overrides);
@@ -325,11 +325,19 @@ ProbeRun run_probe(const config::Config& c, int nproc, int threads) {
 // calls under load, per-unit optimizer and bookkeeping).
 plan::Hardware this_machine(const config::Config& c, int nproc, int threads) {
   plan::Hardware h = plan::calibrate_cpu(nproc, threads, c.model, c.parallel.param_dtype == config::Precision::kBf16);
-  const ProbeRun probe = run_probe(c, nproc, threads);
-  h.reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(
-      0, probe.result["peak_rss_bytes_per_rank"].get<int64_t>() - probe.result["arena_bytes"].get<int64_t>()));
+  if (c.parallel.host_transport == config::HostTransport::kTcp) {  // one node's ranks talk as between nodes
+    h.intra_bandwidth = h.inter_bandwidth;
+    h.intra_latency = h.inter_latency;
+  }
+  ProbeRun probe = run_probe(c, nproc, threads);
+  probe.config.parallel.host_transport = c.parallel.host_transport;
   const plan::Cluster one{h, 1, nproc};
   const plan::Planned modelled = plan::plan_config(probe.config, one, threads);
+  // What the probe's ranks held besides their arenas and the host groups' buffers (which the plan
+  // counts for the config planned).
+  h.reserved_bytes = static_cast<uint64_t>(std::max<int64_t>(
+      0, probe.result["peak_rss_bytes_per_rank"].get<int64_t>() - probe.result["arena_bytes"].get<int64_t>() -
+             static_cast<int64_t>(modelled.stages.front().comm_workspace)));
   const double units = static_cast<double>(probe.config.model.n_layers + 2);  // embedding, block, head
   h.unit_overhead = std::max(0.0, probe.result["median_step_s"].get<double>() - modelled.step.step_s) / units;
   return h;

@@ -52,6 +52,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/host_group.h"
 #include "comm/process_group.h"
 #include "core/bf16.h"
 #include "core/check.h"
@@ -112,9 +113,6 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-using tessera::bf16_to_f32;
-using tessera::f32_to_bf16;
-
 void sum_f32(void* c, const void* a, const void* b, size_t n) {
   float* out = static_cast<float*>(c);
   const float* x = static_cast<const float*>(a);
@@ -122,103 +120,12 @@ void sum_f32(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-// out[i] = sum over j < w of chunks[j*count + i], accumulated in fp32 in rank order (so every
-// rank computes bit-identical sums). out may alias anything but chunks.
+// out = the sum of the w chunks of `count` elements that sit one after another in `chunks`.
 void sum_chunks(const uint8_t* chunks, void* out, size_t count, int w, DType dtype) {
-  if (dtype == DType::kF32) {
-    const float* in = reinterpret_cast<const float*>(chunks);
-    float* o = static_cast<float*>(out);
-    std::memcpy(o, in, count * 4);
-    for (int j = 1; j < w; ++j) {
-      const float* s = in + static_cast<size_t>(j) * count;
-      for (size_t i = 0; i < count; ++i) o[i] += s[i];
-    }
-    return;
-  }
-  const uint16_t* in = reinterpret_cast<const uint16_t*>(chunks);
-  uint16_t* o = static_cast<uint16_t*>(out);
-  constexpr size_t kBlock = 2048;
-  float acc[kBlock];
-  for (size_t b = 0; b < count; b += kBlock) {
-    size_t n = std::min(kBlock, count - b);
-    for (size_t i = 0; i < n; ++i) acc[i] = bf16_to_f32(in[b + i]);
-    for (int j = 1; j < w; ++j) {
-      const uint16_t* s = in + static_cast<size_t>(j) * count + b;
-      for (size_t i = 0; i < n; ++i) acc[i] += bf16_to_f32(s[i]);
-    }
-    for (size_t i = 0; i < n; ++i) o[b + i] = f32_to_bf16(acc[i]);
-  }
+  std::vector<const uint8_t*> in(static_cast<size_t>(w));
+  for (int j = 0; j < w; ++j) in[j] = chunks + static_cast<size_t>(j) * count * dtype_bytes(dtype);
+  sum_ranks(in.data(), w, out, count, dtype);
 }
-
-// Bytes this rank sends in gloo::allreduce's ring (gloo/allreduce.cc, ring()): the same
-// segmenting, summed over the reduce-scatter and all-gather loops.
-uint64_t ring_allreduce_bytes(size_t total_bytes, size_t elem, int rank, int w) {
-  const size_t max_segment = elem * std::max<size_t>(1, gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize / elem);
-  auto round_up = [](size_t x, size_t m) { return (x + m - 1) / m * m; };
-  const size_t segments =
-      round_up(std::max((total_bytes + max_segment - 1) / max_segment, static_cast<size_t>(w) * 2), w);
-  const size_t per_rank = segments / w;
-  const size_t segment_bytes = round_up((total_bytes + segments - 1) / segments, elem);
-  auto length = [&](size_t first, size_t i) -> uint64_t {
-    size_t offset = ((first * per_rank + i) * segment_bytes) % (segments * segment_bytes);
-    return offset >= total_bytes ? 0 : std::min(segment_bytes, total_bytes - offset);
-  };
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < segments - per_rank; ++i) {
-    bytes += length(static_cast<size_t>(rank) + 1, i);  // reduce-scatter
-    bytes += length(static_cast<size_t>(rank), i);      // all-gather
-  }
-  return bytes;
-}
-
-// Sends this rank makes in gloo::broadcast's binomial tree (gloo/broadcast.cc).
-int broadcast_sends(int rank, int root, int w) {
-  const size_t vsize = w;
-  const size_t vrank = (rank + vsize - root) % vsize;
-  size_t dim = 0;
-  while ((size_t{1} << dim) < vsize) ++dim;
-  size_t mask = (size_t{1} << dim) - 1;
-  int sends = 0;
-  for (size_t i = 0; i < dim; ++i) {
-    mask ^= size_t{1} << i;
-    if ((vrank & mask) != 0) continue;
-    size_t vpeer = vrank ^ (size_t{1} << i);
-    if (vpeer >= vsize) continue;
-    if ((vrank & (size_t{1} << i)) == 0) ++sends;
-  }
-  return sends;
-}
-
-// Completion of one operation. The failure is kept as a message and thrown afresh by each
-// wait(), so no exception object is shared between the worker and the waiting threads.
-struct WorkState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::string error;  // empty: success
-
-  void finish(std::string e = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      error = std::move(e);
-      done = true;
-    }
-    cv.notify_all();
-  }
-};
-
-class GlooWork final : public Work {
- public:
-  explicit GlooWork(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
-  void wait() override {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    state_->cv.wait(lock, [&] { return state_->done; });
-    if (!state_->error.empty()) throw CollectiveError(state_->error);
-  }
-
- private:
-  std::shared_ptr<WorkState> state_;
-};
 
 // A posted send or recv: waiting completes it on the caller's thread, within the timeout.
 class GlooPointToPointWork final : public Work {
@@ -258,84 +165,64 @@ class GlooPointToPointWork final : public Work {
   bool done_ = false;
 };
 
-class GlooGroup final : public ProcessGroup {
+class GlooGroup final : public HostGroup {
  public:
   GlooGroup(int rank, int size, std::shared_ptr<gloo::rendezvous::Context> context)
-      : rank_(rank), size_(size), context_(std::move(context)) {
-    for (auto& b : bytes_) b.store(0);
-    worker_ = std::thread([this] { run(); });
-  }
+      : HostGroup(rank, size), context_(std::move(context)) {}
 
   // Drains the queue (pending operations run, or fail at once if the group is broken), then
   // joins the worker.
-  ~GlooGroup() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  ~GlooGroup() override { stop_worker(); }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  std::string transport() const override { return "TCP (Gloo)"; }
 
   std::unique_ptr<Work> all_gather(const void* in, void* out, int64_t count, DType dtype,
                                    const CollectiveOptions& options) override {
-    CHECK(count >= 0);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kAllGather, count, dtype, 0, uint64_t(size_ - 1) * nbytes, count == 0,
-                   [=, this](uint32_t tag) {
-                     uint8_t* o = static_cast<uint8_t*>(out);
-                     uint8_t* mine = o + static_cast<size_t>(rank_) * nbytes;
-                     if (size_ == 1) {
-                       if (in != mine) std::memmove(mine, in, nbytes);
-                       return;
-                     }
-                     gloo::AllgatherOptions opts(context_);
-                     // In place when `in` already sits at this rank's slot of `out`.
-                     if (in != mine) opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), nbytes);
-                     opts.setOutput(o, nbytes * size_);
-                     opts.setTag(tag);
-                     opts.setTimeout(options.timeout);
-                     gloo::allgather(opts);
-                   });
+    return enqueue(OpKind::kAllGather, count, dtype, 0, [=, this](const OpInfo& op) {
+      uint8_t* o = static_cast<uint8_t*>(out);
+      uint8_t* mine = o + static_cast<size_t>(rank_) * nbytes;
+      if (size_ == 1) {
+        if (in != mine) std::memmove(mine, in, nbytes);
+        return;
+      }
+      gloo::AllgatherOptions opts(context_);
+      // In place when `in` already sits at this rank's slot of `out`.
+      if (in != mine) opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), nbytes);
+      opts.setOutput(o, nbytes * size_);
+      opts.setTag(tag(op));
+      opts.setTimeout(options.timeout);
+      gloo::allgather(opts);
+    });
   }
 
   std::unique_ptr<Work> reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
                                        const CollectiveOptions& options) override {
-    CHECK(count >= 0);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kReduceScatter, count, dtype, 0, uint64_t(size_ - 1) * nbytes, count == 0,
-                   [=, this](uint32_t tag) {
-                     const uint8_t* src = static_cast<const uint8_t*>(in);
-                     if (size_ == 1) {
-                       if (src != out) std::memmove(out, src, nbytes);
-                       return;
-                     }
-                     uint8_t* chunks = grow(scratch_, nbytes * size_);
-                     alltoall(const_cast<uint8_t*>(src), chunks, nbytes * size_, tag, options.timeout);
-                     sum_chunks(chunks, out, static_cast<size_t>(count), size_, dtype);
-                   });
+    return enqueue(OpKind::kReduceScatter, count, dtype, 0, [=, this](const OpInfo& op) {
+      const uint8_t* src = static_cast<const uint8_t*>(in);
+      if (size_ == 1) {
+        if (src != out) std::memmove(out, src, nbytes);
+        return;
+      }
+      uint8_t* chunks = grow(scratch_, nbytes * size_);
+      alltoall(const_cast<uint8_t*>(src), chunks, nbytes * size_, tag(op), options.timeout);
+      sum_chunks(chunks, out, static_cast<size_t>(count), size_, dtype);
+    });
   }
 
   std::unique_ptr<Work> all_reduce(void* data, int64_t count, DType dtype, const CollectiveOptions& options) override {
-    CHECK(count >= 0);
     const size_t elem = dtype_bytes(dtype);
     const size_t c = static_cast<size_t>(count);
     const size_t chunk = (c + size_ - 1) / size_;
-    uint64_t bytes = 0;
-    if (count > 0 && size_ > 1)
-      bytes = dtype == DType::kF32 ? ring_allreduce_bytes(c * elem, elem, rank_, size_)
-                                   : 2 * uint64_t(size_ - 1) * chunk * elem;
-    return enqueue(OpKind::kAllReduce, count, dtype, 0, bytes, count == 0, [=, this](uint32_t tag) {
+    return enqueue(OpKind::kAllReduce, count, dtype, 0, [=, this](const OpInfo& op) {
       if (size_ == 1) return;
       if (dtype == DType::kF32) {
         gloo::AllreduceOptions opts(context_);
         opts.setOutput(static_cast<float*>(data), c);
         opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);  // bcube misbehaves at 2 ranks
         opts.setReduceFunction(&sum_f32);
-        opts.setTag(tag);
+        opts.setTag(tag(op));
         opts.setTimeout(options.timeout);
         gloo::allreduce(opts);
         return;
@@ -347,11 +234,11 @@ class GlooGroup final : public ProcessGroup {
       std::memcpy(padded, data, c * elem);
       std::memset(padded + c * elem, 0, chunk_bytes * size_ - c * elem);
       uint8_t* chunks = grow(scratch_, chunk_bytes * size_);
-      alltoall(padded, chunks, chunk_bytes * size_, tag, options.timeout);
+      alltoall(padded, chunks, chunk_bytes * size_, tag(op), options.timeout);
       sum_chunks(chunks, padded + rank_ * chunk_bytes, chunk, size_, dtype);
       gloo::AllgatherOptions opts(context_);
       opts.setOutput(padded, chunk_bytes * size_);
-      opts.setTag(tag);
+      opts.setTag(tag(op));
       opts.setTimeout(options.timeout);
       gloo::allgather(opts);
       std::memcpy(data, padded, c * elem);
@@ -360,27 +247,24 @@ class GlooGroup final : public ProcessGroup {
 
   std::unique_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root,
                                   const CollectiveOptions& options) override {
-    CHECK(count >= 0);
     CHECK(root >= 0 && root < size_);
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    return enqueue(OpKind::kBroadcast, count, dtype, root, uint64_t(broadcast_sends(rank_, root, size_)) * nbytes,
-                   count == 0,
-                   [=, this](uint32_t tag) {
-                     if (size_ == 1) return;
-                     gloo::BroadcastOptions opts(context_);
-                     opts.setOutput(static_cast<uint8_t*>(data), nbytes);
-                     opts.setRoot(root);
-                     opts.setTag(tag);
-                     opts.setTimeout(options.timeout);
-                     gloo::broadcast(opts);
-                   });
+    return enqueue(OpKind::kBroadcast, count, dtype, root, [=, this](const OpInfo& op) {
+      if (size_ == 1) return;
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<uint8_t*>(data), nbytes);
+      opts.setRoot(root);
+      opts.setTag(tag(op));
+      opts.setTimeout(options.timeout);
+      gloo::broadcast(opts);
+    });
   }
 
   std::unique_ptr<Work> barrier(const CollectiveOptions& options) override {
-    return enqueue(OpKind::kBarrier, 0, DType::kF32, 0, 0, false, [=, this](uint32_t tag) {
+    return enqueue(OpKind::kBarrier, 0, DType::kF32, 0, [=, this](const OpInfo& op) {
       if (size_ == 1) return;
       gloo::BarrierOptions opts(context_);
-      opts.setTag(tag);
+      opts.setTag(tag(op));
       opts.setTimeout(options.timeout);
       gloo::barrier(opts);
     });
@@ -395,61 +279,19 @@ class GlooGroup final : public ProcessGroup {
     return point_to_point(OpKind::kRecv, data, count, dtype, peer, tag, options);
   }
 
-  // Queued operations fail now. An operation already running on the worker cannot be woken
-  // (Gloo's close does not signal local waiters): it fails when its peers, seeing the closed
-  // connections, stop, or at its timeout.
-  void abort() override {
-    std::deque<Op> dropped;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_.empty()) broken_ = "the group was aborted on rank " + std::to_string(rank_);
-      dropped.swap(queue_);
-    }
-    for (auto& op : dropped) op.state->finish(failure(op, "the group was aborted"));
+ private:
+  // An operation already running on the worker cannot be woken (Gloo's close does not signal
+  // local waiters): it fails when its peers, seeing the closed connections, stop, or at its
+  // timeout.
+  void on_broken() override {
     if (context_) context_->closeConnections();
   }
 
-  uint64_t bytes_sent(OpKind op) const override {
-    CHECK(op != OpKind::kCount);
-    return bytes_[static_cast<int>(op)].load(std::memory_order_relaxed);
-  }
-
- private:
-  struct Op {
-    OpKind kind;
-    uint64_t seq;
-    std::string shape;  // e.g. "1000 x f32", for messages
-    uint32_t tag;       // the low 16 bits of seq, and a 16-bit hash of the signature above them
-    uint64_t bytes;
-    std::function<void(uint32_t)> body;
-    std::shared_ptr<WorkState> state;
-  };
-
-  // A count-0 call (`empty`) moves nothing and completes at once, but still takes a sequence
-  // number so that the ranks' numbering stays aligned.
-  std::unique_ptr<Work> enqueue(OpKind kind, int64_t count, DType dtype, int root, uint64_t bytes, bool empty,
-                                std::function<void(uint32_t)> body) {
-    auto state = std::make_shared<WorkState>();
-    std::string shape = std::to_string(count) + " x " + (dtype == DType::kF32 ? "f32" : "bf16");
-    if (kind == OpKind::kBroadcast) shape += " from rank " + std::to_string(root);
-    if (kind == OpKind::kBarrier) shape = "no data";
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the signature
-    for (uint64_t v : {uint64_t(kind), uint64_t(count), uint64_t(dtype), uint64_t(root)}) {
-      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const uint64_t seq = next_seq_++;
-      const uint32_t tag = static_cast<uint32_t>(seq & 0xffff) | static_cast<uint32_t>((h ^ (h >> 32)) & 0xffff) << 16;
-      Op op{kind, seq, std::move(shape), tag, bytes, std::move(body), state};
-      if (empty) {
-        state->finish();
-      } else {
-        queue_.push_back(std::move(op));
-      }
-    }
-    cv_.notify_all();
-    return std::make_unique<GlooWork>(state);
+  // Gloo's tag for a collective: the low 16 bits of its sequence number, and 16 bits of its
+  // signature above them.
+  static uint32_t tag(const OpInfo& op) {
+    return static_cast<uint32_t>(op.seq & 0xffff) |
+           static_cast<uint32_t>((op.signature ^ (op.signature >> 32)) & 0xffff) << 16;
   }
 
   // Gloo's slot for a point-to-point call: a prefix no collective uses, the caller's tag, and a
@@ -472,71 +314,19 @@ class GlooGroup final : public ProcessGroup {
                              " rank " + std::to_string(peer) + " on rank " + std::to_string(rank_) + " of " +
                              std::to_string(size_) + " (" + std::to_string(count) + " x " +
                              (dtype == DType::kF32 ? "f32" : "bf16") + ")";
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.empty())
-        throw CollectiveError(what + " failed: group unusable after an earlier failure: " + broken_);
-    }
+    const std::string earlier = broken();
+    if (!earlier.empty()) throw CollectiveError(what + " failed: group unusable after an earlier failure: " + earlier);
     // A zero-byte buffer still travels (Gloo sends an empty message), so both sides stay matched.
     static char empty;
     auto buffer = context_->createUnboundBuffer(nbytes > 0 ? data : &empty, nbytes);
     if (is_send) {
       buffer->send(peer, slot);
-      bytes_[static_cast<int>(kind)].fetch_add(nbytes, std::memory_order_relaxed);
+      add_bytes(kind, nbytes);
     } else {
       buffer->recv(peer, slot);
     }
     return std::make_unique<GlooPointToPointWork>(std::move(buffer), is_send, options.timeout, what,
-                                                  [this](const std::string& error) {
-                                                    {
-                                                      std::lock_guard<std::mutex> lock(mu_);
-                                                      if (broken_.empty()) broken_ = error;
-                                                    }
-                                                    if (context_) context_->closeConnections();
-                                                  });
-  }
-
-  std::string failure(const Op& op, const std::string& what) const {
-    std::string hint;
-    if (what.find("Timed out") != std::string::npos) {
-      hint = " (a peer is slow, hung or gone, or called another operation here: the ranks' collectives are out "
-             "of step; compare the operation and sequence number each rank names)";
-    }
-    return std::string(op_name(op.kind)) + " #" + std::to_string(op.seq) + " on rank " + std::to_string(rank_) +
-           " of " + std::to_string(size_) + " failed (" + op.shape + "): " + what + hint;
-  }
-
-  void run() {
-    for (;;) {
-      Op op;
-      std::string broken;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        op = std::move(queue_.front());
-        queue_.pop_front();
-        broken = broken_;
-      }
-      if (!broken.empty()) {
-        op.state->finish(failure(op, "group unusable after an earlier failure: " + broken));
-        continue;
-      }
-      std::string error;
-      try {
-        op.body(op.tag);
-        bytes_[static_cast<int>(op.kind)].fetch_add(op.bytes, std::memory_order_relaxed);
-      } catch (const std::exception& e) {
-        error = failure(op, e.what());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (broken_.empty()) broken_ = error;
-        }
-        // Peers blocked on this rank learn within milliseconds instead of at their timeout.
-        if (context_) context_->closeConnections();
-      }
-      op.state->finish(error);
-    }
+                                                  [this](const std::string& error) { mark_broken(error); });
   }
 
   void alltoall(uint8_t* in, uint8_t* out, size_t nbytes, uint32_t tag, Millis timeout) {
@@ -555,21 +345,9 @@ class GlooGroup final : public ProcessGroup {
     return buf.data();
   }
 
-  const int rank_;
-  const int size_;
   std::shared_ptr<gloo::rendezvous::Context> context_;  // null when size_ == 1
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  uint64_t next_seq_ = 0;
-  bool stop_ = false;
-  std::string broken_;  // first failure; non-empty means the group is unusable
-
   std::vector<uint8_t> scratch_;   // alltoall output (worker only)
   std::vector<uint8_t> scratch2_;  // padded bf16 all-reduce buffer (worker only)
-  std::atomic<uint64_t> bytes_[static_cast<int>(OpKind::kCount)];
-  std::thread worker_;
 };
 
 }  // namespace detail

@@ -112,6 +112,8 @@ class ProcessGroup {
   virtual void abort() = 0;
   // Bytes this rank has sent per kind of operation (payload bytes handed to the transport).
   virtual uint64_t bytes_sent(OpKind op) const = 0;
+  // What carries the collectives, for the start-up log ("shared memory", "TCP (Gloo)").
+  virtual std::string transport() const { return ""; }
 };
 
 // Root's text on every rank of `group` (two broadcasts: its length, then its bytes; a broadcast
@@ -122,5 +124,22 @@ std::string broadcast_string(ProcessGroup& group, const std::string& text, int r
 // StoreError or CollectiveError when the peers do not all arrive within `timeout`.
 std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, const std::string& interface_host,
                                               Millis timeout);
+
+// How a host group's ranks exchange data. kAuto: through one shared-memory segment when every
+// rank of the group can map it (one host, one IPC namespace, room in /dev/shm), else over TCP;
+// kTcp: Gloo over TCP always; kShm: shared memory, or a ConfigError naming each rank that could
+// not map the segment and why.
+enum class HostTransport { kAuto, kTcp, kShm };
+const char* transport_name(HostTransport t);  // "auto", "tcp", "shm"
+
+// The process group for host memory: Gloo over TCP, with its collectives over shared memory as
+// `transport` allows (shm_group.cc; point-to-point transfers stay on Gloo). Every rank must pass
+// the same transport.
+// Bytes of the shared-memory segment a host group of `size` ranks maps (each rank's RSS holds
+// the pages it touches; the memory plan counts them all).
+size_t shm_segment_bytes(int size);
+
+std::unique_ptr<ProcessGroup> make_host_group(Store& store, int rank, int size, const std::string& interface_host,
+                                              Millis timeout, HostTransport transport);
 
 }  // namespace tessera::comm

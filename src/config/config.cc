@@ -93,6 +93,11 @@ struct EnumNames<PipelineSchedule> {
                                                                         {"gpipe", PipelineSchedule::kGPipe}};
 };
 template <>
+struct EnumNames<HostTransport> {
+  static constexpr std::pair<const char*, HostTransport> kTable[] = {
+      {"auto", HostTransport::kAuto}, {"tcp", HostTransport::kTcp}, {"shm", HostTransport::kShm}};
+};
+template <>
 struct EnumNames<Device> {
   static constexpr std::pair<const char*, Device> kTable[] = {
       {"auto", Device::kAuto}, {"cpu", Device::kCpu}, {"cuda", Device::kCuda}};
@@ -320,6 +325,7 @@ const std::vector<Key>& schema() {
       KEY(parallel, strategy),
       KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
+      KEY(parallel, host_transport),
       KEY(parallel, health_min_memory_gbps, ge(0, "0: measured and logged only")),
       KEY(parallel, param_dtype),
       KEY(parallel, reduce_dtype),
@@ -468,6 +474,7 @@ const char* name(OnNonFinite v) { return enum_name(v); }
 const char* name(OnFailure v) { return enum_name(v); }
 const char* name(PipelineSchedule v) { return enum_name(v); }
 const char* name(Device v) { return enum_name(v); }
+const char* name(HostTransport v) { return enum_name(v); }
 
 Device parse_device(const std::string& text, const std::string& what) {
   Device d = Device::kAuto;

@@ -36,12 +36,16 @@ enum class PipelineSchedule { kOneFOneB, kGPipe };
 // Where a process computes (train/device.h): "auto" (a GPU when this build has CUDA, one is
 // visible and the job is one process; the CPU otherwise), "cpu" or "cuda".
 enum class Device { kAuto, kCpu, kCuda };
+// How the ranks' host-memory collectives travel (comm::HostTransport): "auto" (shared memory
+// between ranks on one host, else TCP), "tcp" or "shm".
+enum class HostTransport { kAuto, kTcp, kShm };
 const char* name(Strategy v);
 const char* name(Precision v);
 const char* name(OnNonFinite v);
 const char* name(OnFailure v);
 const char* name(PipelineSchedule v);
 const char* name(Device v);
+const char* name(HostTransport v);
 // train.device's values spelled as on the command line; a ConfigError naming `what` otherwise.
 Device parse_device(const std::string& text, const std::string& what);
 
@@ -108,6 +112,11 @@ struct ParallelConfig {
   Strategy strategy = Strategy::kFullShard;
   int64_t shard_group_size = 0;  // hybrid_shard only; 0: every data-parallel rank
   int64_t timeout_ms = 300000;   // every collective
+  // The host groups' collectives (Gloo's, and every group of a CPU job): "auto" moves them
+  // through one shared-memory segment per group when all its ranks are on one host (and its
+  // /dev/shm has room), else over TCP; "tcp" always over TCP; "shm" fails at start-up, naming
+  // the ranks, where memory cannot be shared. Point-to-point transfers stay on TCP.
+  HostTransport host_transport = HostTransport::kAuto;
   // The health check before step 0 on a GPU: its device memory bandwidth (a device-to-device copy,
   // bytes read + written per second) must reach this floor, in GB/s (0: measured and logged only).
   double health_min_memory_gbps = 0;

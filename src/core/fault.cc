@@ -32,7 +32,8 @@ constexpr const char* kPhases[] = {"health",
                                    "checkpoint.shard",
                                    "checkpoint.manifest",
                                    "checkpoint.commit",
-                                   "checkpoint.upload"};
+                                   "checkpoint.upload",
+                                   "shm.attach"};
 
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty() || s.size() > 18) return false;
@@ -96,9 +97,8 @@ bool parse(const std::string& text, Spec* spec, std::string* error) {
   bool known_phase = false;
   for (const char* p : kPhases) known_phase = known_phase || parts[2] == p;
   if (!known_phase) {
-    *error = "PHASE '" + parts[2] +
-             "' is not one of health, forward, backward, optimizer, checkpoint.shard, checkpoint.manifest, "
-             "checkpoint.commit, checkpoint.upload";
+    *error = "PHASE '" + parts[2] + "' is not one of ";
+    for (const char* p : kPhases) *error += std::string(p) + (p == kPhases[std::size(kPhases) - 1] ? "" : ", ");
     return false;
   }
   s.phase = parts[2];

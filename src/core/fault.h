@@ -13,6 +13,9 @@
 //          checkpoint.manifest  before the manifest is renamed into place
 //          checkpoint.commit    after the manifest rename, before `latest` is replaced
 //          checkpoint.upload    before a node's object is uploaded to the object-store tier
+//          shm.attach           a host group maps its shared-memory segment at start-up (RANK:
+//                               the rank in that group; io: the mapping fails, as in another
+//                               IPC namespace or with /dev/shm full)
 //   KIND   kill (SIGKILL itself), exit (exit code 1 at once), hang (stop forever), slow (sleep
 //          2 s), io (the write at that point fails as on a full disk; checkpoint phases),
 //          nan (the caller sets one of this rank's gradient values to NaN; backward only),

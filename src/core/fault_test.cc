@@ -47,6 +47,7 @@ TEST(Fault, ParsesRankStepPhaseKind) {
   EXPECT_EQ(ok("0:4:checkpoint.shard:kill").kind, Kind::kKill);
   EXPECT_EQ(ok("1:8:checkpoint.shard:io").kind, Kind::kIo);
   EXPECT_EQ(ok("0:8:checkpoint.manifest:io").kind, Kind::kIo);
+  EXPECT_EQ(ok("1:*:shm.attach:io").phase, "shm.attach");
   EXPECT_EQ(ok("0:8:checkpoint.commit:exit").kind, Kind::kExit);
   for (const char* phase : {"forward", "backward", "optimizer"}) {
     for (const char* kind : {"kill", "exit", "hang", "slow"}) {

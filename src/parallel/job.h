@@ -11,7 +11,14 @@
 #include "comm/store.h"
 #include "parallel/mesh.h"
 
+namespace tessera::config {
+struct Config;
+}
+
 namespace tessera::parallel {
+
+// The config's parallel.host_transport, as the comm layer names it.
+comm::HostTransport host_transport(const config::Config& config);
 
 // Where rank `rank` of `world` finds its job.
 struct JobAddress {
@@ -20,6 +27,7 @@ struct JobAddress {
   std::string round = "0";  // the rendezvous round the job's keys live under
   int rank = 0, world = 1;
   std::string host = "127.0.0.1";  // this node's address for collectives
+  comm::HostTransport transport = comm::HostTransport::kAuto;  // how host collectives travel (Mesh)
   // Ranks per node, nodes holding contiguous ranks (node k: [k x n, (k + 1) x n)); 0: unknown,
   // taken as one node. The object-store checkpoint tier gathers each node's shards in one object.
   int ranks_per_node = 0;

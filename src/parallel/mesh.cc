@@ -29,7 +29,7 @@ std::unique_ptr<comm::ProcessGroup> make_nccl(comm::Store& store, int rank, int 
 }  // namespace
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
-           const std::string& host, int nccl_device)
+           const std::string& host, int nccl_device, comm::HostTransport transport)
     : dims_(dims), rank_(rank) {
   dims_.validate(dims.world());
   // Groups already made, by their ranks: the host group and its device twin.
@@ -41,7 +41,7 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, c
     if (it == by_ranks.end()) {
       const std::string prefix = fmt::format("{}-{}", name(d), members.front());
       stores_.push_back(make_store(prefix));
-      owned_.push_back(comm::make_gloo_group(*stores_.back(), this->rank(d), size(d), host, timeout));
+      owned_.push_back(comm::make_host_group(*stores_.back(), this->rank(d), size(d), host, timeout, transport));
       comm::ProcessGroup* host_group = owned_.back().get();
       if (nccl_device >= 0) {
         stores_.push_back(make_store(prefix + ".nccl"));
@@ -55,6 +55,16 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, c
 }
 
 Mesh::~Mesh() = default;
+
+std::string Mesh::host_transport() const {
+  std::vector<std::string> parts;
+  std::set<const comm::ProcessGroup*> seen;
+  for (const Dim d : kAllDims) {
+    const comm::ProcessGroup* g = group(d);
+    if (g != nullptr && seen.insert(g).second) parts.push_back(fmt::format("{}: {}", name(d), g->transport()));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
 
 const Mesh& Mesh::single() {
   static const Mesh mesh;

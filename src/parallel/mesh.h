@@ -28,12 +28,14 @@ class Mesh {
   // Rank `rank` of a job laid out as `dims` joins one process group for each distinct set of
   // ranks its dimensions of size > 1 name (a dimension with the same ranks as another shares its
   // group: with dp_replicate = 1, dp_shard's group is dp's). Every rank creates its groups in
-  // the same order (kAllDims), each through make_store(NAME-FIRST_RANK): Gloo over `host`, for
-  // host memory. With nccl_device >= 0 (a GPU job: every rank computes on its CUDA device) each
+  // the same order (kAllDims), each through make_store(NAME-FIRST_RANK): for host memory, Gloo
+  // over `host`, its collectives through shared memory as `transport` allows
+  // (comm::make_host_group). With nccl_device >= 0 (a GPU job: every rank computes on its CUDA device) each
   // group also gets an NCCL twin on that device, through make_store(NAME-FIRST_RANK.nccl), for
   // tensors in device memory (device_group). Throws CollectiveError when NCCL is not built.
   Mesh(const ParallelDims& dims, int rank, const StoreFactory& make_store, comm::Millis timeout,
-       const std::string& host = "127.0.0.1", int nccl_device = -1);
+       const std::string& host = "127.0.0.1", int nccl_device = -1,
+       comm::HostTransport transport = comm::HostTransport::kAuto);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
@@ -50,6 +52,9 @@ class Mesh {
   comm::ProcessGroup* device_group(Dim d) const { return device_groups_[static_cast<size_t>(d)]; }
   // What the device groups run on ("NCCL 2.27.3"); "" when they are the host groups.
   const std::string& device_transport() const { return device_transport_; }
+  // What each host group's collectives travel over, e.g. "dp_shard: shared memory"; "" in a
+  // single process.
+  std::string host_transport() const;
   // The global ranks of this rank's group in d, by coordinate.
   std::vector<int> ranks(Dim d) const { return group_ranks(dims_, rank_, d); }
 

@@ -68,18 +68,18 @@ double measure_attention(const model::ModelConfig& model, int threads) {
   return 12.0 * static_cast<double>(T) * static_cast<double>(H * D) * static_cast<double>(T) / s;
 }
 
-struct GlooFigures {
+struct LinkFigures {
   double bandwidth = 0.0, latency = 0.0;
 };
 
-// Two ranks of Gloo over loopback, one thread each (as two local processes talk): the ring
+// Two ranks of a host group over `transport`, one thread each (as two local processes talk): the
 // all-gather's bandwidth, (S - 1) / S x bytes / seconds, on 32 MiB, and the seconds per step of a
 // one-float all-reduce.
-GlooFigures measure_gloo() {
+LinkFigures measure_link(comm::HostTransport transport) {
   char tmpl[] = "/tmp/tessera_plan_XXXXXX";
   const char* dir = ::mkdtemp(tmpl);
-  if (dir == nullptr) throw IoError("cannot create a temporary directory for the Gloo calibration");
-  GlooFigures out;
+  if (dir == nullptr) throw IoError("cannot create a temporary directory for the collectives' calibration");
+  LinkFigures out;
   std::vector<std::thread> ranks;
   std::exception_ptr failure;
   for (int r = 0; r < 2; ++r) {
@@ -87,7 +87,8 @@ GlooFigures measure_gloo() {
       try {
         const std::unique_ptr<comm::Store> store = comm::make_file_store(dir, "plan", "calibrate");
         const comm::Millis timeout(30000);
-        const std::unique_ptr<comm::ProcessGroup> group = comm::make_gloo_group(*store, r, 2, "127.0.0.1", timeout);
+        const std::unique_ptr<comm::ProcessGroup> group =
+            comm::make_host_group(*store, r, 2, "127.0.0.1", timeout, transport);
         const int64_t shard = int64_t{4} << 20;  // floats per rank: 32 MiB gathered
         std::vector<float> mine(static_cast<size_t>(shard), 1.0f), all(static_cast<size_t>(2 * shard));
         const comm::CollectiveOptions options{timeout};
@@ -228,9 +229,13 @@ Hardware calibrate_cpu(int ranks, int threads, const model::ModelConfig& model, 
                           5) /
                       100;
   set_num_threads(before);
-  const GlooFigures gloo = measure_gloo();
-  h.intra_bandwidth = h.inter_bandwidth = gloo.bandwidth;
-  h.intra_latency = h.inter_latency = gloo.latency;
+  // Inside a node the ranks' groups share memory (parallel.host_transport = auto); between nodes
+  // they talk TCP, which loopback stands for.
+  const LinkFigures shm = measure_link(comm::HostTransport::kShm), tcp = measure_link(comm::HostTransport::kTcp);
+  h.intra_bandwidth = shm.bandwidth;
+  h.intra_latency = shm.latency;
+  h.inter_bandwidth = tcp.bandwidth;
+  h.inter_latency = tcp.latency;
   h.calibrated = true;
   h.gloo = true;
   h.source = "measured on this machine just now";

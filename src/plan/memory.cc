@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 
 #include "comm/process_group.h"
 #include "core/check.h"
@@ -19,15 +20,33 @@ comm::DType dtype_of(config::Precision p) {
   return p == config::Precision::kBf16 ? comm::DType::kBF16 : comm::DType::kF32;
 }
 
-// Gloo's exchange buffer, kept at its largest (comm/gloo_group.cc): a reduce-scatter's holds
-// every rank's chunks of its input, the largest unit. (The replicas' all-reduces run in fp32, in
-// place.)
-uint64_t gloo_workspace(const config::Config& c, const parallel::ParallelDims& dims, const model::ModelLayout& layout) {
-  if (dims.dp_shard == 1) return 0;
+// The host groups' own buffers (comm::make_host_group), on the rank `first` of a stage: a group
+// whose ranks share a node (unless parallel.host_transport = tcp) maps a shared-memory segment,
+// whose pages its ranks touch; a group over TCP keeps Gloo's exchange buffer at its largest, which
+// for dp_shard's reduce-scatters holds every rank's chunks of its input, the largest unit (the
+// replicas' all-reduces run in fp32, in place).
+uint64_t host_comm_workspace(const config::Config& c, const parallel::ParallelDims& dims,
+                             const model::ModelLayout& layout, int first, int ranks_per_node) {
   const uint64_t reduce_bytes = c.parallel.reduce_dtype == config::Precision::kBf16 ? 2 : 4;
   uint64_t largest = 0;
   for (int u = 0; u < layout.num_units(); ++u) largest = std::max<uint64_t>(largest, layout.unit(u).padded);
-  return largest * reduce_bytes;
+  const std::vector<int> shard_group =
+      dims.dp_shard > 1 ? parallel::group_ranks(dims, first, parallel::Dim::kDpShard) : std::vector<int>{};
+  std::set<std::vector<int>> seen;
+  uint64_t bytes = 0;
+  for (const parallel::Dim d : parallel::kAllDims) {
+    if (dims.size(d) == 1) continue;
+    const std::vector<int> ranks = parallel::group_ranks(dims, first, d);
+    if (!seen.insert(ranks).second) continue;
+    const auto [lo, hi] = std::minmax_element(ranks.begin(), ranks.end());
+    const bool one_node = ranks_per_node > 0 && *lo / ranks_per_node == *hi / ranks_per_node;
+    if (one_node && c.parallel.host_transport != config::HostTransport::kTcp) {
+      bytes += comm::shm_segment_bytes(static_cast<int>(ranks.size()));
+    } else if (ranks == shard_group) {
+      bytes += largest * reduce_bytes;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -56,7 +75,9 @@ std::vector<MemoryPlan> memory_plans(const config::Config& c, const parallel::Pa
     m.activations = m.activation_slots * model::Llama::planned_activation_bytes(
                                              layout, micro_batch, threads, c.parallel.activation_checkpointing, bf16);
     m.reserved = hardware.reserved_bytes;
-    if (hardware.gloo) m.comm_workspace = gloo_workspace(c, dims, layout);
+    if (hardware.gloo) {
+      m.comm_workspace = host_comm_workspace(c, dims, layout, p * (dims.world() / dims.pp), hardware.devices_per_node);
+    }
     plans.push_back(m);
   }
   return plans;

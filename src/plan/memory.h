@@ -20,7 +20,7 @@ struct MemoryPlan {
   uint64_t grads = 0;           // fp32 gradient shards
   uint64_t optimizer = 0;       // AdamW's two moments
   uint64_t buffers = 0;         // full-unit parameter and gradient buffers (prefetch depth, accumulation)
-  uint64_t comm_workspace = 0;  // the collective library's own: Gloo's exchange buffers
+  uint64_t comm_workspace = 0;  // the host groups' own: shared-memory segments, Gloo's exchange buffer
   uint64_t activations = 0;     // every micro-batch in flight: saved activations and workspaces
   int activation_slots = 1;     // micro-batches in flight (the pipeline schedule's peak)
   uint64_t reserved = 0;        // the hardware's runtime baseline (Hardware::reserved_bytes)

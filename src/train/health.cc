@@ -219,8 +219,8 @@ HealthFigures health_check(const parallel::Distributed& dist, const config::Conf
         "health check passed on {} ranks in {:.0f} ms: all-reduce of {} known values exact; all-reduce of "
         "{} MiB at {:.2f} GB/s bus bandwidth over {} (ranks {:.2f}..{:.2f}); GEMM {}x{}x{} within tolerance "
         "(worst {:.3f} of it){}",
-        world, f.seconds * 1e3, kCheckCount, f.bus_bytes >> 20, f.bus_gbps, device ? "NCCL" : "Gloo", *lo, *hi, kM, kN,
-        kK, f.gemm_worst, memory);
+        world, f.seconds * 1e3, kCheckCount, f.bus_bytes >> 20, f.bus_gbps, device ? "NCCL" : dist.world()->transport(),
+        *lo, *hi, kM, kN, kK, f.gemm_worst, memory);
   } else {
     log::info("health check passed in {:.0f} ms: GEMM {}x{}x{} within tolerance (worst {:.3f} of it){}",
               f.seconds * 1e3, kM, kN, kK, f.gemm_worst, memory);

@@ -314,6 +314,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   log::open_file(fmt::format("{}/logs/rank_{}.log", run_dir, dist.rank()));
   if (!leader) log::set_console_level(log::Level::kWarn);
   log_device(config, device);
+  if (dist.world() != nullptr) log::info("host collectives: {}", mesh.host_transport());
   if (!mesh.device_transport().empty()) {
     log::info(
         "collectives: FSDP's and tensor parallelism's in device memory over {}, the rest over Gloo "
@@ -416,7 +417,9 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   const ComputeDevice device(config, job.world, job.rank % per_node, per_node);
   std::optional<NcclTransportReport> nccl;
   if (device.nccl_device() >= 0 && job.world > 1) nccl.emplace(run_dir, job.rank);
-  const parallel::Job joined(job, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms),
+  parallel::JobAddress address = job;
+  address.transport = parallel::host_transport(config);
+  const parallel::Job joined(address, parallel::dims_for(config, job.world), comm::Millis(config.parallel.timeout_ms),
                              device.nccl_device());
   train_worker(config, dataset, run_dir, resume, joined.view(), device, heartbeat, nccl ? &*nccl : nullptr);
   // The store may still be read (a checkpoint outcome) until every rank is done.

@@ -1,4 +1,4 @@
-// File store and Gloo process group, with real processes (fork) over loopback.
+// File store and the host process groups (Gloo over TCP, shared memory), with real processes (fork) over loopback.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -28,11 +29,19 @@ using namespace test_util;  // NOLINT: the shared test helpers
 
 constexpr auto kTimeout = std::chrono::seconds(10);
 
-std::unique_ptr<ProcessGroup> join(const std::string& dir, int rank, int world, Millis timeout = kTimeout) {
+// A host group over `transport`: kTcp is Gloo alone; kShm its collectives over shared memory
+// (forced, so that a group that could not share memory fails instead of passing on TCP).
+std::unique_ptr<ProcessGroup> join(const std::string& dir, int rank, int world, HostTransport transport,
+                                   Millis timeout = kTimeout) {
   auto store = make_file_store(dir, "job", "r0");
-  return make_gloo_group(*store, rank, world, "127.0.0.1", timeout);
+  return make_host_group(*store, rank, world, "127.0.0.1", timeout, transport);
 }
 
+std::string transport_label(const ::testing::TestParamInfo<HostTransport>& info) { return transport_name(info.param); }
+
+std::string transport_and_world(const ::testing::TestParamInfo<std::tuple<HostTransport, int>>& info) {
+  return std::string(transport_name(std::get<0>(info.param))) + "_w" + std::to_string(std::get<1>(info.param));
+}
 
 // ---------------------------------------------------------------------------------------------
 // File store
@@ -138,8 +147,8 @@ TEST(FileStore, ConcurrentAddFromProcesses) {
 // ---------------------------------------------------------------------------------------------
 // Collectives: exact results for integer-valued inputs
 
-int check_collectives(int rank, int world, const std::string& dir) {
-  auto pg = join(dir, rank, world);
+int check_collectives(int rank, int world, const std::string& dir, HostTransport transport) {
+  auto pg = join(dir, rank, world, transport);
   REQUIRE(pg->rank() == rank && pg->size() == world);
   CollectiveOptions opt;
   opt.timeout = kTimeout;
@@ -200,20 +209,27 @@ int check_collectives(int rank, int world, const std::string& dir) {
   return 0;
 }
 
-class GlooCollectives : public ::testing::TestWithParam<int> {};
+class HostCollectives : public ::testing::TestWithParam<std::tuple<HostTransport, int>> {};
 
-TEST_P(GlooCollectives, ExactResultsForCounts0_1_7_Large) {
+TEST_P(HostCollectives, ExactResultsForCounts0_1_7_Large) {
   TempDir dir;
-  const int world = GetParam();
-  expect_all_ok(run_ranks(world, [&](int rank) { return check_collectives(rank, world, dir.path); }));
+  const auto [transport, world] = GetParam();
+  expect_all_ok(run_ranks(world, [&](int rank) { return check_collectives(rank, world, dir.path, transport); }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, GlooCollectives, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Transports, HostCollectives,
+                         ::testing::Combine(::testing::Values(HostTransport::kTcp, HostTransport::kShm),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         transport_and_world);
 
-TEST(GlooGroup, BackToBackOperationsCompleteInOrder) {
+class HostGroup : public ::testing::TestWithParam<HostTransport> {};
+INSTANTIATE_TEST_SUITE_P(Transports, HostGroup, ::testing::Values(HostTransport::kTcp, HostTransport::kShm),
+                         transport_label);
+
+TEST_P(HostGroup, BackToBackOperationsCompleteInOrder) {
   TempDir dir;
   expect_all_ok(run_ranks(3, [&](int rank) {
-    auto pg = join(dir.path, rank, 3);
+    auto pg = join(dir.path, rank, 3, GetParam());
     CollectiveOptions opt;
     const int64_t n = 100003;
     std::vector<float> a(n, float(rank)), gathered(3 * n), rs_in(3 * n, 1.f), rs_out(n), b(n, 2.f);
@@ -229,7 +245,7 @@ TEST(GlooGroup, BackToBackOperationsCompleteInOrder) {
     for (int64_t i = 0; i < 3 * n; ++i) REQUIRE(gathered[i] == float(3 * (i / n)));
     for (int64_t i = 0; i < n; ++i) REQUIRE(rs_out[i] == 3.f && b[i] == 6.f);
     // Several groups on one store get distinct prefixes.
-    auto pg2 = join(dir.path, rank, 3);
+    auto pg2 = join(dir.path, rank, 3, GetParam());
     std::vector<float> x(5, 1.f);
     pg2->all_reduce(x.data(), 5, DType::kF32, opt)->wait();
     REQUIRE(x[4] == 3.f);
@@ -237,11 +253,55 @@ TEST(GlooGroup, BackToBackOperationsCompleteInOrder) {
   }));
 }
 
+// After the group's first collective its segment has no name in /dev/shm (rank 0 unlinked it when
+// every rank had answered, before its group existed), so a rank that dies leaves nothing behind;
+// every rank maps it once.
+TEST(ShmGroup, SegmentIsUnlinkedOnceTheGroupRuns) {
+  TempDir dir;
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = join(dir.path, rank, 3, HostTransport::kShm);
+    REQUIRE(pg->transport() == "shared memory");
+    pg->barrier({})->wait();
+    std::ifstream maps("/proc/self/maps");
+    int mapped = 0;
+    for (std::string line; std::getline(maps, line);) {
+      if (line.find("/dev/shm/tessera-") == std::string::npos) continue;
+      ++mapped;
+      std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
+      REQUIRE(line.size() > 10 && line.compare(line.size() - 10, 10, " (deleted)") == 0);
+    }
+    REQUIRE(mapped == 1);
+    return 0;
+  }));
+}
+
+// Count-0 calls complete without meeting the peers, between collectives that do: many rounds of
+// three ranks on fewer cores, so that a rank is often descheduled between its arrival and its
+// reading of the peers' calls while the others run ahead into the next collective.
+TEST_P(HostGroup, CountZeroCallsBetweenCollectivesKeepTheRanksInStep) {
+  TempDir dir;
+  expect_all_ok(run_ranks(
+      3,
+      [&](int rank) {
+        auto pg = join(dir.path, rank, 3, GetParam());
+        CollectiveOptions opt;
+        std::vector<float> in(3 * 8, 1.f), out(3 * 8);
+        for (int i = 0; i < 1500; ++i) {
+          pg->all_gather(in.data(), out.data(), 8, DType::kF32, opt)->wait();
+          pg->all_reduce(in.data(), 0, DType::kF32, opt)->wait();
+          pg->reduce_scatter(in.data(), out.data(), 8, DType::kF32, opt)->wait();
+          REQUIRE(out[7] == 3.f);
+        }
+        return 0;
+      },
+      60));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bytes accounting
 
-int check_bytes(int rank, int world, const std::string& dir) {
-  auto pg = join(dir, rank, world);
+int check_bytes(int rank, int world, const std::string& dir, HostTransport transport) {
+  auto pg = join(dir, rank, world, transport);
   CollectiveOptions opt;
   const uint64_t W = world;
   // 24 floats split into whole Gloo ring segments for W = 2, 3, 4 (2W divides 24).
@@ -279,11 +339,11 @@ int check_bytes(int rank, int world, const std::string& dir) {
   return 0;
 }
 
-TEST(GlooGroup, BytesSentFollowsDocumentedFormulas) {
+TEST_P(HostGroup, BytesSentFollowsDocumentedFormulas) {
   for (int world : {1, 2, 3, 4}) {
     TempDir dir;
     SCOPED_TRACE("world " + std::to_string(world));
-    expect_all_ok(run_ranks(world, [&](int rank) { return check_bytes(rank, world, dir.path); }));
+    expect_all_ok(run_ranks(world, [&](int rank) { return check_bytes(rank, world, dir.path, GetParam()); }));
   }
 }
 
@@ -293,12 +353,12 @@ TEST(GlooGroup, BytesSentFollowsDocumentedFormulas) {
 // Every rank sends to its right neighbour before it receives from its left one (a pipeline's
 // activations and gradients cross like this), several messages in flight per pair told apart by
 // tag, bf16 and empty ones too, with a collective in between: each arrives whole, in its slot.
-TEST(GlooGroup, PointToPointSendsBeforeReceivesAndMatchesByTag) {
+TEST_P(HostGroup, PointToPointSendsBeforeReceivesAndMatchesByTag) {
   for (int world : {2, 3}) {
     TempDir dir;
     SCOPED_TRACE("world " + std::to_string(world));
     expect_all_ok(run_ranks(world, [&](int rank) {
-      auto pg = join(dir.path, rank, world);
+      auto pg = join(dir.path, rank, world, GetParam());
       CollectiveOptions opt;
       const int right = (rank + 1) % world, left = (rank + world - 1) % world;
       constexpr int kMessages = 3;
@@ -337,10 +397,10 @@ TEST(GlooGroup, PointToPointSendsBeforeReceivesAndMatchesByTag) {
 
 // A recv whose sender never comes, or sends another count: it fails at its timeout naming the
 // tag, the peer and the shape (exit 12), and the group is unusable after it.
-TEST(GlooGroup, PointToPointTimesOutNamingTagAndPeer) {
+TEST_P(HostGroup, PointToPointTimesOutNamingTagAndPeer) {
   TempDir dir;
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = join(dir.path, rank, 2);
+    auto pg = join(dir.path, rank, 2, GetParam());
     CollectiveOptions opt;
     opt.timeout = std::chrono::milliseconds(1000);
     std::vector<float> x(64, 1.f);
@@ -374,10 +434,10 @@ TEST(GlooGroup, PointToPointTimesOutNamingTagAndPeer) {
 // ---------------------------------------------------------------------------------------------
 // Failures: timeouts, missing peers, dead peers, abort
 
-TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {
+TEST_P(HostGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {
   TempDir dir;
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = join(dir.path, rank, 2);
+    auto pg = join(dir.path, rank, 2, GetParam());
     CollectiveOptions opt;
     pg->barrier(opt)->wait();  // #0
     if (rank == 1) {
@@ -416,10 +476,10 @@ TEST(GlooGroup, PeerThatNeverCallsTimesOutNamingOpAndSequence) {
 // out of step (rank 0's #1 meets rank 1's #1, which is rank 0's #2, of another size). Every rank
 // must fail, with a message naming the operation and its sequence number, within about the
 // timeout, whatever Gloo sees first (a size mismatch or a timeout).
-TEST(GlooGroup, CollectivesOutOfStepFailOnEveryRankNamingOpAndSequence) {
+TEST_P(HostGroup, CollectivesOutOfStepFailOnEveryRankNamingOpAndSequence) {
   TempDir dir;
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = join(dir.path, rank, 2);
+    auto pg = join(dir.path, rank, 2, GetParam());
     CollectiveOptions opt;
     pg->barrier(opt)->wait();  // #0
     opt.timeout = std::chrono::milliseconds(1500);
@@ -446,12 +506,12 @@ TEST(GlooGroup, CollectivesOutOfStepFailOnEveryRankNamingOpAndSequence) {
   }));
 }
 
-TEST(GlooGroup, RendezvousWithMissingPeerTimesOut) {
+TEST_P(HostGroup, RendezvousWithMissingPeerTimesOut) {
   TempDir dir;
   expect_all_ok(run_ranks(1, [&](int rank) {
     auto t0 = Clock::now();
     try {
-      join(dir.path, 0, 2, std::chrono::milliseconds(1000));
+      join(dir.path, 0, 2, GetParam(), std::chrono::milliseconds(1000));
       REQUIRE(false);
     } catch (const Error& e) {  // StoreError (key never appeared) or CollectiveError
       const double s = seconds_since(t0);
@@ -464,10 +524,10 @@ TEST(GlooGroup, RendezvousWithMissingPeerTimesOut) {
   }));
 }
 
-TEST(GlooGroup, DeadPeerMakesSurvivorsFailFast) {
+TEST_P(HostGroup, DeadPeerMakesSurvivorsFailFast) {
   TempDir dir;
   expect_all_ok(run_ranks(3, [&](int rank) {
-    auto pg = join(dir.path, rank, 3);
+    auto pg = join(dir.path, rank, 3, GetParam());
     CollectiveOptions opt;
     opt.timeout = std::chrono::seconds(8);
     pg->barrier(opt)->wait();
@@ -490,10 +550,10 @@ TEST(GlooGroup, DeadPeerMakesSurvivorsFailFast) {
   }));
 }
 
-TEST(GlooGroup, AbortMakesPeerFailFast) {
+TEST_P(HostGroup, AbortMakesPeerFailFast) {
   TempDir dir;
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = join(dir.path, rank, 2);
+    auto pg = join(dir.path, rank, 2, GetParam());
     CollectiveOptions opt;
     opt.timeout = std::chrono::seconds(8);
     pg->barrier(opt)->wait();
@@ -525,26 +585,30 @@ TEST(GlooGroup, AbortMakesPeerFailFast) {
 }
 
 // Loopback bandwidth at 2 ranks, 64 MiB per rank (run with --gtest_also_run_disabled_tests).
-TEST(GlooGroup, DISABLED_Bandwidth64MiB) {
+TEST_P(HostGroup, DISABLED_Bandwidth64MiB) {
   TempDir dir;
-  expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = join(dir.path, rank, 2);
-    CollectiveOptions opt;
-    const int64_t n = (64 << 20) / 4;
-    std::vector<float> in(2 * n, 1.f), out(2 * n);
-    auto time = [&](const char* name, auto&& op) {
-      op();  // warm (connections, scratch)
-      const int iters = 5;
-      auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) op();
-      const double s = seconds_since(t0) / iters;
-      if (rank == 0) std::printf("%-16s 64 MiB  %7.1f ms  %5.2f GB/s (payload/time)\n", name, s * 1e3, (64 << 20) / s / 1e9);
-    };
-    time("all_gather", [&] { pg->all_gather(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
-    time("reduce_scatter", [&] { pg->reduce_scatter(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
-    time("all_reduce", [&] { pg->all_reduce(in.data(), n, DType::kF32, opt)->wait(); });
-    return 0;
-  }, 60));
+  expect_all_ok(run_ranks(
+      2,
+      [&](int rank) {
+        auto pg = join(dir.path, rank, 2, GetParam());
+        CollectiveOptions opt;
+        const int64_t n = (64 << 20) / 4;
+        std::vector<float> in(2 * n, 1.f), out(2 * n);
+        auto time = [&](const char* name, auto&& op) {
+          op();  // warm (connections, scratch)
+          const int iters = 5;
+          auto t0 = Clock::now();
+          for (int i = 0; i < iters; ++i) op();
+          const double s = seconds_since(t0) / iters;
+          if (rank == 0)
+            std::printf("%-16s 64 MiB  %7.1f ms  %5.2f GB/s (payload/time)\n", name, s * 1e3, (64 << 20) / s / 1e9);
+        };
+        time("all_gather", [&] { pg->all_gather(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
+        time("reduce_scatter", [&] { pg->reduce_scatter(in.data(), out.data(), n, DType::kF32, opt)->wait(); });
+        time("all_reduce", [&] { pg->all_reduce(in.data(), n, DType::kF32, opt)->wait(); });
+        return 0;
+      },
+      60));
 }
 
 }  // namespace
