@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/process_group.h"
 #include "core/error.h"
 #include "plan/search.h"
 #include "train/trainer.h"
@@ -56,6 +57,31 @@ TEST(MemoryPlan, PipelineStagesHoldTheirSchedulesMicroBatches) {
   for (const MemoryPlan& m : memory_plans(c, parallel::dims_for(c, 4), 1, Hardware{})) {
     EXPECT_EQ(m.activation_slots, 8);
   }
+}
+
+TEST(MemoryPlan, HostGroupsHoldASegmentOnOneNodeAndGloosBufferAcross) {
+  // Two CPU ranks, full_shard: one group (world = dp_shard). On one node it maps a shared-memory
+  // segment; over TCP (by choice, or across nodes) it keeps Gloo's exchange buffer: the largest
+  // unit, here the embedding (or LM head), in the reduce dtype.
+  config::Config c = tiny({{"train.micro_batch_size", "1"}});
+  c.parallel.nproc = 2;
+  const parallel::ParallelDims dims = parallel::dims_for(c, 2);
+  Hardware cpu;
+  cpu.gloo = true;
+  cpu.devices_per_node = 2;
+  const model::ModelLayout layout = stage_layout(c, dims, 0);
+  uint64_t largest = 0;
+  for (int u = 0; u < layout.num_units(); ++u) largest = std::max<uint64_t>(largest, layout.unit(u).padded);
+  EXPECT_EQ(memory_plans(c, dims, 1, cpu)[0].comm_workspace, comm::shm_segment_bytes(2));
+  c.parallel.host_transport = config::HostTransport::kTcp;
+  EXPECT_EQ(memory_plans(c, dims, 1, cpu)[0].comm_workspace, 4 * largest);
+  c.parallel.reduce_dtype = config::Precision::kBf16;
+  EXPECT_EQ(memory_plans(c, dims, 1, cpu)[0].comm_workspace, 2 * largest);
+  c.parallel.host_transport = config::HostTransport::kAuto;
+  cpu.devices_per_node = 1;  // one rank per node: the group spans two
+  EXPECT_EQ(memory_plans(c, dims, 1, cpu)[0].comm_workspace, 2 * largest);
+  cpu.gloo = false;  // NCCL's buffers are in the reserved figure
+  EXPECT_EQ(memory_plans(c, dims, 1, cpu)[0].comm_workspace, 0u);
 }
 
 Hardware fast_links() {
