@@ -132,13 +132,13 @@ std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, int rank, int size, 
 enum class HostTransport { kAuto, kTcp, kShm };
 const char* transport_name(HostTransport t);  // "auto", "tcp", "shm"
 
-// The process group for host memory: Gloo over TCP, with its collectives over shared memory as
-// `transport` allows (shm_group.cc; point-to-point transfers stay on Gloo). Every rank must pass
-// the same transport.
 // Bytes of the shared-memory segment a host group of `size` ranks maps (each rank's RSS holds
 // the pages it touches; the memory plan counts them all).
 size_t shm_segment_bytes(int size);
 
+// The process group for host memory: Gloo over TCP, with its collectives over shared memory as
+// `transport` allows (shm_group.cc; point-to-point transfers stay on Gloo). Every rank must pass
+// the same transport.
 std::unique_ptr<ProcessGroup> make_host_group(Store& store, int rank, int size, const std::string& interface_host,
                                               Millis timeout, HostTransport transport);
 
