@@ -44,17 +44,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 
 #include "comm/host_group.h"
 #include "comm/process_group.h"
-#include "core/bf16.h"
 #include "core/check.h"
 
 namespace tessera::comm {
@@ -304,16 +298,12 @@ class GlooGroup final : public HostGroup {
     CHECK(count >= 0);
     CHECK_MSG(peer >= 0 && peer < size_ && peer != rank_, "point to point needs another rank of the group");
     const size_t nbytes = static_cast<size_t>(count) * dtype_bytes(dtype);
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over (count, dtype)
-    for (uint64_t v : {uint64_t(count), uint64_t(dtype)}) {
-      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-    }
+    const uint64_t h = fnv1a({uint64_t(count), uint64_t(dtype)});
     const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, tag) ^ ((h & 0xffffff) << 32);
     const bool is_send = kind == OpKind::kSend;
     const std::string what = std::string(op_name(kind)) + " tag " + std::to_string(tag) + (is_send ? " to" : " from") +
                              " rank " + std::to_string(peer) + " on rank " + std::to_string(rank_) + " of " +
-                             std::to_string(size_) + " (" + std::to_string(count) + " x " +
-                             (dtype == DType::kF32 ? "f32" : "bf16") + ")";
+                             std::to_string(size_) + " (" + shape_text(kind, count, dtype, 0) + ")";
     const std::string earlier = broken();
     if (!earlier.empty()) throw CollectiveError(what + " failed: group unusable after an earlier failure: " + earlier);
     // A zero-byte buffer still travels (Gloo sends an empty message), so both sides stay matched.

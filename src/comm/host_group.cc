@@ -11,6 +11,21 @@
 
 namespace tessera::comm::detail {
 
+std::string shape_text(OpKind kind, int64_t count, DType dtype, int root) {
+  if (kind == OpKind::kBarrier) return "no data";
+  std::string shape = std::to_string(count) + " x " + (dtype == DType::kF32 ? "f32" : "bf16");
+  if (kind == OpKind::kBroadcast) shape += " from rank " + std::to_string(root);
+  return shape;
+}
+
+uint64_t fnv1a(std::initializer_list<uint64_t> values) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t v : values) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  }
+  return h;
+}
+
 std::string failure_message(const OpInfo& op, int rank, int size, const std::string& what) {
   std::string hint;
   if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
@@ -197,18 +212,12 @@ uint64_t HostGroup::bytes_sent(OpKind op) const {
 std::unique_ptr<Work> HostGroup::enqueue(OpKind kind, int64_t count, DType dtype, int root, Body body) {
   CHECK(count >= 0);
   auto state = std::make_shared<WorkState>();
-  std::string shape = std::to_string(count) + " x " + (dtype == DType::kF32 ? "f32" : "bf16");
-  if (kind == OpKind::kBroadcast) shape += " from rank " + std::to_string(root);
-  if (kind == OpKind::kBarrier) shape = "no data";
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the signature
-  for (uint64_t v : {uint64_t(kind), uint64_t(count), uint64_t(dtype), uint64_t(root)}) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-  }
+  const uint64_t h = fnv1a({uint64_t(kind), uint64_t(count), uint64_t(dtype), uint64_t(root)});
   const bool empty = count == 0 && kind != OpKind::kBarrier;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto q = std::make_unique<Queued>(
-        Queued{{kind, next_seq_++, count, dtype, root, h, std::move(shape)}, std::move(body), state});
+    auto q = std::make_unique<Queued>(Queued{
+        {kind, next_seq_++, count, dtype, root, h, shape_text(kind, count, dtype, root)}, std::move(body), state});
     if (empty) {
       state->finish();
     } else {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +30,14 @@ struct OpInfo {
   uint64_t signature;  // a hash of (kind, count, dtype, root): calls that differ differ here
   std::string shape;   // e.g. "1000 x f32", for messages
 };
+
+// A call's shape for messages: "1000 x f32", "1000 x bf16 from rank 2" (broadcast), "no data"
+// (barrier).
+std::string shape_text(OpKind kind, int64_t count, DType dtype, int root);
+
+// FNV-1a over the bytes of `values`: the signature of a call (kind, count, dtype, root), or of a
+// point-to-point transfer's shape.
+uint64_t fnv1a(std::initializer_list<uint64_t> values);
 
 // "all_reduce #1 on rank 0 of 2 failed (1000 x f32): WHAT", with a hint where WHAT is a timeout.
 std::string failure_message(const OpInfo& op, int rank, int size, const std::string& what);

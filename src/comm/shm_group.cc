@@ -252,9 +252,9 @@ class Segment {
 };
 
 std::string describe(const Call& c) {
-  return std::string(op_name(static_cast<OpKind>(c.kind))) + " #" + std::to_string(c.seq) + " (" +
-         std::to_string(c.count) + " x " + (c.dtype == static_cast<int32_t>(DType::kF32) ? "f32" : "bf16") +
-         (c.kind == static_cast<int32_t>(OpKind::kBroadcast) ? " from rank " + std::to_string(c.root) : "") + ")";
+  const OpKind kind = static_cast<OpKind>(c.kind);
+  return std::string(op_name(kind)) + " #" + std::to_string(c.seq) + " (" +
+         shape_text(kind, c.count, static_cast<DType>(c.dtype), c.root) + ")";
 }
 
 class ShmGroup final : public HostGroup {
