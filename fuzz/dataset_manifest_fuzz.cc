@@ -7,10 +7,10 @@
 
 #include <climits>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
+#include "core/json.h"
 #include "data/dataset.h"
 #include "harness.h"
 
@@ -134,7 +134,7 @@ std::string recipe_manifest(FuzzedDataProvider& p) {
       {"inputs", nlohmann::ordered_json::array()},
       {"unigram_entropy_nats", 5.25},
   };
-  return m.dump();
+  return dump_json(m);
 }
 
 }  // namespace

@@ -12,12 +12,12 @@
 
 #include <algorithm>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/etcd_reply.h"
+#include "core/json.h"
 #include "harness.h"
 
 namespace tessera::fuzz {
@@ -174,7 +174,7 @@ json recipe_reply(FuzzedDataProvider& p) {
 
 void write_seeds(const std::string& dir) {
   auto seed = [&](const std::string& name, size_t status_index, size_t ranges, const json& body) {
-    std::ofstream(dir + "/" + name, std::ios::binary) << head(status_index, ranges) << body.dump();
+    std::ofstream(dir + "/" + name, std::ios::binary) << head(status_index, ranges) << dump_json(body);
   };
   seed("range.json", 0, 1, range_reply({kv_of(kBase + "a", std::string("\x01\x02\x03", 3), 6)}));
   seed("range-empty.json", 0, 0, range_reply({}));
@@ -219,7 +219,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
   check(kStatus[status_index], ranges, body);
   FuzzedDataProvider provider(data + 1, size - 1);
-  check(kStatus[status_index], ranges, recipe_reply(provider).dump());
+  check(kStatus[status_index], ranges, tessera::dump_json(recipe_reply(provider)));
   std::string decoded;
   FUZZ_CHECK(tessera::comm::etcd::base64_decode(tessera::comm::etcd::base64_encode(body), &decoded) && decoded == body);
   return 0;

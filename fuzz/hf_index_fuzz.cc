@@ -8,12 +8,12 @@
 
 #include <algorithm>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "checkpoint/hf.h"
+#include "core/json.h"
 #include "harness.h"
 #include "hf_fixture.h"
 
@@ -37,7 +37,7 @@ const Fixture& fixture() {
     checkpoint::HfExportOptions o;
     o.max_shard_bytes = 2048;  // 4.9 kB of weights: three files
     export_hf_fixture(out.dir, o);
-    out.index = ordered_json::parse(read_file(out.dir + "/model.safetensors.index.json"));
+    out.index = parse_ordered_json_or_throw(read_file(out.dir + "/model.safetensors.index.json"));
     for (const auto& [tensor, file] : out.index["weight_map"].items()) {
       if (std::find(out.files.begin(), out.files.end(), file) == out.files.end()) out.files.push_back(file);
     }
@@ -102,7 +102,7 @@ std::string recipe_index(FuzzedDataProvider& p) {
     default:
       break;
   }
-  return index.dump(2);
+  return dump_json(index, 2);
 }
 
 }  // namespace

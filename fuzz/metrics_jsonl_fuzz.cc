@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "harness.h"
 #include "metrics/report.h"
 
@@ -66,7 +66,7 @@ std::string write_back(const Metrics& m) {
       if (static_cast<size_t>(count) > i) stragglers.push_back(rank);  // the first `count` records
     }
     if (!stragglers.empty()) r["stragglers"] = stragglers;
-    out += r.dump() + "\n";
+    out += dump_json(r) + "\n";
   }
   return out;
 }

@@ -7,10 +7,10 @@
 
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "core/json.h"
 #include "harness.h"
 
 namespace tessera::fuzz {
@@ -82,7 +82,7 @@ std::string recipe_file(FuzzedDataProvider& p) {
         {"dtype", p.PickValueInArray(kDtypes)}, {"shape", shape}, {"data_offsets", {begin, end}}};
   }
   if (p.ConsumeBool()) header["__metadata__"] = {{"k", p.ConsumeRandomLengthString(8)}};
-  const std::string json = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  const std::string json = dump_json(header, -1, /*replace_invalid_utf8=*/true);
   const uint64_t len = p.ConsumeBool() ? json.size() : edge_value(p);
   std::string file(8, '\0');
   std::memcpy(file.data(), &len, 8);

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "core/json.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "fsdp/sharded_params.h"
@@ -86,7 +86,7 @@ TEST_P(ModelParity, MatchesPyTorch) {
                         {"eps", adam.eps},
                         {"weight_decay", adam.weight_decay},
                         {"grad_clip", variant.grad_clip}};
-  std::ofstream(dir / "config.json") << cfg.dump(2);
+  std::ofstream(dir / "config.json") << dump_json(cfg, 2);
   for (const auto& t : params.gather_named_tensors())
     testing::write_npy(dir / "params" / (t.name + ".npy"), t.data, t.shape);
 

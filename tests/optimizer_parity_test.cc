@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 
+#include "core/json.h"
 #include "npy.h"
 #include "train/trainer.h"
 
@@ -85,7 +85,7 @@ TEST(OptimizerParity, UpdateAfterASkippedStepMatchesPyTorch) {
                               {"weight_decay", c.train.weight_decay},
                               {"step", 2},
                               {"decay", decay}};
-  std::ofstream(dir / "config.json") << cfg.dump(2);
+  std::ofstream(dir / "config.json") << dump_json(cfg, 2);
 
   const std::string cmd =
       fmt::format("{} {}/tests/torch_ref/check_adamw.py {}", TESSERA_TORCH_PYTHON, TESSERA_SOURCE_DIR, dir.string());

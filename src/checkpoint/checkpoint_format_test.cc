@@ -8,13 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/object_tier.h"
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "storage/s3rver_test_util.h"
 
 namespace tessera::checkpoint {
@@ -148,9 +148,9 @@ void rewrite_header(const fs::path& path, const std::function<void(nlohmann::jso
   uint64_t len = 0;
   std::memcpy(&len, bytes.data() + 16, 8);
   const std::string data = bytes.substr((32 + len + 63) / 64 * 64);
-  nlohmann::json h = nlohmann::json::parse(bytes.substr(32, len));
+  nlohmann::json h = parse_json_or_throw(bytes.substr(32, len));
   edit(h);
-  const std::string text = h.dump();
+  const std::string text = dump_json(h);
   std::string out = bytes.substr(0, 32) + text;
   const uint64_t size = text.size(), sum = XXH64(text.data(), text.size(), 0);
   std::memcpy(out.data() + 16, &size, 8);
@@ -226,16 +226,16 @@ TEST(Manifest, RoundTrip) {
 // Manifests written before skipped steps stopped counting have no optimizer_steps: their updates
 // counted every step, and resuming continues them so.
 TEST(Manifest, OptimizerStepsDefaultToTheStep) {
-  nlohmann::json j = nlohmann::json::parse(to_json(sample_manifest()));
-  EXPECT_EQ(parse_manifest(j.dump(), "M").optimizer_steps, sample_manifest().optimizer_steps);
+  nlohmann::json j = parse_json_or_throw(to_json(sample_manifest()));
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").optimizer_steps, sample_manifest().optimizer_steps);
   j.erase("optimizer_steps");
-  EXPECT_EQ(parse_manifest(j.dump(), "M").optimizer_steps, sample_manifest().step);
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").optimizer_steps, sample_manifest().step);
 }
 
 // Version 1 (before tensor parallelism) has no tensor_parallel, tp_rank, split_dim or full_shape:
 // it reads as tp 1, every tensor whole.
 TEST(Manifest, VersionOneReadsAsOneTensorParallelRank) {
-  nlohmann::json j = nlohmann::json::parse(to_json(sample_manifest()));
+  nlohmann::json j = parse_json_or_throw(to_json(sample_manifest()));
   j["version"] = 1;
   j.erase("tensor_parallel");
   j.erase("pipeline_parallel");
@@ -244,7 +244,7 @@ TEST(Manifest, VersionOneReadsAsOneTensorParallelRank) {
     u.erase("pp_rank");
     for (auto& t : u["tensors"]) t.erase("split_dim"), t.erase("full_shape");
   }
-  const Manifest m = parse_manifest(j.dump(), "v1");
+  const Manifest m = parse_manifest(dump_json(j), "v1");
   EXPECT_EQ(m.tensor_parallel, 1);
   EXPECT_EQ(m.file_of(0, 0, 1)->name, "shard_00001.bin");
   EXPECT_EQ(m.units[0].tensors[0].split_dim, -1);
@@ -261,12 +261,12 @@ TEST(Manifest, TensorParallelFieldsAreChecked) {
   m.units[0].tensors[0] = {"tok", {2, 5}, 0, 0, {4, 5}};
   m.files.push_back({"tp01_shard_00000.bin", 0, 1, 0, 1, 1});
   m.files.push_back({"tp01_shard_00001.bin", 0, 1, 1, 1, 1});
-  const nlohmann::json good = nlohmann::json::parse(to_json(m));
-  EXPECT_EQ(to_json(parse_manifest(good.dump(), "M")), to_json(m));
+  const nlohmann::json good = parse_json_or_throw(to_json(m));
+  EXPECT_EQ(to_json(parse_manifest(dump_json(good), "M")), to_json(m));
   auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json j = good;
     edit(j);
-    return error_of([&] { parse_manifest(j.dump(), "M"); });
+    return error_of([&] { parse_manifest(dump_json(j), "M"); });
   };
   EXPECT_NE(error_with([](auto& j) { j["units"][0]["tensors"][0]["full_shape"] = {2, 5}; })
                 .find("units[0].tensors[0].full_shape is not the block's shape with dimension 0 cut among 2 tp ranks"),
@@ -283,11 +283,11 @@ TEST(Manifest, TensorParallelFieldsAreChecked) {
 }
 
 TEST(Manifest, BadFieldsNameTheKey) {
-  const nlohmann::json good = nlohmann::json::parse(to_json(sample_manifest()));
+  const nlohmann::json good = parse_json_or_throw(to_json(sample_manifest()));
   auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json j = good;
     edit(j);
-    return error_of([&] { parse_manifest(j.dump(), "M"); });
+    return error_of([&] { parse_manifest(dump_json(j), "M"); });
   };
   EXPECT_NE(error_with([](auto& j) { j.erase("step"); }).find("M: step is missing"), std::string::npos);
   EXPECT_NE(error_with([](auto& j) { j["step"] = "12"; }).find("step has type string"), std::string::npos);
@@ -381,10 +381,10 @@ TEST(CheckpointReader, CraftedNumelIsRejectedBeforeAllocating) {
   Dir d;
   write_checkpoint(d.path, 5, 2, {37});
   const fs::path manifest = d.path / step_dir_name(5) / "manifest.json";
-  nlohmann::json j = nlohmann::json::parse(slurp(manifest));
+  nlohmann::json j = parse_json_or_throw(slurp(manifest));
   j["units"][0]["numel"] = int64_t{1} << 40;
   j["units"][0]["padded"] = int64_t{1} << 40;
-  spit(manifest, j.dump());
+  spit(manifest, dump_json(j));
   CheckpointReader r((d.path / step_dir_name(5)).string());
   const std::string error = error_of([&] { r.parameters(); });
   EXPECT_NE(error.find("tensor u0.param is of the wrong size"), std::string::npos) << error;

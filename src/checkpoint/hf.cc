@@ -10,12 +10,12 @@
 #include <functional>
 #include <map>
 #include <numeric>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 #include "model/layout.h"
 
 namespace tessera::checkpoint {
@@ -91,7 +91,7 @@ json parse_json_file(const fs::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   try {
-    return json::parse(text.str());
+    return parse_json_or_throw(text.str());
   } catch (const json::exception& e) {
     throw DataError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
   }
@@ -195,7 +195,7 @@ std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& o
   };
   if (options.bos_token_id >= 0) j["bos_token_id"] = options.bos_token_id;
   if (options.eos_token_id >= 0) j["eos_token_id"] = options.eos_token_id;
-  return j.dump(2) + "\n";
+  return dump_json(j, 2) + "\n";
 }
 
 namespace {
@@ -210,7 +210,7 @@ class ConfigKeys {
   const json& operator[](const char* key) const { return j_[key]; }
   DataError fail(const std::string& key, const std::string& why) const {
     const bool echo = j_.contains(key) && j_[key].is_primitive();
-    return DataError(fmt::format("{}: key {}{}: {}", origin_, key, echo ? " = " + j_[key].dump() : "", why));
+    return DataError(fmt::format("{}: key {}{}: {}", origin_, key, echo ? " = " + dump_json(j_[key]) : "", why));
   }
   int64_t integer(const char* key, const int64_t* fallback) const {
     if (!has(key)) {
@@ -323,7 +323,7 @@ std::string matching_preset(const model::ModelConfig& c) {
 HfModel hf_config_from_json(const std::string& json_text, const std::string& origin) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = parse_json_or_throw(json_text);
   } catch (const json::exception& e) {
     throw DataError(fmt::format("{}: not valid JSON: {}", origin, e.what()));
   }
@@ -399,7 +399,7 @@ void export_hf(const model::ModelConfig& c, const std::vector<NamedTensor>& tens
       for (const NamedTensor& t : shards[i]) weight_map[t.name] = file;
     }
     const ordered_json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    write_file_atomic((d / kIndexFile).string(), index.dump(2) + "\n");
+    write_file_atomic((d / kIndexFile).string(), dump_json(index, 2) + "\n");
   }
   // config.json last: a directory with it is a complete export.
   write_file_atomic((d / kConfigFile).string(), hf_config_json(c, options));

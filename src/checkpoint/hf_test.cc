@@ -1,7 +1,6 @@
 // Hugging Face interop: exact round trips, the rotary permutation against both rotations,
 // 16-bit weights, and broken directories rejected with the file and tensor or key named.
 #include "checkpoint/hf.h"
-#include "checkpoint/safetensors_test_util.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -16,10 +15,11 @@
 #include <functional>
 #include <set>
 #include <tuple>
-#include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_test_util.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/rng.h"
 #include "kernels/ref/rope.h"
 #include "model/layout.h"
@@ -113,7 +113,7 @@ TEST_P(HfRoundTrip, ExportThenImportIsExact) {
   EXPECT_EQ(fs::exists(dir / "model.safetensors"), !sharded);
   if (sharded) {
     std::ifstream in(dir / "model.safetensors.index.json");
-    const auto index = nlohmann::json::parse(in);
+    const auto index = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
     uint64_t total = 0;
     for (const auto& t : tensors) total += t.data.size() * sizeof(float);
     EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
@@ -259,9 +259,9 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   };
   auto edit_config = [&](const std::function<void(nlohmann::json&)>& edit) {
     std::ifstream in(config);
-    nlohmann::json j = nlohmann::json::parse(in);
+    nlohmann::json j = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
     edit(j);
-    std::ofstream(config) << j.dump();
+    std::ofstream(config) << dump_json(j);
   };
 
   fresh_export(5'000'000'000);
@@ -289,7 +289,7 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   {
     // An integer tensor: the reader names the file and tensor.
     nlohmann::ordered_json header = {{"model.norm.weight", {{"dtype", "I64"}, {"shape", {2}}, {"data_offsets", {0, 16}}}}};
-    const std::string json = header.dump();
+    const std::string json = dump_json(header);
     const uint64_t n = json.size();
     std::ofstream out(weights, std::ios::binary);
     out.write(reinterpret_cast<const char*>(&n), 8);
@@ -321,13 +321,13 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   nlohmann::json idx;
   {
     std::ifstream in(index);
-    idx = nlohmann::json::parse(in);
+    idx = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
   }
   const std::string shard2 = idx["weight_map"]["model.layers.0.mlp.down_proj.weight"];
   {
     nlohmann::json edited = idx;
     edited["weight_map"]["model.layers.1.mlp.down_proj.weight"] = shard2;
-    std::ofstream(index) << edited.dump();
+    std::ofstream(index) << dump_json(edited);
   }
   const std::string msg = import_error(dir);
   EXPECT_TRUE(msg.find("model.layers.1.mlp.down_proj.weight is not listed for this file") != std::string::npos ||
@@ -337,19 +337,19 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   {
     nlohmann::json edited = idx;
     edited["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors";
-    std::ofstream(index) << edited.dump();
+    std::ofstream(index) << dump_json(edited);
   }
   contains(import_error(dir), index.string() + ": names " + (dir / "model-00009-of-00009.safetensors").string());
   {
     nlohmann::json edited = idx;
     edited["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors";
-    std::ofstream(index) << edited.dump();
+    std::ofstream(index) << dump_json(edited);
   }
   contains(import_error(dir), index.string() + ": weight_map entry model.norm.weight names \"../elsewhere.safetensors\"");
   {
     nlohmann::json edited = idx;
     edited["weight_map"].erase("model.norm.weight");
-    std::ofstream(index) << edited.dump();
+    std::ofstream(index) << dump_json(edited);
   }
   contains(import_error(dir), "tensor model.norm.weight is not listed for this file in " + index.string());
 

@@ -6,11 +6,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
@@ -151,11 +151,11 @@ std::string to_json(const Manifest& m) {
       {"units", units},
       {"config", m.config_toml},
   };
-  return j.dump(1);  // no trailing newline: cutting any byte off damages it
+  return dump_json(j, 1);  // no trailing newline: cutting any byte off damages it
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& origin) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json j = parse_json(text);
   if (j.is_discarded() || !j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
   const Checked top(j, origin, "");
   if (top.string("format") != "tessera-checkpoint") throw top.error("format", "is not tessera-checkpoint");

@@ -11,12 +11,12 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 
 namespace tessera::checkpoint {
 
@@ -30,7 +30,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string json = header.dump();
+  std::string json = dump_json(header);
   json.resize((json.size() + 7) / 8 * 8, ' ');  // the format pads the header with spaces to 8 bytes
   const uint64_t header_len = json.size();      // little-endian on every machine we build for
 
@@ -148,7 +148,7 @@ nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t 
   in.read(json.data(), static_cast<std::streamsize>(*header_len));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(json);
+    header = parse_json_or_throw(json);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
   }

@@ -5,12 +5,12 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "core/json.h"
 
 namespace tessera::checkpoint::test_util {
 
@@ -24,7 +24,7 @@ inline void write_16bit(const std::string& path, const std::string& dtype,
     header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + 2 * bits.size()}}};
     offset += 2 * bits.size();
   }
-  const std::string json = header.dump();
+  const std::string json = dump_json(header);
   const uint64_t n = json.size();
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&n), 8);

@@ -11,10 +11,10 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -103,7 +103,7 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
                     {"xxh64", hex64(XXH64(t.data, bytes, 0))}});
     offset = align_up(offset + bytes);
   }
-  const std::string header = nlohmann::ordered_json{{"tensors", list}}.dump();
+  const std::string header = dump_json(nlohmann::ordered_json{{"tensors", list}});
   const uint64_t data_begin = align_up(kPrefix + header.size());
   std::string prefix(kPrefix, '\0');
   std::memcpy(prefix.data(), kMagic, 8);
@@ -180,7 +180,7 @@ void ShardFile::parse_header() {
   if (XXH64(header.data(), header.size(), 0) != header_sum) throw bad("header checksum mismatch");
   data_begin_ = align_up(kPrefix + header_size);
   const uint64_t data_size = size >= data_begin_ ? size - data_begin_ : 0;
-  const nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = parse_json(header);
   if (!j.is_object() || !j.contains("tensors") || !j["tensors"].is_array()) throw bad("header has no tensor list");
   for (const auto& t : j["tensors"]) {
     ShardEntry e;

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -17,6 +16,7 @@
 #include "checkpoint/directory.h"
 #include "cli/args.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "core/timer.h"
@@ -342,7 +342,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
     out["save_commit_s"] = median3(saves.commit);
     out["step_s_during_save"] = median3(saves.step_during);
   }
-  fmt::print("{}\n", out.dump());
+  fmt::print("{}\n", dump_json(out));
   std::fflush(stdout);
 }
 

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/tokenizer.h"
@@ -94,7 +94,7 @@ int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, k
                                     {"kv_cache", options.kv_cache},
                                     {"bf16", options.bf16},
                                     {"threads", num_threads()}};
-  fmt::print("{}\n", j.dump());
+  fmt::print("{}\n", dump_json(j));
   return kExitOk;
 }
 
@@ -232,7 +232,7 @@ int cmd_eval(const Args& args) {
                                 {"val_loss", e.loss},
                                 {"perplexity", std::exp(e.loss)},
                                 {"unigram_entropy", trainer.dataset()->unigram_entropy}};
-  fmt::print("{}\n", out.dump());
+  fmt::print("{}\n", dump_json(out));
   return kExitOk;
 }
 

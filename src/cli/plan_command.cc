@@ -5,12 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/threads.h"
 #include "model/model_config.h"
 #include "plan/search.h"
@@ -173,7 +173,7 @@ void print_plan(const plan::Planned& p, const plan::Cluster& cluster, double tok
     for (const plan::MemoryPlan& s : p.stages) out["memory_per_stage"].push_back(memory_json(s, h.memory_bytes));
     if (scaling) out["scaling_efficiency"] = *scaling;
     if (tokens > 0) out["seconds_to_tokens"] = tokens / p.step.tokens_per_s;
-    fmt::print("{}\n", out.dump());
+    fmt::print("{}\n", dump_json(out));
     return;
   }
   const config::Config& c = p.config;
@@ -234,7 +234,7 @@ void print_search(const std::vector<plan::Candidate>& all, const plan::Cluster& 
                      {"step", step_json(c.step)},
                      {"why_not", c.why_not}});
     }
-    fmt::print("{}\n", out.dump());
+    fmt::print("{}\n", dump_json(out));
     return;
   }
   size_t fitting = 0;
@@ -300,7 +300,7 @@ ProbeRun run_probe(const config::Config& c, int nproc, int threads) {
   char buffer[4096];
   while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) text.append(buffer, n);
   const int status = ::pclose(pipe);
-  probe.result = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  probe.result = parse_json(text);
   if (status != 0 || !probe.result.is_object() || !probe.result.contains("arena_bytes")) {
     throw Error(fmt::format("measuring this machine's runtime failed: `{}` exited with status {}", command, status),
                 kExitFailure);

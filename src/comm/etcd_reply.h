@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/process_group.h"
+#include "core/json.h"
 
 namespace tessera::comm::etcd {
 
@@ -154,7 +154,7 @@ struct Reply {
 // reply's code is a string that is not an integer.
 inline bool read_reply(long status, const std::string& text, Reply* out) {
   *out = Reply();
-  out->body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  out->body = parse_json(text);
   if (out->body.is_discarded()) return false;
   if (status == 200) {
     out->ok = true;
@@ -244,7 +244,7 @@ inline Grant lease_grant(const json& reply, const std::string& who) {
 // says nothing (retry); -1: the lease is gone (an expired lease is answered with no TTL: proto3
 // omits the zero).
 inline int keepalive_result(const std::string& text) {
-  const json reply = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json reply = parse_json(text);
   if (reply.is_discarded() || !field(reply, "result").is_object()) return 0;
   try {
     return int_field(field(reply, "result"), "TTL") > 0 ? 1 : -1;

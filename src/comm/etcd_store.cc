@@ -5,7 +5,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
@@ -14,6 +13,7 @@
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "comm/store_impl.h"
+#include "core/json.h"
 
 namespace tessera::comm {
 namespace {
@@ -153,7 +153,7 @@ enum class Retry {
 // the deadline. Messages name the store (`who`, which holds the endpoint) and the key (`what`).
 json call(Http& http, const std::string& who, const std::string& path, const json& request, const Deadline& deadline,
           const std::string& what, Retry retry) {
-  std::string body = request.dump();
+  std::string body = dump_json(request);
   Millis backoff = kFirstBackoff;
   for (;;) {
     HttpResult r = http.post(path, body, deadline.left(), /*fresh=*/retry == Retry::kUnsent);
@@ -233,7 +233,7 @@ class LeaseImpl final : public EtcdLease {
   // 1: renewed; 0: etcd unreachable or failing; -1: the lease is gone.
   int renew() {
     json req = {{"ID", std::to_string(id_)}};
-    HttpResult r = http_.post("/v3/lease/keepalive", req.dump(), ttl_ / 3);
+    HttpResult r = http_.post("/v3/lease/keepalive", dump_json(req), ttl_ / 3);
     if (r.code != CURLE_OK || r.status != 200) return 0;
     return keepalive_result(r.body);
   }

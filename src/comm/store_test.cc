@@ -28,6 +28,7 @@
 #include "comm/process_group.h"
 #include "comm/test_util.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace tessera::comm {
 namespace {
@@ -775,7 +776,7 @@ TEST(EtcdReply, LeaseGrantBeyondEtcdsLongestTtlRefused) {
 TEST(EtcdReply, MalformedRepliesAreNotEchoed) {
   const std::string deep =
       R"({"succeeded":true,"responses":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
-  const etcd::json reply = etcd::json::parse(deep);
+  const etcd::json reply = parse_json_or_throw(deep);
   try {
     etcd::txn_exists(reply, 2, "etcd://e:2379/p");
     ADD_FAILURE() << "a transaction without its 2 responses was read";

@@ -11,12 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "data/object_cache.h"
 #include "storage/s3_client.h"
@@ -138,7 +138,7 @@ DatasetManifest read_manifest(const std::string& dir) {
     ss << in.rdbuf();
     text = ss.str();
   }
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = parse_json(text);
   if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));
   const Reader r(file);
   if (r.str(j, "format", "") != kFormat) throw r.fail("format", fmt::format("want \"{}\"", kFormat));
@@ -183,7 +183,7 @@ void write_manifest(const std::string& dir, const DatasetManifest& m) {
       {"inputs", m.inputs},
       {"unigram_entropy_nats", m.unigram_entropy},
   };
-  write_file_atomic(manifest_path(dir), j.dump(2) + "\n");
+  write_file_atomic(manifest_path(dir), dump_json(j, 2) + "\n");
 }
 
 TokenStream::TokenStream(const std::string& dir, const std::string& split, const std::string& cache_dir)

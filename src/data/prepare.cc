@@ -17,12 +17,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/shard.h"
@@ -274,8 +274,7 @@ nlohmann::json run_worker(int w, const std::vector<WorkItem>& items, const Plan&
   }
   try {
     // Replacing invalid UTF-8 (a file name in a message, say) keeps dump() from throwing.
-    write_file_atomic(out.file(result_name(w)),
-                              result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    write_file_atomic(out.file(result_name(w)), dump_json(result, -1, /*replace_invalid_utf8=*/true));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "prepare worker %d: cannot report: %s\n", w, e.what());
     if (code == kExitOk) code = kExitIo;
@@ -301,7 +300,7 @@ nlohmann::json read_result(const std::string& path) {
   if (!in) return nullptr;
   std::ostringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = parse_json(ss.str());
   return j.is_discarded() || !j.is_object() ? nlohmann::json(nullptr) : j;
 }
 

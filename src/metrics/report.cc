@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "tessera/build_config.h"
@@ -60,7 +60,7 @@ Metrics read_metrics(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json r;
     try {
-      r = nlohmann::json::parse(line);
+      r = parse_json_or_throw(line);
     } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number like 1e999
       // A last line without its newline is a record being written (a live run) or cut off by a
       // crash: the report covers the records before it.
@@ -491,7 +491,7 @@ std::string progress_rows(const Metrics& m, const nlohmann::ordered_json& info) 
   std::string rows;
   const size_t n = m.records;
   std::string steps = fmt::format("{} records, last step {:.0f}", n, m.step.back());
-  if (info.contains("max_steps")) steps += fmt::format(" of {}", info["max_steps"].dump());
+  if (info.contains("max_steps")) steps += fmt::format(" of {}", dump_json(info["max_steps"]));
   rows += table_row("steps", steps);
   double v = kNaN;
   size_t at = 0;
@@ -755,7 +755,7 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
   const std::string info_path = (dir / "run.json").string();
   if (std::ifstream in(info_path); in) {
     try {
-      info = nlohmann::ordered_json::parse(in);
+      info = parse_ordered_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
     } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number like 1e999
       throw DataError(fmt::format("{}: not JSON: {}", info_path, e.what()));
     }
@@ -785,7 +785,7 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
   } else {
     html += "<table>\n";
     for (const auto& [key, value] : info.items()) {
-      std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+      std::string text = value.is_string() ? value.get<std::string>() : dump_json(value);
       if (value.is_number() && std::abs(value.get<double>()) >= 1e4) {
         text += " (" + format_si(value.get<double>()) + ")";
       }

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -27,6 +26,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/host.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/run_lock.h"
 #include "core/signals.h"
@@ -93,7 +93,7 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
   const fs::path beside = dir / "tokenizer.model";
   out.tokenizer_path = !tokenizer.empty() ? tokenizer : fs::exists(beside) ? beside.string() : "";
   if (std::ifstream in(dir / "run.json"); in) {
-    const nlohmann::json info = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json info = parse_json(std::string(std::istreambuf_iterator<char>(in), {}));
     if (info.is_object() && info.contains("dataset") && info["dataset"].is_string()) out.dataset = info["dataset"];
   }
   return out;
@@ -334,7 +334,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (!resume.empty()) candidates = checkpoint::agreed_resume_candidates(config, root, resume, dist);
   checkpoint::Checkpointer checkpointer(config, root, dist);
   resume_trainer(trainer, root, resume, candidates);
-  if (leader) write_file_atomic(run_dir + "/run.json", run_info.dump(2) + "\n");
+  if (leader) write_file_atomic(run_dir + "/run.json", dump_json(run_info, 2) + "\n");
 
   StepLog step_log(config, run_dir, dist, peak, trainer.steps_done(), device);
   const double start = now_seconds();

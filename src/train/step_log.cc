@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/host.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/threads.h"
 #include "core/timer.h"
@@ -27,7 +27,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
   if (!in) return;
   std::string line, kept;
   while (std::getline(in, line)) {
-    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json r = parse_json(line);
     if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() <= step) {
       kept += line + "\n";
     }
@@ -157,7 +157,7 @@ void StepLog::record(const Trainer& trainer, const StepStats& s, const Extra& ex
   r.mfu = metrics::mfu(r.flops, peak_);
   r.eta = r.elapsed / static_cast<double>(s.step - first_step_) *
           static_cast<double>(std::max<int64_t>(config_.train.max_steps - s.step, 0));
-  metrics_ << metrics_record(trainer, s, extra, slow, r).dump() << '\n';
+  metrics_ << dump_json(metrics_record(trainer, s, extra, slow, r)) << '\n';
   metrics_.flush();
   if (prometheus_) prometheus_->publish(prometheus_page(trainer, s, extra, slow, r.eta));
   print(s, extra, r);
