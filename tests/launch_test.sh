@@ -163,7 +163,9 @@ for bad in "train.batch_size=-3" "train.lr=fast" "parallel.nproc=0" "train.batch
 done
 
 # --- row 16: an agent with another job token is refused; nothing listens beyond loopback
-launch guarded 1 2 --set train.max_steps=400 2>"$dir/guarded.log" &
+# A run far longer than the checks below take: the SIGTERM at the end must find it training (the
+# 400 steps it had take 5 s with shared-memory collectives, which a loaded machine could outlast).
+launch guarded 1 2 --set train.max_steps=100000 2>"$dir/guarded.log" &
 agent=$!
 wait_step "$dir/guarded" 5
 set +e
