@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/json.h"
 #include "data/dataset.h"
 #include "harness.h"

@@ -9,8 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 #include <typeinfo>
 
@@ -55,14 +53,6 @@ std::string write_input(const std::string& name, const uint8_t* data, size_t siz
   write_all(fd, data, size, path);  // an IoError here escapes as a finding: the harness is broken
   ::close(fd);
   return path;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) finding("cannot read " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 void finding(const std::string& what) {

@@ -27,9 +27,6 @@ const std::string& scratch_dir();
 // Writes the bytes to scratch_dir()/name, replacing what was there, and returns the path.
 std::string write_input(const std::string& name, const uint8_t* data, size_t size);
 
-// Reads a whole file (for seeds made by writers that only write paths).
-std::string read_file(const std::string& path);
-
 // Prints the finding and aborts, so that libFuzzer saves the input as a crash.
 [[noreturn]] void finding(const std::string& what);
 [[noreturn]] void unexpected_exception(const std::exception* e);

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "checkpoint/hf.h"
+#include "core/file_io.h"
 #include "harness.h"
 #include "hf_fixture.h"
 #include "model/layout.h"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checkpoint/hf.h"
+#include "core/file_io.h"
 #include "core/json.h"
 #include "harness.h"
 #include "hf_fixture.h"

@@ -4,9 +4,9 @@
 # thread per worker. Prints what it measured.
 # usage: adversarial_test.sh TESSERA_BINARY IO_FAULTS_LIBRARY (tests/io_faults: LD_PRELOAD faults)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
 io_faults=$2
-py=/usr/bin/python3
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 token="adv-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')"
@@ -18,7 +18,6 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 train_args=(--set model.preset=tiny --set data.synthetic=true --set train.eval_interval=0 --set train.threads=1
             --set train.batch_size=12 --set checkpoint.interval_steps=4 --set checkpoint.interval_minutes=0
             --set parallel.timeout_ms=4000)
@@ -27,11 +26,6 @@ train_args=(--set model.preset=tiny --set data.synthetic=true --set train.eval_i
 with_io_fault() {
   TESSERA_IO_FAULT_PATH=$1 TESSERA_IO_FAULT_OPS=$2 TESSERA_IO_FAULT_ERRNO=$3 LD_PRELOAD=$io_faults \
     ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 "${@:4}"
-}
-steps_of() { [[ -s $1/metrics.jsonl ]] && wc -l <"$1/metrics.jsonl" || echo 0; }
-wait_step() {  # wait_step RUN STEP: until metrics.jsonl has STEP records (at most 120 s)
-  for _ in $(seq 2400); do (($(steps_of "$1") >= $2)) && return 0; sleep 0.05; done
-  fail "$1 never reached step $2"
 }
 
 # --- row 23: a stranger on rank 0's TCP store port (torchrun-style workers) during training:
@@ -61,7 +55,7 @@ while kill -0 $stranger 2>/dev/null; do
 done
 wait $stranger || fail "the stranger script failed"
 report=$(cat "$dir/stranger.json")
-step_after=$(steps_of "$dir/tcp")
+step_after=$(steps_logged "$dir/tcp")
 wait_step "$dir/tcp" $((step_after + 4))  # still training
 kill -TERM "${pids[@]}"
 for p in "${pids[@]}"; do wait "$p" || { grep -v "info: step" "$dir/tcp.0.log" "$dir/tcp.1.log"; fail "tcp: a worker failed after the stranger"; }; done
@@ -146,7 +140,7 @@ second launch "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$di
   --rdzv-timeout 5 "${train_args[@]}"
 [[ $(snapshot "$run") == "$before" ]] || { diff <(echo "$before") <(snapshot "$run") | head; fail "item 6: a refused run changed the live run's files"; }
 kill -CONT $live
-wait_step "$run" $(($(steps_of "$run") + 2))
+wait_step "$run" $(($(steps_logged "$run") + 2))
 kill -TERM $live
 wait $live || fail "item 6: the live run failed after the refusals"
 "$tessera" checkpoint verify "$run" >/dev/null || fail "item 6: the live run's last checkpoint does not verify"

@@ -15,6 +15,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/resume.h"
+#include "core/file_io.h"
 #include "launch/local_workers.h"
 #include "parallel/job.h"
 #include "train/trainer.h"
@@ -37,11 +38,6 @@ config::Config make_config(int nproc, const std::string& strategy, int group, in
                            {"parallel.shard_group_size", std::to_string(group)},
                            {"parallel.timeout_ms", "30000"},
                            {"checkpoint.interval_minutes", "0"}});
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 struct Target {
@@ -130,7 +126,8 @@ TEST_P(Reshard, ExactAtAnotherWorldSize) {
     for (int tp = 0; tp < T; ++tp) {
       for (int k = 0; k < S; ++k) {
         const std::string name = checkpoint::shard_file_name(k, tp, T, pp, P);
-        EXPECT_EQ(slurp(offline + "/" + name), slurp(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name)) << name;
+        EXPECT_EQ(read_file(offline + "/" + name), read_file(loaded + "/" + checkpoint::step_dir_name(3) + "/" + name))
+            << name;
       }
     }
   }

@@ -7,24 +7,16 @@
 #   15 (resume at another world size), 18 (SIGTERM), plus verify, reshard and the mirror.
 # usage: checkpoint_test.sh TESSERA_BINARY
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
-py=/usr/bin/python3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 common=(--set model.preset=tiny --set data.synthetic=true --set train.max_steps=12 --set train.eval_interval=0
         --set train.threads=1 --set train.batch_size=12 --set checkpoint.interval_steps=4
         --set checkpoint.interval_minutes=0 --set parallel.timeout_ms=20000)
 train() { "$tessera" train "${common[@]}" "$@"; }
 
-# step, loss and grad norm of every record (exact: JSON keeps every bit of a double)
-losses() { $py -c 'import json,sys
-for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
-same_run() {  # same_run REF RUN WHAT: per-step losses and final parameters bitwise equal
-  diff <(losses "$1") <(losses "$2") >/dev/null || { diff <(losses "$1") <(losses "$2") | head; fail "$3: losses differ"; }
-  cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: final parameters differ"
-}
 latest() { cat "$1/checkpoints/latest"; }
 
 # --- exact resume for every strategy: kill -9 rank 0 half-way through writing its shard of step 8
@@ -159,7 +151,7 @@ for n in 1 2; do
   train --nproc "$n" "${long[@]}" --run-dir "$dir/sigterm-ref-$n" 2>/dev/null || fail "sigterm reference"
   "$tessera" train "${common[@]}" --nproc "$n" "${long[@]}" --run-dir "$run" 2>"$run.log" &
   pid=$!  # tessera itself, not a subshell
-  for _ in $(seq 1500); do [[ -s $run/metrics.jsonl ]] && (($(wc -l <"$run/metrics.jsonl") >= 3)) && break; sleep 0.02; done
+  wait_step "$run" 3
   t0=$(date +%s.%N)
   # Several in a row: only the first counts, and none may land inside a GEMM (see core/signals.h).
   for _ in 1 2 3 4 5; do kill -TERM "$pid" 2>/dev/null || true; sleep 0.02; done

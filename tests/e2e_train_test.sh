@@ -4,10 +4,10 @@
 # cache; several prompts).
 # usage: e2e_train_test.sh TESSERA_BINARY
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 "$tessera" train "$(dirname "$0")/../configs/tiny.toml" --set data.cache_dir="$dir/cache" \
   --set train.max_steps=60 --set train.eval_interval=30 --set train.lr=3e-3 --run-dir "$dir/run" 2>"$dir/train.log" ||

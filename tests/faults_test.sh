@@ -7,11 +7,10 @@
 # dead worker; hang: the peer's collective times out naming the operation; exit).
 # usage: faults_test.sh TESSERA_BINARY
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
-py=/usr/bin/python3
 dir=$(mktemp -d)
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 common=(--nproc 2 --set model.preset=tiny --set data.synthetic=true --set train.max_steps=6
         --set train.eval_interval=0 --set train.threads=1 --set train.batch_size=8

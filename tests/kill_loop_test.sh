@@ -16,6 +16,7 @@
 # and an `ok:` summary; on failure `FAIL: kill K of N (seed S): ...`, keeps the directory, exit 1.
 # usage: kill_loop_test.sh TESSERA_BINARY KILLS [SEED]   (SEED default 1)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
 kills=$2
 seed=${3:-1}
@@ -54,10 +55,6 @@ common=(--set model.preset=tiny --set data.synthetic=true --set train.max_steps=
         --set train.threads=1 --set train.batch_size=12 --set checkpoint.interval_steps=1
         --set checkpoint.interval_minutes=0 --set parallel.timeout_ms=20000 --nproc 2)
 
-# step, loss and grad norm of every record (exact: JSON keeps every bit of a double)
-losses() { /usr/bin/python3 -c 'import json,sys
-for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
-records() { [[ -s $1/metrics.jsonl ]] && wc -l <"$1/metrics.jsonl" || echo 0; }  # complete lines = steps logged
 last_step() {  # the highest step of a complete record (a kill can leave a torn last line)
   [[ -s $1/metrics.jsonl ]] || { echo 0; return; }
   awk '/^\{"step":[0-9]+,.*\}$/ { s = substr($0, 9) + 0; if (s > m) m = s } END { print m + 0 }' "$1/metrics.jsonl"
@@ -131,7 +128,7 @@ for ((k = 1; k <= kills; k++)); do
     target=$((from + 2 + RANDOM % 3)) deadline_ms=-1 delay_ms=$((RANDOM % 41))
   fi
   rank=$((RANDOM % 2))
-  while (($(records "$run") < target)); do
+  while (($(steps_logged "$run") < target)); do
     kill -0 "$agent" 2>/dev/null || { grep -v "info: step" "$log" | tail; fail "the run ended before reaching step $target"; }
     ((deadline_ms < 0 || $(since_ms "$t0") < deadline_ms)) || break
     sleep 0.005

@@ -7,8 +7,8 @@
 # parameters). Every log line of a worker names its coordinates.
 # usage: launch_3d_test.sh TESSERA_BINARY
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
-py=/usr/bin/python3
 dir=$(mktemp -d)
 export TESSERA_JOB_TOKEN=launch-3d-test-token
 cleanup() {
@@ -16,7 +16,6 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 steps=16
 train_args=(--set model.preset=tiny --set data.synthetic=true --set train.max_steps=$steps --set train.eval_interval=0
@@ -27,15 +26,6 @@ train_args=(--set model.preset=tiny --set data.synthetic=true --set train.max_st
 launch() {
   exec "$tessera" launch --nnodes 2 --nproc-per-node 4 --rdzv "file://$dir/rdzv-$1" --run-id "$1" \
     --run-dir "$dir/$1" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "${train_args[@]}"
-}
-losses() { $py -c 'import json,sys
-for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
-wait_step() {  # wait_step RUN STEP: until metrics.jsonl has STEP records
-  for _ in $(seq 2400); do
-    [[ -s $1/metrics.jsonl ]] && (($(wc -l <"$1/metrics.jsonl") >= $2)) && return 0
-    sleep 0.05
-  done
-  fail "$1 never reached step $2"
 }
 
 # The reference: no fault.

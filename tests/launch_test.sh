@@ -5,8 +5,8 @@
 # an uninterrupted one (per-step losses and final parameters). Prints detection and recovery times.
 # usage: launch_test.sh TESSERA_BINARY
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tessera=$1
-py=/usr/bin/python3
 dir=$(mktemp -d)
 export TESSERA_JOB_TOKEN=launch-test-token
 cleanup() {
@@ -14,7 +14,6 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
@@ -30,19 +29,6 @@ launch() {
   # The caller's arguments last: its --set overrides win over train_args' (the last --set of a key does).
   exec "$tessera" launch --nnodes "$nnodes" --nproc-per-node "$nproc" --rdzv "file://$dir/rdzv-$name" --run-id "$name" \
     --run-dir "$dir/$name" --monitor-interval 0.2 --rdzv-timeout 60 --last-call 0.5 "${train_args[@]}" "$@"
-}
-losses() { $py -c 'import json,sys
-for l in open(sys.argv[1]): r = json.loads(l); print(r["step"], r["loss"].hex(), r["grad_norm"].hex())' "$1/metrics.jsonl"; }
-same_run() {
-  diff <(losses "$1") <(losses "$2") >/dev/null || { diff <(losses "$1") <(losses "$2") | head -5; fail "$3: losses differ"; }
-  cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: final parameters differ"
-}
-wait_step() {  # wait_step RUN STEP: until metrics.jsonl has STEP records
-  for _ in $(seq 600); do
-    [[ -s $1/metrics.jsonl ]] && (($(wc -l <"$1/metrics.jsonl") >= $2)) && return 0
-    sleep 0.05
-  done
-  fail "$1 never reached step $2"
 }
 workers_of() { pgrep -P "$1" || true; }
 until_logged() {  # until_logged FILE PATTERN: waits (at most 120 s) for PATTERN in FILE

@@ -14,6 +14,7 @@
 #include "checkpoint/object_tier.h"
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/json.h"
 #include "storage/s3rver_test_util.h"
 
@@ -31,10 +32,6 @@ struct Dir {
   ~Dir() { fs::remove_all(path); }
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes; }
 
 std::vector<float> iota(size_t n, float start) {
@@ -79,7 +76,7 @@ TEST(ShardFile, FlippedDataByteNamesFileAndTensor) {
   const auto a = iota(64, 1), b = iota(64, 2);
   const fs::path path = d.path / "s.bin";
   write_shard_file(path.string(), {{"first", a.data(), a.size()}, {"second", b.data(), b.size()}});
-  std::string bytes = slurp(path);
+  std::string bytes = read_file(path);
   bytes[bytes.size() - 10] ^= 0x01;  // inside the last tensor
   spit(path, bytes);
   ShardFile f(path.string());
@@ -97,7 +94,7 @@ TEST(ShardFile, EveryFlippedByteIsDetected) {
   const auto a = iota(3, 1);
   const fs::path path = d.path / "s.bin";
   write_shard_file(path.string(), {{"t", a.data(), a.size()}});
-  const std::string good = slurp(path);
+  const std::string good = read_file(path);
   uint64_t header = 0;
   std::memcpy(&header, good.data() + 16, 8);
   const uint64_t data_begin = good.size() - 64;  // one 64-byte aligned tensor of 12 bytes + padding
@@ -129,7 +126,7 @@ TEST(ShardFile, TruncationsAreTypedErrors) {
   const auto a = iota(40, 1);
   const fs::path path = d.path / "s.bin";
   write_shard_file(path.string(), {{"t", a.data(), a.size()}});
-  const std::string good = slurp(path);
+  const std::string good = read_file(path);
   for (size_t n : {size_t{0}, size_t{7}, size_t{8}, size_t{31}, size_t{32}, good.size() / 2, good.size() - 1}) {
     spit(path, good.substr(0, n));
     const std::string e = error_of([&] {
@@ -144,7 +141,7 @@ TEST(ShardFile, TruncationsAreTypedErrors) {
 // Rewrites a shard file with an edited header (and a matching header checksum), keeping its data
 // region, to test the parser's range checks.
 void rewrite_header(const fs::path& path, const std::function<void(nlohmann::json&)>& edit) {
-  const std::string bytes = slurp(path);
+  const std::string bytes = read_file(path);
   uint64_t len = 0;
   std::memcpy(&len, bytes.data() + 16, 8);
   const std::string data = bytes.substr((32 + len + 63) / 64 * 64);
@@ -165,7 +162,7 @@ TEST(ShardFile, RejectsOverlapsAndOutOfRangeTensors) {
   const fs::path path = d.path / "s.bin";
   const std::string good = [&] {
     write_shard_file(path.string(), {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}});
-    return slurp(path);
+    return read_file(path);
   }();
   auto expect_rejected = [&](const char* what, const std::function<void(nlohmann::json&)>& edit, const char* needle) {
     spit(path, good);
@@ -186,7 +183,7 @@ TEST(ShardFile, HeaderLongerThanTheFileIsRejectedWithoutAllocating) {
   const auto a = iota(4, 1);
   const fs::path path = d.path / "s.bin";
   write_shard_file(path.string(), {{"a", a.data(), a.size()}});
-  std::string bytes = slurp(path);
+  std::string bytes = read_file(path);
   const uint64_t huge = uint64_t{1} << 62;
   std::memcpy(bytes.data() + 16, &huge, 8);
   spit(path, bytes);
@@ -381,7 +378,7 @@ TEST(CheckpointReader, CraftedNumelIsRejectedBeforeAllocating) {
   Dir d;
   write_checkpoint(d.path, 5, 2, {37});
   const fs::path manifest = d.path / step_dir_name(5) / "manifest.json";
-  nlohmann::json j = parse_json_or_throw(slurp(manifest));
+  nlohmann::json j = parse_json_or_throw(read_file(manifest));
   j["units"][0]["numel"] = int64_t{1} << 40;
   j["units"][0]["padded"] = int64_t{1} << 40;
   spit(manifest, dump_json(j));
@@ -396,7 +393,7 @@ TEST(CheckpointDirectory, VerifyNamesTheDamagedFileAndTensor) {
   const fs::path dir = d.path / step_dir_name(5);
   EXPECT_TRUE(verify(dir.string()).empty());
   const fs::path shard = dir / shard_file_name(1);
-  std::string bytes = slurp(shard);
+  std::string bytes = read_file(shard);
   bytes[bytes.size() - 4] ^= 0x40;  // the last tensor: u1.exp_avg_sq
   spit(shard, bytes);
   const auto problems = verify(dir.string());

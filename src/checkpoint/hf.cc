@@ -6,12 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <numeric>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -86,12 +84,10 @@ int64_t rotary_heads(const model::ModelConfig& c, const std::string& tessera_nam
 std::string show_shape(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 json parse_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw DataError(fmt::format("{}: cannot open", path.string()));
-  std::stringstream text;
-  text << in.rdbuf();
+  const FileBytes text = try_read_file(path.string());
+  if (!text) throw DataError(fmt::format("{}: cannot read: {}", path.string(), text.reason()));
   try {
-    return parse_json_or_throw(text.str());
+    return parse_json_or_throw(text.bytes);
   } catch (const json::exception& e) {
     throw DataError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
   }
@@ -408,11 +404,12 @@ void export_hf(const model::ModelConfig& c, const std::vector<NamedTensor>& tens
 HfModel import_hf(const std::string& dir) {
   const fs::path d(dir);
   const fs::path config_path = d / kConfigFile;
-  std::ifstream config_in(config_path);
-  if (!config_in) throw DataError(fmt::format("{}: not found (not a Hugging Face model directory)", config_path.string()));
-  std::stringstream config_text;
-  config_text << config_in.rdbuf();
-  HfModel out = hf_config_from_json(config_text.str(), config_path.string());
+  const FileBytes config_text = try_read_file(config_path.string());
+  if (!config_text) {
+    throw DataError(fmt::format("{}: cannot read: {} (not a Hugging Face model directory)", config_path.string(),
+                                config_text.reason()));
+  }
+  HfModel out = hf_config_from_json(config_text.bytes, config_path.string());
   const model::ModelConfig& c = out.config;
 
   std::string weights_origin;

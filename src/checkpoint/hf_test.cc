@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors_test_util.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "kernels/ref/rope.h"
@@ -112,8 +113,7 @@ TEST_P(HfRoundTrip, ExportThenImportIsExact) {
   EXPECT_EQ(fs::exists(dir / "model.safetensors.index.json"), sharded);
   EXPECT_EQ(fs::exists(dir / "model.safetensors"), !sharded);
   if (sharded) {
-    std::ifstream in(dir / "model.safetensors.index.json");
-    const auto index = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
+    const auto index = parse_json_or_throw(read_file(dir / "model.safetensors.index.json"));
     uint64_t total = 0;
     for (const auto& t : tensors) total += t.data.size() * sizeof(float);
     EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
@@ -258,8 +258,7 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
     write_safetensors(weights, ts, {{"format", "pt"}});
   };
   auto edit_config = [&](const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(config);
-    nlohmann::json j = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
+    nlohmann::json j = parse_json_or_throw(read_file(config));
     edit(j);
     std::ofstream(config) << dump_json(j);
   };
@@ -313,16 +312,12 @@ TEST(HfImport, BrokenDirectoriesNameTheFileAndTensorOrKey) {
   contains(import_error(dir), config + ": key hidden_size: missing");
 
   fs::remove(config);
-  contains(import_error(dir), config + ": not found");
+  contains(import_error(dir), config + ": cannot read: No such file or directory (not a Hugging Face model directory)");
 
   // Sharded: a tensor the index places in a file that lacks it; a missing shard; a path outside.
   fresh_export(4096);
   const fs::path index = dir / "model.safetensors.index.json";
-  nlohmann::json idx;
-  {
-    std::ifstream in(index);
-    idx = parse_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
-  }
+  nlohmann::json idx = parse_json_or_throw(read_file(index));
   const std::string shard2 = idx["weight_map"]["model.layers.0.mlp.down_proj.weight"];
   {
     nlohmann::json edited = idx;

@@ -26,6 +26,7 @@
 #include "comm/store.h"
 #include "comm/tcp_store_frame.h"
 #include "comm/test_util.h"
+#include "core/file_io.h"
 
 namespace tessera::comm {
 namespace {
@@ -236,8 +237,7 @@ struct ServerProcess {
 
 // CPU seconds (user + system) process `pid` has used, from /proc/PID/stat.
 double cpu_seconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const std::string text = read_file("/proc/" + std::to_string(pid) + "/stat");
   std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
   std::string f;
   long utime = 0, stime = 0;

@@ -3,14 +3,51 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
 namespace tessera {
+
+std::string FileBytes::reason() const { return std::strerror(error); }
+
+FileBytes try_read_file(const std::string& path) {
+  FileBytes out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    out.error = errno;
+    return out;
+  }
+  // The size is a hint (one byte more, to see the end in the first pass): a file that grows or
+  // shrinks while read, or reports no size, is read to its end.
+  struct stat st {};
+  const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
+  out.bytes.resize(std::max<size_t>(hint + 1, 4096));
+  size_t n = 0;
+  for (;;) {
+    if (n == out.bytes.size()) out.bytes.resize(2 * n);
+    const ssize_t r = ::read(fd, out.bytes.data() + n, out.bytes.size() - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) out.error = errno;
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  out.bytes.resize(n);
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  FileBytes f = try_read_file(path);
+  if (!f) throw IoError(fmt::format("cannot read {}: {}", path, f.reason()));
+  return std::move(f.bytes);
+}
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);

@@ -1,5 +1,6 @@
-// Writing files so that a crash never leaves a damaged one: every write completes or throws,
-// and a file becomes visible under its name only once it is whole and on disk.
+// Whole files read in one call, and written so that a crash never leaves a damaged one: every
+// write completes or throws, and a file becomes visible under its name only once it is whole and
+// on disk.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,23 @@
 #include <string_view>
 
 namespace tessera {
+
+// A whole file's bytes, or why they could not be read.
+struct FileBytes {
+  std::string bytes;  // the whole file when error is 0; else what was read before the failure
+  int error = 0;      // errno of the open or read that failed
+
+  explicit operator bool() const { return error == 0; }
+  std::string reason() const;  // strerror(error)
+};
+
+// Reads the whole of `path` (also a file whose size is not known ahead, such as /proc's; a
+// directory fails with EISDIR). Never throws for a missing or unreadable file: the caller
+// decides what that means (an optional file, or its own error naming what the file is for).
+FileBytes try_read_file(const std::string& path);
+
+// The whole of `path`; throws IoError naming it, with the reason, when it cannot be read.
+std::string read_file(const std::string& path);
 
 // Writes all n bytes to fd, retrying on EINTR and short writes. Throws IoError naming `path`.
 void write_all(int fd, const void* data, size_t n, const std::string& path);

@@ -1,18 +1,24 @@
 // fsync_and_drop_cache: after it, none of the file's pages is in the page cache (so a read-back
 // verification reads the device), on file systems that cache separately from their storage.
+// try_read_file and read_file: whole files of every size, files without a size (/proc), and what
+// a missing file or a directory gives.
 #include "core/file_io.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -64,6 +70,73 @@ TEST(FileIo, FsyncAndDropCacheNamesAMissingFile) {
     FAIL() << "no error";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("/tmp/tessera-no-such-dir/file.bin"), std::string::npos) << e.what();
+  }
+}
+
+// Bytes 0..255 repeated: a NUL in the middle must not end the read.
+std::string pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(i * 7 % 256);
+  return s;
+}
+
+TEST(FileIo, ReadsWholeFilesOfEverySize) {
+  char tmpl[] = "/tmp/tessera-file-io.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/f.bin";
+  // Around the first buffer (4096), around a size hint's extra byte, and many doublings.
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, size_t{8192}, size_t{3 << 20}}) {
+    const std::string bytes = pattern(n);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    const FileBytes f = try_read_file(path);
+    ASSERT_TRUE(f) << n << ": " << f.reason();
+    EXPECT_EQ(f.bytes.size(), n);
+    EXPECT_TRUE(f.bytes == bytes) << n;
+    EXPECT_TRUE(read_file(path) == bytes) << n;
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(FileIo, ReadsFilesWithoutASize) {
+  // /proc files report size 0 and are read to their end; the kernel writes this one whole.
+  const std::string status = read_file("/proc/self/status");
+  EXPECT_GT(status.size(), 100u);
+  EXPECT_NE(status.find("\nPid:\t"), std::string::npos) << status;
+  EXPECT_EQ(status.back(), '\n');
+
+  // A FIFO has no size either, and delivers its bytes in pieces: 1 MiB takes many buffer doublings.
+  char tmpl[] = "/tmp/tessera-file-io.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string fifo = std::string(tmpl) + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string bytes = pattern(1 << 20);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << bytes; });
+  const std::string got = read_file(fifo);
+  writer.join();
+  EXPECT_EQ(got.size(), bytes.size());
+  EXPECT_TRUE(got == bytes);
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(FileIo, TryReadFileSaysWhyItFailed) {
+  const FileBytes missing = try_read_file("/tmp/tessera-no-such-dir/file.bin");
+  EXPECT_FALSE(missing);
+  EXPECT_EQ(missing.error, ENOENT);
+  EXPECT_EQ(missing.reason(), std::strerror(ENOENT));
+  const FileBytes dir = try_read_file("/tmp");
+  EXPECT_FALSE(dir);
+  EXPECT_EQ(dir.error, EISDIR);
+  EXPECT_TRUE(dir.bytes.empty());
+}
+
+TEST(FileIo, ReadFileNamesTheFileAndTheReason) {
+  try {
+    read_file("/tmp/tessera-no-such-dir/file.bin");
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.exit_code(), kExitIo);
+    EXPECT_EQ(std::string(e.what()),
+              std::string("cannot read /tmp/tessera-no-such-dir/file.bin: ") + std::strerror(ENOENT));
   }
 }
 

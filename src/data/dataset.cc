@@ -6,12 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/check.h"
 #include "core/error.h"
@@ -132,11 +128,9 @@ DatasetManifest read_manifest(const std::string& dir) {
       throw;
     }
   } else {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw DataError(fmt::format("cannot open {}: {} (not a prepared dataset?)", file, std::strerror(errno)));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    FileBytes read = try_read_file(file);
+    if (!read) throw DataError(fmt::format("cannot read {}: {} (not a prepared dataset?)", file, read.reason()));
+    text = std::move(read.bytes);
   }
   nlohmann::json j = parse_json(text);
   if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));

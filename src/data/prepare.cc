@@ -15,9 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -296,11 +294,9 @@ nlohmann::json run_worker(int w, const std::vector<WorkItem>& items, const Plan&
 }
 
 nlohmann::json read_result(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return nullptr;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = parse_json(ss.str());
+  const FileBytes text = try_read_file(path);
+  if (!text) return nullptr;
+  nlohmann::json j = parse_json(text.bytes);
   return j.is_discarded() || !j.is_object() ? nlohmann::json(nullptr) : j;
 }
 
@@ -381,14 +377,6 @@ std::vector<nlohmann::json> run_workers(const Plan& plan, const Tokenizer& tok, 
   return results;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("cannot open tokenizer {}: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return std::move(ss).str();
-}
-
 }  // namespace
 
 PrepareStats prepare(const PrepareOptions& o) {
@@ -413,7 +401,7 @@ PrepareStats prepare(const PrepareOptions& o) {
     throw DataError(fmt::format("tokenizer {}: vocabulary of {} does not fit shards", o.tokenizer, tok.vocab_size()));
   }
   // Copied from memory, so the copy is the model we loaded (the file may even be in `out`).
-  const std::string model_bytes = read_bytes(o.tokenizer);
+  const std::string model_bytes = read_tokenizer_file(o.tokenizer);
   if (XXH64(model_bytes.data(), model_bytes.size(), 0) != tok.hash()) {
     throw DataError(fmt::format("tokenizer {} changed while it was being read", o.tokenizer));
   }

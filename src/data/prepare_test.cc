@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "data/dataset.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
@@ -44,13 +45,6 @@ std::string corpus(int documents, uint32_t seed) {
     text += d % 5 == 0 ? "\n \n\n" : "\n";
   }
   return text;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 class PrepareTest : public ::testing::Test {
@@ -184,7 +178,7 @@ TEST_F(PrepareTest, TokenCountsMatchDirectTokenization) {
   EXPECT_EQ(m.inputs, (std::vector<std::string>{a, b}));
   EXPECT_EQ(stats.shards, static_cast<int>(m.train.shards.size() + m.val.shards.size()));
   EXPECT_GT(m.train.shards.size(), 2u);
-  EXPECT_EQ(slurp(ds + "/" + m.tokenizer_file), slurp(model()));
+  EXPECT_EQ(read_file(ds + "/" + m.tokenizer_file), read_file(model()));
   EXPECT_EQ(Tokenizer(ds + "/" + m.tokenizer_file).hash(), tok.hash());
 
   const std::vector<Doc> train = split_docs(ds, "train"), val = split_docs(ds, "val");

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "data/dataset.h"
 
 namespace tessera::data {
@@ -64,13 +65,6 @@ std::vector<int32_t> write_shard(const std::string& path, uint32_t vocab, const 
   return expected;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void dump(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 std::string open_error(const std::string& path) {
@@ -114,7 +108,7 @@ TEST_F(ShardTest, RoundTripAtBothTokenWidths) {
     EXPECT_TRUE(std::equal(part.begin(), part.end(), expected.begin() + 101));
 
     // The header is exactly the documented layout.
-    const std::string bytes = slurp(p);
+    const std::string bytes = read_file(p);
     EXPECT_EQ(bytes.substr(0, 8), "TSRATOKS");
     uint32_t u32[4];
     uint64_t u64[5];
@@ -151,7 +145,7 @@ TEST_F(ShardTest, LargeShardCrossesTheWriterBuffer) {
 TEST_F(ShardTest, DamageIsRejectedWithTheFileNamed) {
   const std::string good = path("good.bin");
   write_shard(good, 1000, random_documents(50, 1000, 3));
-  const std::string original = slurp(good);
+  const std::string original = read_file(good);
   const std::string p = path("bad.bin");
   auto expect_rejected = [&](const std::string& bytes, const std::string& what) {
     dump(p, bytes);
@@ -202,7 +196,7 @@ TEST_F(ShardTest, DamageIsRejectedWithTheFileNamed) {
 TEST_F(ShardTest, EveryBitFlipAndTruncationIsRejected) {
   const std::string good = path("small.bin");
   write_shard(good, 70000, {{5, 69999, 123, 65536}, {}, {7, 8}});  // 4-byte tokens
-  const std::string original = slurp(good);
+  const std::string original = read_file(good);
   const std::string p = path("flipped.bin");
   for (size_t i = 0; i < original.size(); ++i) {
     for (int bit = 0; bit < 8; ++bit) {
@@ -310,7 +304,7 @@ TEST_F(ShardTest, TokenStreamRejectsShardsTheManifestDoesNotDescribe) {
   };
   // A shard replaced by another valid shard: its own checksums hold, the manifest's does not.
   const std::string victim = path(h.manifest.train.shards[3].file);
-  const std::string saved = slurp(victim);
+  const std::string saved = read_file(victim);
   write_shard(victim, 1000, random_documents(30, 1000, 99));
   std::string msg = stream_error();
   EXPECT_NE(msg.find(victim), std::string::npos) << msg;

@@ -11,8 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -22,15 +20,6 @@
 
 namespace tessera::data {
 namespace {
-
-std::string read_model_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("cannot open tokenizer {}: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw DataError(fmt::format("cannot read tokenizer {}", path));
-  return std::move(ss).str();
-}
 
 int available_cores() {
   cpu_set_t set;
@@ -122,9 +111,15 @@ class LineIterator : public sentencepiece::SentenceIterator {
 
 }  // namespace
 
+std::string read_tokenizer_file(const std::string& path) {
+  FileBytes f = try_read_file(path);
+  if (!f) throw DataError(fmt::format("cannot read tokenizer {}: {}", path, f.reason()));
+  return std::move(f.bytes);
+}
+
 Tokenizer::Tokenizer(const std::string& model_path)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
-  const std::string bytes = read_model_file(model_path);
+  const std::string bytes = read_tokenizer_file(model_path);
   if (bytes.empty()) throw DataError(fmt::format("tokenizer {} is empty", model_path));
   const auto status = sp_->LoadFromSerializedProto(bytes);
   if (!status.ok() || sp_->GetPieceSize() <= 0) {

@@ -13,6 +13,9 @@ class SentencePieceProcessor;
 
 namespace tessera::data {
 
+// The bytes of the tokenizer model file `path`; throws DataError naming it when it cannot be read.
+std::string read_tokenizer_file(const std::string& path);
+
 class Tokenizer {
  public:
   // Throws DataError naming the file when it cannot be read or is not a SentencePiece model.

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tessera::data {
 namespace {
@@ -36,13 +37,6 @@ std::string corpus(int documents, uint32_t seed) {
     text += "\n";
   }
   return text;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 class TokenizerTest : public ::testing::Test {
@@ -72,7 +66,7 @@ class TokenizerTest : public ::testing::Test {
 TEST_F(TokenizerTest, TrainingIsDeterministicWithDocumentedIds) {
   train_tokenizer(options(path("a.model")));
   train_tokenizer(options(path("b.model")));
-  const std::string a = slurp(path("a.model")), b = slurp(path("b.model"));
+  const std::string a = read_file(path("a.model")), b = read_file(path("b.model"));
   ASSERT_FALSE(a.empty());
   EXPECT_EQ(a, b);
   EXPECT_FALSE(fs::exists(path("a.model.tmp")));

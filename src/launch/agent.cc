@@ -312,8 +312,7 @@ void Agent::start_workers(const Round& round, int restart_count) {
 }
 
 std::string Agent::worker_summary(const Worker& w, const Round& round) const {
-  std::ifstream in(w.heartbeat);
-  std::string step((std::istreambuf_iterator<char>(in)), {});
+  std::string step = try_read_file(w.heartbeat).bytes;  // empty before the first beat
   while (!step.empty() && (step.back() == '\n' || step.back() == ' ')) step.pop_back();
   return fmt::format("rank {} (node {}, local rank {}, pid {}): {} after step {}, {} ({:.1f} s into round {})", w.rank,
                      round.node_rank, w.local_rank, w.pid, describe_status(w.status), step, utc_now(),
@@ -436,8 +435,7 @@ Agent::Outcome Agent::fail_round(const Worker& failed, const Round& round) {
 void Agent::watch_heartbeats(int r) {
   for (Worker& w : workers_) {
     if (w.exited) continue;
-    std::ifstream in(w.heartbeat);
-    const std::string beat((std::istreambuf_iterator<char>(in)), {});
+    const std::string beat = try_read_file(w.heartbeat).bytes;
     const std::string why = w.watch.observe(beat, seconds_since(round_start_));
     if (!w.term_sent && !why.empty()) {
       log::error("round {}: rank {} (pid {}) {}: SIGTERM", r, w.rank, w.pid, why);

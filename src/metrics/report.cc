@@ -10,7 +10,6 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -753,9 +752,9 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
 
   nlohmann::ordered_json info = nlohmann::ordered_json::object();
   const std::string info_path = (dir / "run.json").string();
-  if (std::ifstream in(info_path); in) {
+  if (const FileBytes text = try_read_file(info_path)) {
     try {
-      info = parse_ordered_json_or_throw(std::string(std::istreambuf_iterator<char>(in), {}));
+      info = parse_ordered_json_or_throw(text.bytes);
     } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a number like 1e999
       throw DataError(fmt::format("{}: not JSON: {}", info_path, e.what()));
     }
@@ -801,11 +800,9 @@ void write_report(const std::string& run_dir, const std::string& out_path) {
   }
   if (fs::is_symlink(dir / config_name, ec)) {  // shows what is in the run, not a file it points at
     html += fmt::format("<p class=\"note\">{} is a symbolic link: not shown</p>\n", html_escape(config_name));
-  } else if (std::ifstream in(dir / config_name); in) {
-    std::ostringstream text;
-    text << in.rdbuf();
+  } else if (const FileBytes text = try_read_file((dir / config_name).string())) {
     html += fmt::format("<details>\n<summary>{}</summary>\n<pre>{}</pre>\n</details>\n", html_escape(config_name),
-                        html_escape(text.str()));
+                        html_escape(text.bytes));
   } else {
     html += fmt::format("<p class=\"note\">no {} in the run directory</p>\n", html_escape(config_name));
   }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tessera::metrics::detail {
 namespace {
@@ -36,12 +37,6 @@ class TempDir {
  private:
   fs::path path_;
 };
-
-std::string read(const std::string& path) {
-  std::ostringstream s;
-  s << std::ifstream(path).rdbuf();
-  return s.str();
-}
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -270,7 +265,7 @@ TEST(ReportWrite, EmptyMetricsGivesANote) {
   TempDir dir("empty");
   dir.file("metrics.jsonl", "");
   write_report(dir.path(), dir.path() + "/report.html");
-  const std::string page = read(dir.path() + "/report.html");
+  const std::string page = read_file(dir.path() + "/report.html");
   EXPECT_NE(page.find("no steps recorded"), std::string::npos);
   EXPECT_NE(page.find("no run.json"), std::string::npos);
 }
@@ -288,7 +283,7 @@ TEST(ReportWrite, OldRecordsGetNotesNotFigures) {
   dir.file("run.json", R"({"config": "config.toml", "dataset": "/data/<x> & y"})");
   dir.file("config.toml", "[model]\npreset = \"tiny\" # <tag>\n");
   write_report(dir.path(), dir.path() + "/out.html");
-  const std::string page = read(dir.path() + "/out.html");
+  const std::string page = read_file(dir.path() + "/out.html");
   for (const char* id : {"plot-loss", "plot-throughput", "plot-mfu", "plot-time-split", "plot-memory", "plot-ranks"}) {
     EXPECT_NE(page.find(fmt::format("<figure id=\"{}\">", id)), std::string::npos) << id;
   }
@@ -315,7 +310,7 @@ TEST(ReportWrite, GpuReadingsGetFigures) {
   dir.file("metrics.jsonl", lines);
   dir.file("run.json", R"j({"device": "cuda:0 (NVIDIA H200)"})j");
   write_report(dir.path(), dir.path() + "/out.html");
-  std::string page = read(dir.path() + "/out.html");
+  std::string page = read_file(dir.path() + "/out.html");
   EXPECT_NE(page.find("<figure id=\"plot-gpu\">"), std::string::npos);
   EXPECT_NE(page.find("<figure id=\"plot-gpu-power\">"), std::string::npos);
   EXPECT_NE(page.find("data-name=\"GPU utilization\""), std::string::npos);
@@ -327,10 +322,10 @@ TEST(ReportWrite, GpuReadingsGetFigures) {
 
   dir.file("metrics.jsonl", "{\"step\":1,\"loss\":6}\n");
   write_report(dir.path(), dir.path() + "/out.html");
-  EXPECT_NE(read(dir.path() + "/out.html").find("no GPU readings"), std::string::npos);
+  EXPECT_NE(read_file(dir.path() + "/out.html").find("no GPU readings"), std::string::npos);
   dir.file("run.json", R"({"device": "cpu"})");
   write_report(dir.path(), dir.path() + "/out.html");
-  page = read(dir.path() + "/out.html");
+  page = read_file(dir.path() + "/out.html");
   EXPECT_EQ(page.find("plot-gpu"), std::string::npos);
 }
 
@@ -342,7 +337,7 @@ TEST(ReportWrite, ConfigNamedByRunJsonIsReadOnlyBesideIt) {
   dir.file("run/config.toml", "[model]\npreset = \"beside\"\n");
   dir.file("secret.toml", "not for the page\n");
   write_report(dir.path() + "/run", dir.path() + "/out.html");
-  const std::string page = read(dir.path() + "/out.html");
+  const std::string page = read_file(dir.path() + "/out.html");
   EXPECT_EQ(page.find("not for the page"), std::string::npos);
   EXPECT_NE(page.find("preset = &quot;beside&quot;"), std::string::npos);
 }

@@ -11,7 +11,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -92,8 +91,8 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
   }
   const fs::path beside = dir / "tokenizer.model";
   out.tokenizer_path = !tokenizer.empty() ? tokenizer : fs::exists(beside) ? beside.string() : "";
-  if (std::ifstream in(dir / "run.json"); in) {
-    const nlohmann::json info = parse_json(std::string(std::istreambuf_iterator<char>(in), {}));
+  if (const FileBytes text = try_read_file((dir / "run.json").string())) {
+    const nlohmann::json info = parse_json(text.bytes);
     if (info.is_object() && info.contains("dataset") && info["dataset"].is_string()) out.dataset = info["dataset"];
   }
   return out;
@@ -280,10 +279,9 @@ class NcclTransportReport {
     if (done_) return;
     done_ = true;
     if (path_.empty()) return log::info("NCCL transports not read: {}", note_);
-    std::ifstream in(path_);
-    if (!in) return log::warn("NCCL transports not read: cannot open NCCL's log {}", path_);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const comm::NcclTransports t = comm::parse_nccl_log(text);
+    const FileBytes text = try_read_file(path_);
+    if (!text) return log::warn("NCCL transports not read: cannot read NCCL's log {}: {}", path_, text.reason());
+    const comm::NcclTransports t = comm::parse_nccl_log(text.bytes);
     log::info("NCCL after the first step: {} (NCCL's log: {})", comm::describe(t), path_);
     for (const std::string& w : t.warnings) log::warn("NCCL warned: {}", w);
     if (const std::string slow = comm::slow_network(t); !slow.empty()) log::warn("{}", slow);
