@@ -48,7 +48,7 @@ same_ref() { same_run "$dir/ref" "$dir/$1" "$1"; }
 # --- row 1: kill -9 one worker mid-step
 launch kill 1 2 2>"$dir/kill.log" &
 agent=$!
-wait_step "$dir/kill" 10
+wait_step "$dir/kill" 10 30
 victim=$(workers_of $agent | tail -1)
 t0=$(now)
 kill -9 "$victim"
@@ -67,7 +67,7 @@ echo "ok: row 1, kill -9 of a worker mid-step: detected in $(elapsed "$t0" "$t1"
 # is killed, everything restarts; nothing is left behind
 launch hang 1 2 --hang-timeout 30 2>"$dir/hang.log" &
 agent=$!
-wait_step "$dir/hang" 10
+wait_step "$dir/hang" 10 30
 victim=$(workers_of $agent | tail -1)
 t0=$(now)
 kill -STOP "$victim"
@@ -82,7 +82,7 @@ echo "ok: row 2, SIGSTOP of a worker: peers' collectives timed out (4 s configur
 # The watchdog alone: a single worker stopped has no peer to time out; --hang-timeout 2 kills it.
 launch watchdog 1 1 --hang-timeout 2 --kill-grace 1 2>"$dir/watchdog.log" &
 agent=$!
-wait_step "$dir/watchdog" 10
+wait_step "$dir/watchdog" 10 30
 victim=$(workers_of $agent | tail -1)
 t0=$(now)
 kill -STOP "$victim"
@@ -98,7 +98,7 @@ launch ref2 2 1 2>"$dir/ref2.log" & a=$!
 wait $a || fail "two-node reference (agent a)"
 launch two 2 1 2>"$dir/two.a.log" & agent_a=$!
 launch two 2 1 2>"$dir/two.b.log" & agent_b=$!
-wait_step "$dir/two" 10
+wait_step "$dir/two" 10 30
 t0=$(now)
 kill -9 $agent_b  # its worker dies with it (PR_SET_PDEATHSIG)
 until_logged "$dir/two.a.log" "round 0: worker rank\|another node failed"
@@ -153,7 +153,7 @@ done
 # 400 steps it had take 5 s with shared-memory collectives, which a loaded machine could outlast).
 launch guarded 1 2 --set train.max_steps=100000 2>"$dir/guarded.log" &
 agent=$!
-wait_step "$dir/guarded" 5
+wait_step "$dir/guarded" 5 30
 set +e
 TESSERA_JOB_TOKEN=stranger-secret-7f3a "$tessera" launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/rdzv-guarded" \
   --run-id guarded --run-dir "$dir/intruder" "${train_args[@]}" 2>"$dir/intruder.log"
@@ -226,7 +226,7 @@ print(*(x.getsockname()[1] for x in s))')
   wait $a || fail "etcd: reference (agent a)"
   etcd_launch etcd 2>"$dir/etcd.a.log" & agent_a=$!
   etcd_launch etcd 2>"$dir/etcd.b.log" & agent_b=$!
-  wait_step "$dir/etcd" 10
+  wait_step "$dir/etcd" 10 30
   t0=$(now)
   kill -9 "$(workers_of $agent_b | tail -1)"
   wait $agent_a || { cat "$dir/etcd.a.log"; fail "etcd: agent a"; }
@@ -246,7 +246,7 @@ print(*(x.getsockname()[1] for x in s))')
   wait $a || { grep -v "info: step" "$dir/lref.a.log" | tail; fail "etcd restart: reference (agent a)"; }
   etcd_long outage 2>"$dir/outage.a.log" & agent_a=$!
   etcd_long outage 2>"$dir/outage.b.log" & agent_b=$!
-  wait_step "$dir/outage" 30
+  wait_step "$dir/outage" 30 30
   kill -9 $etcd_pid
   t0=$(now)
   sleep 1.5

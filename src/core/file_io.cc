@@ -17,6 +17,26 @@ namespace tessera {
 
 std::string FileBytes::reason() const { return std::strerror(error); }
 
+int read_to_end(int fd, std::string& out) {
+  // The size is a hint (one byte more, to see the end in the first pass): a file that grows or
+  // shrinks while read, or reports no size, is read to its end.
+  struct stat st {};
+  const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
+  size_t n = out.size();
+  out.resize(n + std::max<size_t>(hint + 1, 4096));
+  int error = 0;
+  for (;;) {
+    if (n == out.size()) out.resize(2 * n);
+    const ssize_t r = ::read(fd, out.data() + n, out.size() - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) error = errno;
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  out.resize(n);
+  return error;
+}
+
 FileBytes try_read_file(const std::string& path) {
   FileBytes out;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -24,22 +44,8 @@ FileBytes try_read_file(const std::string& path) {
     out.error = errno;
     return out;
   }
-  // The size is a hint (one byte more, to see the end in the first pass): a file that grows or
-  // shrinks while read, or reports no size, is read to its end.
-  struct stat st {};
-  const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
-  out.bytes.resize(std::max<size_t>(hint + 1, 4096));
-  size_t n = 0;
-  for (;;) {
-    if (n == out.bytes.size()) out.bytes.resize(2 * n);
-    const ssize_t r = ::read(fd, out.bytes.data() + n, out.bytes.size() - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) out.error = errno;
-    if (r <= 0) break;
-    n += static_cast<size_t>(r);
-  }
+  out.error = read_to_end(fd, out.bytes);
   ::close(fd);
-  out.bytes.resize(n);
   return out;
 }
 

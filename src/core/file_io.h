@@ -18,6 +18,11 @@ struct FileBytes {
   std::string reason() const;  // strerror(error)
 };
 
+// Appends what `fd` holds from its offset to end of file to `out` (also when its size is not known
+// ahead, such as a pipe's or /proc's); returns 0, or the errno of the read that failed, what was
+// read before it staying in `out`.
+int read_to_end(int fd, std::string& out);
+
 // Reads the whole of `path` (also a file whose size is not known ahead, such as /proc's; a
 // directory fails with EISDIR). Never throws for a missing or unreadable file: the caller
 // decides what that means (an optional file, or its own error naming what the file is for).

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tessera::data {
 namespace {
@@ -44,18 +45,10 @@ size_t read_some(int fd, char* p, size_t n, const std::string& path) {
   return done;
 }
 
-std::string read_plain(int fd, size_t size_hint, const std::string& path) {
+std::string read_plain(int fd, const std::string& path) {
   std::string out;
-  // st_size is a hint only (the file may grow or be a pipe); read until end of file.
-  out.resize(size_hint + 1);
-  size_t have = 0;
-  for (;;) {
-    if (have == out.size()) out.resize(std::max<size_t>(out.size() * 2, 1 << 16));
-    const size_t r = read_some(fd, out.data() + have, out.size() - have, path);
-    have += r;
-    if (have < out.size()) break;
-  }
-  out.resize(have);
+  if (const int err = read_to_end(fd, out))
+    throw DataError(fmt::format("cannot read {}: {}", path, std::strerror(err)));
   return out;
 }
 
@@ -127,8 +120,7 @@ std::string read_text_file(const std::string& path) {
   if (::fstat(fd.get(), &st) != 0) throw DataError(fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) throw DataError(fmt::format("{} is a directory, not a text file", path));
   const bool zst = path.size() >= 4 && path.compare(path.size() - 4, 4, ".zst") == 0;
-  std::string text = zst ? read_zstd(fd.get(), path)
-                         : read_plain(fd.get(), S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0, path);
+  std::string text = zst ? read_zstd(fd.get(), path) : read_plain(fd.get(), path);
   if (is_blank(text)) throw DataError(fmt::format("{} is empty", path));
   if (const int64_t bad = find_invalid_utf8(text); bad >= 0) {
     throw DataError(fmt::format("{}: invalid UTF-8 at byte {}", path, bad));
