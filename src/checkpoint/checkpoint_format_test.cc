@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -385,6 +386,32 @@ TEST(CheckpointReader, CraftedNumelIsRejectedBeforeAllocating) {
   CheckpointReader r((d.path / step_dir_name(5)).string());
   const std::string error = error_of([&] { r.parameters(); });
   EXPECT_NE(error.find("tensor u0.param is of the wrong size"), std::string::npos) << error;
+}
+
+// A manifest is parsed whole: one larger than 256 MiB is refused before it is read (a sparse file
+// of 257 MiB here, which costs no disk), a missing one and an unreadable one are told apart.
+TEST(CheckpointReader, ManifestMissingTooLargeOrUnreadableIsNamed) {
+  Dir d;
+  write_checkpoint(d.path, 5, 1, {16});
+  const fs::path step = d.path / step_dir_name(5);
+  const fs::path manifest = step / "manifest.json";
+  EXPECT_EQ(read_manifest(step.string()).step, 5);
+
+  fs::resize_file(manifest, (257ull << 20));
+  std::string error = error_of([&] { read_manifest(step.string()); });
+  EXPECT_EQ(error, manifest.string() + ": more than 268435456 bytes is too large for a manifest");
+
+  fs::remove(manifest);
+  error = error_of([&] { read_manifest(step.string()); });
+  EXPECT_EQ(error, manifest.string() + " is missing");
+
+  fs::create_directory(manifest);
+  try {
+    read_manifest(step.string());
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot read " + manifest.string() + ": " + std::strerror(EISDIR));
+  }
 }
 
 TEST(CheckpointDirectory, VerifyNamesTheDamagedFileAndTensor) {

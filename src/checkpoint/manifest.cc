@@ -4,12 +4,10 @@
 #include <fmt/format.h>
 
 #include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "checkpoint/shard_file.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/json.h"
 #include "storage/s3_client.h"
 
@@ -275,15 +273,12 @@ Manifest read_manifest(const std::string& step_dir) {
     }
     return parse_manifest(text, path);
   }
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in && errno == ENOENT) throw DataError(fmt::format("{} is missing", path));
-  if (!in) throw IoError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));  // may be sound
-  const auto size = static_cast<uint64_t>(in.tellg());
-  if (size > kMaxManifestBytes) throw DataError(fmt::format("{}: {} bytes is too large for a manifest", path, size));
-  std::string text(size, '\0');
-  in.seekg(0);
-  if (!in.read(text.data(), static_cast<std::streamsize>(size))) throw IoError(fmt::format("cannot read {}", path));
-  return parse_manifest(text, path);
+  const FileBytes file = try_read_file(path, kMaxManifestBytes);
+  if (file.error == ENOENT) throw DataError(fmt::format("{} is missing", path));
+  if (file.error == EFBIG)
+    throw DataError(fmt::format("{}: more than {} bytes is too large for a manifest", path, kMaxManifestBytes));
+  if (!file) throw IoError(fmt::format("cannot read {}: {}", path, file.reason()));  // may be sound
+  return parse_manifest(file.bytes, path);
 }
 
 }  // namespace tessera::checkpoint

@@ -17,16 +17,22 @@ namespace tessera {
 
 std::string FileBytes::reason() const { return std::strerror(error); }
 
-int read_to_end(int fd, std::string& out) {
+int read_to_end(int fd, std::string& out, size_t max_bytes) {
   // The size is a hint (one byte more, to see the end in the first pass): a file that grows or
-  // shrinks while read, or reports no size, is read to its end.
+  // shrinks while read, or reports no size, is read to its end. Never more than one byte past
+  // max_bytes: that byte is how a file over the limit shows, whatever its size said.
   struct stat st {};
   const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
-  size_t n = out.size();
-  out.resize(n + std::max<size_t>(hint + 1, 4096));
+  const size_t start = out.size();
+  const size_t cap = max_bytes == SIZE_MAX ? SIZE_MAX : start + max_bytes + 1;
+  size_t n = start;
+  out.resize(std::min(cap, n + std::max<size_t>(std::min(hint, max_bytes) + 1, 4096)));
   int error = 0;
   for (;;) {
-    if (n == out.size()) out.resize(2 * n);
+    if (n == out.size()) {
+      if (n == cap) break;
+      out.resize(std::min(cap, 2 * n));
+    }
     const ssize_t r = ::read(fd, out.data() + n, out.size() - n);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) error = errno;
@@ -34,17 +40,18 @@ int read_to_end(int fd, std::string& out) {
     n += static_cast<size_t>(r);
   }
   out.resize(n);
+  if (error == 0 && n - start > max_bytes) error = EFBIG;
   return error;
 }
 
-FileBytes try_read_file(const std::string& path) {
+FileBytes try_read_file(const std::string& path, size_t max_bytes) {
   FileBytes out;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     out.error = errno;
     return out;
   }
-  out.error = read_to_end(fd, out.bytes);
+  out.error = read_to_end(fd, out.bytes, max_bytes);
   ::close(fd);
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,13 +21,15 @@ struct FileBytes {
 
 // Appends what `fd` holds from its offset to end of file to `out` (also when its size is not known
 // ahead, such as a pipe's or /proc's); returns 0, or the errno of the read that failed, what was
-// read before it staying in `out`.
-int read_to_end(int fd, std::string& out);
+// read before it staying in `out`. More than `max_bytes` fails with EFBIG, having read at most one
+// byte more than that.
+int read_to_end(int fd, std::string& out, size_t max_bytes = SIZE_MAX);
 
 // Reads the whole of `path` (also a file whose size is not known ahead, such as /proc's; a
-// directory fails with EISDIR). Never throws for a missing or unreadable file: the caller
-// decides what that means (an optional file, or its own error naming what the file is for).
-FileBytes try_read_file(const std::string& path);
+// directory fails with EISDIR; a file of more than `max_bytes` with EFBIG). Never throws for a
+// missing or unreadable file: the caller decides what that means (an optional file, or its own
+// error naming what the file is for).
+FileBytes try_read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 // The whole of `path`; throws IoError naming it, with the reason, when it cannot be read.
 std::string read_file(const std::string& path);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -115,6 +116,38 @@ TEST(FileIo, ReadsFilesWithoutASize) {
   writer.join();
   EXPECT_EQ(got.size(), bytes.size());
   EXPECT_TRUE(got == bytes);
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(FileIo, ALimitRefusesWhatIsLongerAndReadsNoFurther) {
+  char tmpl[] = "/tmp/tessera-file-io.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/f.bin";
+  const std::string bytes = pattern(10000);
+  std::ofstream(path, std::ios::binary) << bytes;
+  for (size_t limit : {size_t{10000}, size_t{10001}, size_t{1} << 30}) {  // at, above, far above
+    const FileBytes f = try_read_file(path, limit);
+    ASSERT_TRUE(f) << limit << ": " << f.reason();
+    EXPECT_TRUE(f.bytes == bytes) << limit;
+  }
+  for (size_t limit : {size_t{0}, size_t{1}, size_t{4095}, size_t{9999}}) {  // below, around the first buffer
+    const FileBytes f = try_read_file(path, limit);
+    EXPECT_EQ(f.error, EFBIG) << limit;
+    EXPECT_LE(f.bytes.size(), limit + 1) << limit;
+  }
+
+  // Without a size to go by: a FIFO stops being read one byte past the limit.
+  const std::string fifo = std::string(tmpl) + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string long_stream = pattern(1 << 20);
+  void (*const old_handler)(int) = std::signal(SIGPIPE, SIG_IGN);                     // the writer outlives the reader
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << long_stream; });  // EPIPE ends it
+  const FileBytes f = try_read_file(fifo, 5000);
+  writer.join();
+  std::signal(SIGPIPE, old_handler);
+  EXPECT_EQ(f.error, EFBIG);
+  EXPECT_EQ(f.bytes.size(), 5001u);
+  EXPECT_EQ(f.bytes, long_stream.substr(0, 5001));
   std::filesystem::remove_all(tmpl);
 }
 
