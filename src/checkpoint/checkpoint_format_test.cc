@@ -388,7 +388,7 @@ TEST(CheckpointReader, CraftedNumelIsRejectedBeforeAllocating) {
   EXPECT_NE(error.find("tensor u0.param is of the wrong size"), std::string::npos) << error;
 }
 
-// A manifest is parsed whole: one larger than 256 MiB is refused before it is read (a sparse file
+// A manifest is parsed whole: one larger than 256 MiB is refused by its size, unread (a sparse file
 // of 257 MiB here, which costs no disk), a missing one and an unreadable one are told apart.
 TEST(CheckpointReader, ManifestMissingTooLargeOrUnreadableIsNamed) {
   Dir d;

@@ -19,10 +19,12 @@ std::string FileBytes::reason() const { return std::strerror(error); }
 
 int read_to_end(int fd, std::string& out, size_t max_bytes) {
   // The size is a hint (one byte more, to see the end in the first pass): a file that grows or
-  // shrinks while read, or reports no size, is read to its end. Never more than one byte past
-  // max_bytes: that byte is how a file over the limit shows, whatever its size said.
+  // shrinks while read, or reports no size, is read to its end. A size over max_bytes is refused
+  // unread; else never more than one byte past max_bytes is read: that byte is how a file over the
+  // limit shows when its size did not say so.
   struct stat st {};
   const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
+  if (hint > max_bytes) return EFBIG;
   const size_t start = out.size();
   const size_t cap = max_bytes == SIZE_MAX ? SIZE_MAX : start + max_bytes + 1;
   size_t n = start;

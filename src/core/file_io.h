@@ -21,8 +21,8 @@ struct FileBytes {
 
 // Appends what `fd` holds from its offset to end of file to `out` (also when its size is not known
 // ahead, such as a pipe's or /proc's); returns 0, or the errno of the read that failed, what was
-// read before it staying in `out`. More than `max_bytes` fails with EFBIG, having read at most one
-// byte more than that.
+// read before it staying in `out`. More than `max_bytes` fails with EFBIG: at once where the file's
+// size says so, else having read at most one byte more than that.
 int read_to_end(int fd, std::string& out, size_t max_bytes = SIZE_MAX);
 
 // Reads the whole of `path` (also a file whose size is not known ahead, such as /proc's; a
