@@ -26,9 +26,9 @@ int read_to_end(int fd, std::string& out, size_t max_bytes) {
   const size_t hint = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : 0;
   if (hint > max_bytes) return EFBIG;
   const size_t start = out.size();
-  const size_t cap = max_bytes == SIZE_MAX ? SIZE_MAX : start + max_bytes + 1;
+  const size_t cap = max_bytes >= SIZE_MAX - start - 1 ? SIZE_MAX : start + max_bytes + 1;  // no overflow
   size_t n = start;
-  out.resize(std::min(cap, n + std::max<size_t>(std::min(hint, max_bytes) + 1, 4096)));
+  out.resize(std::min(cap, n + std::max<size_t>(hint + 1, 4096)));
   int error = 0;
   for (;;) {
     if (n == out.size()) {
