@@ -309,7 +309,7 @@ TEST(CudaVsRef, GemmEveryTransposeAndStride) {
   const int64_t M = 37, N = 53, K = 129;
   for (const bool ta : {false, true}) {
     for (const bool tb : {false, true}) {
-      SCOPED_TRACE(std::string("trans_a=") + (ta ? "1" : "0") + " trans_b=" + (tb ? "1" : "0"));
+      SCOPED_TRACE(::testing::Message() << "trans_a=" << ta << " trans_b=" << tb);
       // Strides wider than the rows, and buffers one float past an aligned start (alignment 4).
       const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
       const auto A = random_floats((ta ? K : M) * lda, 19), B = random_floats((tb ? N : K) * ldb, 20);
