@@ -44,6 +44,14 @@ no_leftovers() {
 # The reference: 2 workers, no fault.
 (launch ref 1 2) 2>"$dir/ref.log" || { cat "$dir/ref.log"; fail "reference run"; }
 same_ref() { same_run "$dir/ref" "$dir/$1" "$1"; }
+# parallel.cpu_bind = auto: the agent's workers each on their own block of its CPUs (rank 1's
+# info lines are in its log file only)
+if (($(nproc) >= 2)); then
+  for r in 0 1; do
+    grep -q "\[rank $r\] info: CPU binding: local rank $r of 2 on CPUs " "$dir/ref/logs/rank_$r.log" ||
+      { grep -i "binding" "$dir/ref/logs/rank_$r.log"; fail "ref: local rank $r was not bound to its CPUs"; }
+  done
+fi
 
 # --- row 1: kill -9 one worker mid-step
 launch kill 1 2 2>"$dir/kill.log" &
@@ -186,6 +194,7 @@ done
 for p in "${pids[@]}"; do wait "$p" || { cat "$dir/slurm.0.log" "$dir/slurm.1.log" | grep -v "info: step"; fail "slurm-style workers"; }; done
 [[ -s $dir/slurm/model.safetensors ]] || { cat "$dir/slurm.0.log"; fail "slurm-style workers: no result"; }
 same_run "$dir/ref" "$dir/slurm" "slurm-style workers"
+! grep -i "CPU binding" "$dir/slurm.0.log" "$dir/slurm.1.log" || fail "slurm-style workers: bound by Tessera, not by srun"
 echo "ok: two workers started with Slurm's variables (no agent) train together; bitwise equal to the launched run"
 
 # --- workers started torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rank

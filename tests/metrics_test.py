@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -212,22 +213,36 @@ scrape_configs:
         else:
             check(False, f"prometheus not ready: {(tmp / 'prometheus.log').read_text()[-2000:]}")
             return
+
+        def query(q, **params):
+            url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": q, **params})
+            body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            check(body["status"] == "success", f"query {q}: {body}")
+            return body["data"]["result"]
+
+        # A run longer than any machine needs, stopped (SIGTERM: a checkpoint, exit 0) once
+        # Prometheus holds a few scrapes of it: Prometheus starts scraping a static target only
+        # seconds after it is ready, which a fast machine's fixed-length run can outlast.
         run = tmp / "prom"
-        steps = 500
+        steps = 100000
         proc = train(tessera, run, f"train.max_steps={steps}", "train.eval_interval=50",
                      f"metrics.prometheus_port={port}", nproc=2, wait=False)
         page = None
         deadline = time.time() + 120
-        while page is None and time.time() < deadline and proc.poll() is None:
+        while time.time() < deadline and proc.poll() is None:
             try:
-                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-                if "tessera_validation_loss" not in page:
-                    page = None
+                if page is None:
+                    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                    if "tessera_validation_loss" not in page:
+                        page = None
+                elif len((query("tessera_step[10m]") or [{"values": []}])[0]["values"]) >= 4:
+                    break
             except OSError:
                 pass
             time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
-        check(proc.returncode == 0, f"prometheus run failed:\n{out[-3000:]}")
+        check(proc.returncode == 0 and "stopped at step" in out, f"prometheus run failed or did not stop:\n{out[-3000:]}")
         if not check(page is not None, "the endpoint served a page with a validation loss during the run"):
             return
         r = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=page, capture_output=True, text=True)
@@ -239,12 +254,6 @@ scrape_configs:
               f"missing {documented_prometheus() - served}")
         for rank in (0, 1):
             check(f'tessera_rank_busy_seconds{{rank="{rank}"}}' in page, f"per-rank gauge for rank {rank}")
-
-        def query(q, **params):
-            url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": q, **params})
-            body = json.loads(urllib.request.urlopen(url, timeout=5).read())
-            check(body["status"] == "success", f"query {q}: {body}")
-            return body["data"]["result"]
 
         # Steps, tokens and loss series, as the scrapes saw them over the run.
         for name in ("tessera_steps_total", "tessera_tokens_total", "tessera_loss", "tessera_step"):
@@ -267,7 +276,7 @@ scrape_configs:
             check(math.isclose(loss_values[t], rec["loss"], rel_tol=1e-12), f"scraped loss at step {step}")
             check(tokens_values.get(t) == rec["tokens"], f"scraped tokens at step {step}")
         check(matched >= 3, f"{matched} scrapes matched to metrics.jsonl records")
-        print(f"prometheus: {len(step_values)} scrapes of a {steps}-step run; {matched} matched to metrics.jsonl")
+        print(f"prometheus: {len(step_values)} scrapes of a run stopped at step {max(by_step, default=0)}; {matched} matched to metrics.jsonl")
         per_rank = query("max_over_time(tessera_rank_resident_memory_bytes[10m])")
         check(sorted(s["metric"]["rank"] for s in per_rank) == ["0", "1"], f"per-rank series: {per_rank}")
         phases = query("max_over_time(tessera_step_phase_seconds[10m])")

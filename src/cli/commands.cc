@@ -388,8 +388,9 @@ int cmd_bench(const Args& args) {
   if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
   const std::string store = fmt::format("/tmp/tessera-bench-{}", getpid());
   const int rc = launch::run_local_workers(world, [&](int rank) {
+    train::ComputeDevice device(c, world, rank, world);  // one node: rank i on GPU i
+    device.bind_cpus(c, rank, world);
     train::configure_threads(c);
-    const train::ComputeDevice device(c, world, rank, world);  // one node: rank i on GPU i
     parallel::JobAddress address{store, "bench", "0", rank, world};
     address.transport = parallel::host_transport(c);
     const parallel::Job job(address, parallel::dims_for(c, world), comm::Millis(c.parallel.timeout_ms),

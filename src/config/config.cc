@@ -98,6 +98,10 @@ struct EnumNames<HostTransport> {
       {"auto", HostTransport::kAuto}, {"tcp", HostTransport::kTcp}, {"shm", HostTransport::kShm}};
 };
 template <>
+struct EnumNames<CpuBind> {
+  static constexpr std::pair<const char*, CpuBind> kTable[] = {{"auto", CpuBind::kAuto}, {"none", CpuBind::kNone}};
+};
+template <>
 struct EnumNames<Device> {
   static constexpr std::pair<const char*, Device> kTable[] = {
       {"auto", Device::kAuto}, {"cpu", Device::kCpu}, {"cuda", Device::kCuda}};
@@ -326,6 +330,7 @@ const std::vector<Key>& schema() {
       KEY(parallel, shard_group_size, ge(0, "0: every data-parallel rank")),
       KEY(parallel, timeout_ms, gt(0)),
       KEY(parallel, host_transport),
+      KEY(parallel, cpu_bind),
       KEY(parallel, health_min_memory_gbps, ge(0, "0: measured and logged only")),
       KEY(parallel, param_dtype),
       KEY(parallel, reduce_dtype),
@@ -475,6 +480,7 @@ const char* name(OnFailure v) { return enum_name(v); }
 const char* name(PipelineSchedule v) { return enum_name(v); }
 const char* name(Device v) { return enum_name(v); }
 const char* name(HostTransport v) { return enum_name(v); }
+const char* name(CpuBind v) { return enum_name(v); }
 
 Device parse_device(const std::string& text, const std::string& what) {
   Device d = Device::kAuto;

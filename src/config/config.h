@@ -39,6 +39,9 @@ enum class Device { kAuto, kCpu, kCuda };
 // How the ranks' host-memory collectives travel (comm::HostTransport): "auto" (shared memory
 // between ranks on one host, else TCP), "tcp" or "shm".
 enum class HostTransport { kAuto, kTcp, kShm };
+// Where a CPU job's ranks run on their node: "auto" (each local rank on its own block of the
+// node's CPUs) or "none" (wherever the kernel puts them).
+enum class CpuBind { kAuto, kNone };
 const char* name(Strategy v);
 const char* name(Precision v);
 const char* name(OnNonFinite v);
@@ -46,6 +49,7 @@ const char* name(OnFailure v);
 const char* name(PipelineSchedule v);
 const char* name(Device v);
 const char* name(HostTransport v);
+const char* name(CpuBind v);
 // train.device's values spelled as on the command line; a ConfigError naming `what` otherwise.
 Device parse_device(const std::string& text, const std::string& what);
 
@@ -117,6 +121,13 @@ struct ParallelConfig {
   // /dev/shm has room), else over TCP; "tcp" always over TCP; "shm" fails at start-up, naming
   // the ranks, where memory cannot be shared. Point-to-point transfers stay on TCP.
   HostTransport host_transport = HostTransport::kAuto;
+  // A CPU job with several ranks on a node, started by Tessera (`tessera launch`, `--nproc`):
+  // "auto" binds local rank i of n (its compute threads and its collectives' workers) to the i-th
+  // of n equal blocks of the CPUs the agent may run on, so that ranks neither share a core nor
+  // migrate, and equal ranks keep step with each other; it binds nothing where there are fewer
+  // CPUs than ranks, or where train.threads asks for more threads than a block has. "none"
+  // leaves placement to the kernel. Ranks that srun or torchrun start are theirs to place.
+  CpuBind cpu_bind = CpuBind::kAuto;
   // The health check before step 0 on a GPU: its device memory bandwidth (a device-to-device copy,
   // bytes read + written per second) must reach this floor, in GB/s (0: measured and logged only).
   double health_min_memory_gbps = 0;

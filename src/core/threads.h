@@ -5,12 +5,26 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace tessera {
 
 // Sets the threads used by every kernel and by oneDNN. 0 means one per available core.
 void set_num_threads(int n);
 int num_threads();
+
+// The CPUs this thread may run on (sched_getaffinity), in increasing order.
+std::vector<int> allowed_cpus();
+// Block `index` of `count` equal, contiguous blocks of `cpus`: size / count CPUs each (the
+// remainder is in no block, so that every block is as fast as the others); empty where there
+// are fewer CPUs than blocks.
+std::vector<int> cpu_block(const std::vector<int>& cpus, int index, int count);
+// Binds the calling thread, and the threads it starts from then on, to `cpus`; false with errno
+// set where the kernel refuses.
+bool bind_to_cpus(const std::vector<int>& cpus);
+// "0-3,8,10-11".
+std::string cpu_list(const std::vector<int>& cpus);
 
 // Calls fn(begin, end) on contiguous ranges covering [0, n), one range per thread.
 template <typename Fn>

@@ -3,11 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threads.h"
 #include "tessera/build_config.h"
 
 namespace tessera::train {
@@ -60,15 +63,35 @@ std::optional<metrics::GpuReading> ComputeDevice::gpu_reading() const {
   return gpu_sampler_->latest();
 }
 
+void ComputeDevice::bind_cpus(const config::Config& config, int local_rank, int local_world) {
+  if (config.parallel.cpu_bind == config::CpuBind::kNone || cuda() || local_world <= 1) return;
+  const std::vector<int> cpus = allowed_cpus();
+  const std::vector<int> block = cpu_block(cpus, local_rank, local_world);
+  const auto threads = static_cast<size_t>(config.train.threads);
+  std::string why_not;
+  if (block.empty()) {
+    why_not = fmt::format("{} CPUs for {} ranks on this node", cpus.size(), local_world);
+  } else if (threads > block.size()) {
+    why_not = fmt::format("train.threads = {} but a rank's block has {} CPU{}", threads, block.size(),
+                          block.size() == 1 ? "" : "s");
+  } else if (!bind_to_cpus(block)) {
+    why_not = fmt::format("sched_setaffinity: {}", std::strerror(errno));
+  }
+  cpu_binding_ = why_not.empty() ? fmt::format("local rank {} of {} on CPUs {} (parallel.cpu_bind = auto)", local_rank,
+                                               local_world, cpu_list(block))
+                                 : fmt::format("none ({})", why_not);
+}
+
 void log_device(const config::Config& config, const ComputeDevice& device) {
   if (device.cuda() || config.train.device == config::Device::kCpu || !TESSERA_CUDA) {
     log::info("device: {}", device.description());
     if (device.cuda() && !device.why_no_gpu_metrics().empty()) {
       log::warn("no GPU metrics or NVML health check: {}", device.why_no_gpu_metrics());
     }
-    return;
+  } else {
+    log::info("device: cpu (train.device = auto: {})", device.why_not_cuda());
   }
-  log::info("device: cpu (train.device = auto: {})", device.why_not_cuda());
+  if (!device.cpu_binding().empty()) log::info("CPU binding: {}", device.cpu_binding());
 }
 
 }  // namespace tessera::train

@@ -35,16 +35,25 @@ class ComputeDevice {
   std::optional<metrics::GpuReading> gpu_reading() const;
   const std::string& why_no_gpu_metrics() const { return why_no_gpu_metrics_; }
 
+  // parallel.cpu_bind for local rank `local_rank` of the `local_world` ranks on this node, called
+  // by the thread that will start the compute threads and collectives, before it starts them: on
+  // the CPU, with "auto", binds it to its block of the CPUs it may run on (core/threads.h);
+  // otherwise, and where that cannot be done, leaves placement to the kernel. cpu_binding() says
+  // which, in words ("" where nothing was asked), for log_device.
+  void bind_cpus(const config::Config& config, int local_rank, int local_world);
+  const std::string& cpu_binding() const { return cpu_binding_; }
+
  private:
   void watch_gpu();
   std::unique_ptr<kernels::Backend> owned_;
   kernels::Backend* backend_ = &kernels::cpu_backend();
-  std::string description_ = "cpu", why_not_cuda_, gpu_name_, why_no_gpu_metrics_;
+  std::string description_ = "cpu", why_not_cuda_, gpu_name_, why_no_gpu_metrics_, cpu_binding_;
   std::unique_ptr<metrics::GpuSampler> gpu_sampler_;
 };
 
 // Logs where the process computes, and why not on a GPU when train.device = auto found none usable
-// in a build that has CUDA (on a GPU, also why it has no GPU metrics, if it has none).
+// in a build that has CUDA (on a GPU, also why it has no GPU metrics, if it has none; on the CPU,
+// the CPU binding).
 void log_device(const config::Config& config, const ComputeDevice& device);
 
 }  // namespace tessera::train

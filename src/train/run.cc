@@ -400,7 +400,6 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
     write_file_atomic(run_dir + "/config.toml", config::to_toml(config));
   }
   const std::string dataset = resolve_dataset(config);
-  configure_threads(config);
   // torchrun-style: rank 0 serves the job's TCP store at MASTER_ADDR:MASTER_PORT.
   std::unique_ptr<comm::TcpStoreServer> server;
   const comm::StoreUrl url = comm::parse_store_url(job.store);
@@ -412,7 +411,11 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // Local rank i computes on GPU i (nodes hold contiguous ranks); the device comes first, since a
   // GPU job's groups are made on it.
   const int per_node = job.ranks_per_node > 0 ? job.ranks_per_node : job.world;
-  const ComputeDevice device(config, job.world, job.rank % per_node, per_node);
+  ComputeDevice device(config, job.world, job.rank % per_node, per_node);
+  // Before the compute threads start. Ranks an agent started share its CPUs and are split here;
+  // ranks that srun or torchrun started are placed by them (srun --cpu-bind).
+  if (!heartbeat.empty()) device.bind_cpus(config, job.rank % per_node, per_node);
+  configure_threads(config);
   std::optional<NcclTransportReport> nccl;
   if (device.nccl_device() >= 0 && job.world > 1) nccl.emplace(run_dir, job.rank);
   parallel::JobAddress address = job;

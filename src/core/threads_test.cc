@@ -1,0 +1,47 @@
+#include "core/threads.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace tessera {
+namespace {
+
+TEST(Threads, CpuBlocksAreEqualAndContiguousWithTheRemainderInNone) {
+  const std::vector<int> cpus = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};  // 10 CPUs, 4 ranks: 2 each, 8 and 9 spare
+  EXPECT_EQ(cpu_block(cpus, 0, 4), (std::vector<int>{0, 1}));
+  EXPECT_EQ(cpu_block(cpus, 3, 4), (std::vector<int>{6, 7}));
+  EXPECT_EQ(cpu_block(cpus, 1, 1), std::vector<int>{});  // no such block
+  EXPECT_EQ(cpu_block({4, 6, 9}, 2, 3), std::vector<int>{9});
+  EXPECT_EQ(cpu_block({0, 1}, 0, 3), std::vector<int>{});  // fewer CPUs than ranks
+  EXPECT_EQ(cpu_block({0, 1}, -1, 2), std::vector<int>{});
+}
+
+TEST(Threads, CpuListJoinsRuns) {
+  EXPECT_EQ(cpu_list({}), "");
+  EXPECT_EQ(cpu_list({3}), "3");
+  EXPECT_EQ(cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+}
+
+// Binding holds for the thread that binds and for the threads it starts afterwards (OpenMP's
+// team and the collectives' workers start after the worker binds).
+TEST(Threads, BindingHoldsForTheThreadAndThoseItStarts) {
+  const std::vector<int> all = allowed_cpus();
+  ASSERT_FALSE(all.empty());
+  std::vector<int> bound, child;
+  bool ok = false;
+  std::thread t([&] {
+    ok = bind_to_cpus({all.back()});
+    bound = allowed_cpus();
+    std::thread([&] { child = allowed_cpus(); }).join();
+  });
+  t.join();
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(bound, std::vector<int>{all.back()});
+  EXPECT_EQ(child, std::vector<int>{all.back()});
+  EXPECT_EQ(allowed_cpus(), all);  // this thread is untouched
+}
+
+}  // namespace
+}  // namespace tessera
