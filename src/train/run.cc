@@ -411,10 +411,11 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
   // Local rank i computes on GPU i (nodes hold contiguous ranks); the device comes first, since a
   // GPU job's groups are made on it.
   const int per_node = job.ranks_per_node > 0 ? job.ranks_per_node : job.world;
-  ComputeDevice device(config, job.world, job.rank % per_node, per_node);
+  const int local_rank = job.rank % per_node;
+  ComputeDevice device(config, job.world, local_rank, per_node);
   // Before the compute threads start. Ranks an agent started share its CPUs and are split here;
   // ranks that srun or torchrun started are placed by them (srun --cpu-bind).
-  if (!heartbeat.empty()) device.bind_cpus(config, job.rank % per_node, per_node);
+  if (!heartbeat.empty()) device.bind_cpus(config, local_rank, per_node);
   configure_threads(config);
   std::optional<NcclTransportReport> nccl;
   if (device.nccl_device() >= 0 && job.world > 1) nccl.emplace(run_dir, job.rank);
