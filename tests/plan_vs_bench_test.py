@@ -5,10 +5,13 @@ For each preset, at 1 process and at 2 processes under every strategy: the plan'
 against the bench's peak resident memory per rank, and the plan's tokens/s against the bench's,
 each measured right after the other (ratios from one moment, never absolute times across runs).
 
-Bounds: memory within 5%, except `tiny` at 2 processes, whose ~45 MiB per rank are nearly all
-runtime: there a rank's peak moves by up to 8 MiB from run to run (glibc keeps start-up's freed
-4 MiB buffers in the heap or not; forcing them out with mallopt costs oneDNN's per-call
-scratchpads page faults, a third of the step), so 10 MiB there. Tokens/s within 15%, except
+Bounds: memory within 5%, except `tiny` at 2 processes, whose ~140 MiB per rank are nearly all
+runtime: there a rank's peak moves by up to 10 MiB from run to run, in steps of ~4 MiB (glibc keeps
+start-up's freed 4 MiB buffers in the heap or not; forcing them out with mallopt costs oneDNN's
+per-call scratchpads page faults, a third of the step). The plan's runtime share is its probe
+run's peak, a second such draw: 6 runs here drew plans of 136.1-146.5 MiB and peaks of
+136.3-142.9 MiB (same-run pairs up to 8.6 MiB apart, the extremes 10.1 MiB; a full ctest run
+here failed the old 10 MiB bound and passed alone); so 12 MiB there. Tokens/s within 15%, except
 `tiny` at 2 processes, whose 10 ms steps are mostly scheduling between two ranks and their Gloo
 threads on two cores (+-30% from one bench to the next, and the plan's probe run as much): printed,
 not asserted. `tiny` at 1 process is no steadier on a shared machine: five alternating pairs in
@@ -63,7 +66,7 @@ for preset in presets:
               f"{tps_plan:11.0f} {tps_real:12.0f} {100 * tps_err:+6.1f}%"
               + (f"  (median of {', '.join(f'{100 * p[0]:+.1f}%' for p in pairs)})" if len(pairs) > 1 else ""),
               flush=True)
-        mem_ok = abs(mem_err) <= 0.05 or (preset == "tiny" and nproc > 1 and abs(mem_plan - mem_real) <= 10 * MiB)
+        mem_ok = abs(mem_err) <= 0.05 or (preset == "tiny" and nproc > 1 and abs(mem_plan - mem_real) <= 12 * MiB)
         if not mem_ok:
             failures.append(f"{preset} {label}: memory {100 * mem_err:+.1f}%")
         if abs(tps_err) > 0.15 and (preset != "tiny" or (nproc == 1 and assert_tiny)):
