@@ -47,7 +47,7 @@ void parallel_for(int64_t n, Fn&& fn) {
 // (for a few heavy items such as attention heads; fn must not let its result depend on `thread`,
 // which only names the thread's own scratch). Items of equal work still end unevenly on a shared
 // machine, where one CPU stalls for a while: handing them out as threads come free made the CPU
-// attention 11-15% faster than fixed shares at 2 threads (Zen 5, bench shapes).
+// attention 11-14% faster than fixed shares at 2 threads (Zen 5, bench shapes).
 template <typename Fn>
 void parallel_for_each(int64_t n, Fn&& fn) {
   if (n <= 0) return;

@@ -22,15 +22,24 @@ TEST(Threads, CpuBlocksAreEqualAndContiguousWithTheRemainderInNone) {
 }
 
 // Items go to threads as they come free: while one thread is held up by a slow item, the others
-// run all the rest, and every item runs once.
+// run all the rest, and every item runs once. Item 0 holds its thread until the other items have
+// run (or 5 s have passed, as they do where its thread has items of its own queued).
 TEST(Threads, ParallelForEachGivesTheRestToThreadsThatAreFree) {
   const int saved = num_threads();
   set_num_threads(2);
   constexpr int64_t kItems = 12;
   std::vector<int> thread_of(kItems, -1);
   std::vector<std::atomic<int>> runs(kItems);
+  std::atomic<int64_t> others_done{0};
   parallel_for_each(kItems, [&](int64_t i, int thread) {
-    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (i == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (others_done.load() < kItems - 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else {
+      ++others_done;
+    }
     thread_of[static_cast<size_t>(i)] = thread;
     runs[static_cast<size_t>(i)].fetch_add(1);
   });
