@@ -20,6 +20,16 @@ wait_step() {
   fail "$1 never reached step $2"
 }
 
+# wait_file PATH [SECONDS]: returns once PATH exists; fails after SECONDS (120)
+wait_file() {
+  local tries=$((${2:-120} * 20)) i
+  for ((i = 0; i < tries; i++)); do
+    [[ -e $1 ]] && return 0
+    sleep 0.05
+  done
+  fail "$1 never appeared"
+}
+
 # losses RUN: step, loss and gradient norm of every record, exact (JSON keeps every bit of a double)
 losses() {
   $py -c 'import json, sys
