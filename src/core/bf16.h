@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace tessera {
 
@@ -15,10 +16,30 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Stores v as a kernel's output type: a float as is, or rounded to bf16 (for kernels that write
+// either, templated on the output type).
+inline void store_as(float* out, float v) { *out = v; }
+inline void store_as(uint16_t* out, float v) { *out = f32_to_bf16(v); }
+
 // Whole arrays, vectorizable.
 inline void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+}
+
+// n outputs of type Out that row(float* dst) computes in fp32: straight into out (float), or into
+// `scratch` (n floats) and rounded from there (bf16). Where row calls one compiled function (not
+// inlined), the bf16 outputs are the fp32 ones' bits rounded; one expression inlined into two
+// loops may be vectorized two ways (GCC did SwiGLU's gate gradient at F = 1408, one ulp apart).
+template <typename Out, typename Row>
+void write_rounded(Out* out, int64_t n, float* scratch, Row&& row) {
+  if constexpr (std::is_same_v<Out, float>) {
+    (void)n, (void)scratch;
+    row(out);
+  } else {
+    row(scratch);
+    f32_to_bf16(scratch, out, n);
+  }
 }
 inline void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
 #pragma omp simd

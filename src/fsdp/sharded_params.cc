@@ -406,6 +406,11 @@ void ShardedParams::tp_all_gather(const float* in, float* out, int64_t count) {
   wait_tp(*tp_group_->all_gather(in, out, count, comm::DType::kF32, options_));
 }
 
+void ShardedParams::tp_all_gather_bf16(const uint16_t* in, uint16_t* out, int64_t count) {
+  CHECK(tp_group_ != nullptr);
+  wait_tp(*tp_group_->all_gather(in, out, count, comm::DType::kBF16, options_));
+}
+
 void ShardedParams::tp_reduce_scatter(const float* in, float* out, int64_t count) {
   CHECK(tp_group_ != nullptr);
   wait_tp(*tp_group_->reduce_scatter(in, out, count, comm::DType::kF32, options_));

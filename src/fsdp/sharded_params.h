@@ -102,6 +102,7 @@ class ShardedParams final : public model::ParamSource {
   // Blocking collectives over the mesh's tp group, counted as exposed communication.
   void tp_all_reduce(float* data, int64_t count) override;
   void tp_all_gather(const float* in, float* out, int64_t count) override;
+  void tp_all_gather_bf16(const uint16_t* in, uint16_t* out, int64_t count) override;
   void tp_reduce_scatter(const float* in, float* out, int64_t count) override;
 
   // Before the first micro-batch of a step: zeroes gradient shards.

@@ -101,6 +101,10 @@ class Backend {
 
   virtual void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
                                 float eps) = 0;
+  // out rounded to bf16 as it is written (rms_norm_forward's out, rounded as to_bf16 rounds): the
+  // input of a bf16 GEMM, which reads nothing else of it.
+  virtual void rms_norm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* weight, int64_t n,
+                                     int64_t C, float eps) = 0;
   virtual int64_t rms_norm_workspace_floats(int64_t n, int64_t C) const = 0;
   virtual void rms_norm_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,
                                  const float* rstd, int64_t n, int64_t C, float* workspace) = 0;
@@ -132,6 +136,9 @@ class Backend {
 
   virtual void swiglu_forward(float* out, const float* h13, int64_t n, int64_t F) = 0;
   virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t n, int64_t F) = 0;
+  // Their outputs rounded to bf16 as they are written, as rms_norm_forward_bf16's.
+  virtual void swiglu_forward_bf16(uint16_t* out, const float* h13, int64_t n, int64_t F) = 0;
+  virtual void swiglu_backward_bf16(uint16_t* dh13, const float* dout, const float* h13, int64_t n, int64_t F) = 0;
 
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C,
                                  int64_t v0, int64_t Vb) = 0;

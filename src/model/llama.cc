@@ -159,22 +159,46 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
 
 UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }
 
-void Llama::linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
-                   float beta) {
-  unit_linear(be_, y, x, p, offset, M, N, K, beta, b_.x16, b_.pack_fwd);
+Llama::Rows Llama::saved(const float* slot, const UnitParams& p) {
+  if (p.bf16 == nullptr) return {slot};
+  return {nullptr, reinterpret_cast<const uint16_t*>(slot)};
 }
 
-void Llama::linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
-                            int64_t M, int64_t N, int64_t K) {
-  if (p.bf16 != nullptr) {
-    be_.to_bf16(b_.dy16, dy, M * N);
-    be_.to_bf16(b_.x16, x, M * K);
-    const uint16_t* w = p.bf16 + offset;
-    be_.linear_backward_bf16(dx, dw, b_.dy16, b_.x16,
-                             dx != nullptr ? bf16_weight(be_, w, N, K, kernels::WeightUse::kInputGrad, b_.pack_dx) : w,
-                             M, N, K);
+void Llama::linear(float* y, Rows x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K, float beta) {
+  if (x.bf16 == nullptr) {
+    unit_linear(be_, y, x.f32, p, offset, M, N, K, beta, b_.x16, b_.pack_fwd);
+    return;
+  }
+  CHECK_MSG(p.bf16 != nullptr, "bf16 input rows for a unit without a bf16 image");
+  be_.linear_bf16(y, x.bf16, bf16_weight(be_, p.bf16 + offset, N, K, kernels::WeightUse::kForward, b_.pack_fwd), M, N,
+                  K, beta);
+}
+
+void Llama::linear_backward(float* dx, float* dw, Rows dy, Rows x, const UnitParams& p, int64_t offset, int64_t M,
+                            int64_t N, int64_t K) {
+  if (p.bf16 == nullptr) {
+    CHECK_MSG(dy.f32 != nullptr && x.f32 != nullptr, "bf16 rows for a unit without a bf16 image");
+    be_.linear_backward(dx, dw, dy.f32, x.f32, p.f32 + offset, M, N, K);
+    return;
+  }
+  auto rounded = [&](Rows r, uint16_t* scratch, int64_t n) {
+    if (r.bf16 != nullptr) return r.bf16;
+    be_.to_bf16(scratch, r.f32, n);
+    return static_cast<const uint16_t*>(scratch);
+  };
+  const uint16_t* w = p.bf16 + offset;
+  be_.linear_backward_bf16(dx, dw, rounded(dy, b_.dy16, M * N), rounded(x, b_.x16, M * K),
+                           dx != nullptr ? bf16_weight(be_, w, N, K, kernels::WeightUse::kInputGrad, b_.pack_dx) : w, M,
+                           N, K);
+}
+
+void Llama::norm_forward(float* out, float* rstd, const float* x, const float* gain, bool bf16) {
+  const ModelConfig& c = layout_.config();
+  const float eps = static_cast<float>(c.norm_eps);
+  if (bf16) {
+    be_.rms_norm_forward_bf16(reinterpret_cast<uint16_t*>(out), rstd, x, gain, R_, c.dim, eps);
   } else {
-    be_.linear_backward(dx, dw, dy, x, p.f32 + offset, M, N, K);
+    be_.rms_norm_forward(out, rstd, x, gain, R_, c.dim, eps);
   }
 }
 
@@ -186,7 +210,7 @@ const float* Llama::norm_weight(const UnitParams& p, int64_t offset, int slot) {
   return w;
 }
 
-void Llama::residual_linear(ParamSource& params, float* out, const float* residual, const float* x, const UnitParams& w,
+void Llama::residual_linear(ParamSource& params, float* out, const float* residual, Rows x, const UnitParams& w,
                             int64_t offset, int64_t K) {
   const int64_t C = layout_.config().dim;
   if (sequence_parallel()) {  // this rank's rows of the group's sum, then their residual
@@ -209,17 +233,21 @@ void Llama::block_forward(ParamSource& params, const UnitParams& w, const BlockA
   const LocalSizes& l = layout_.local();
   const BlockOffsets& o = layout_.block();
   const int64_t C = c.dim, F = l.ffn_hidden, H = l.heads, Hkv = l.kv_heads, D = c.head_dim(), Q = (H + 2 * Hkv) * D;
-  const float eps = static_cast<float>(c.norm_eps);
-  be_.rms_norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), R_, C, eps);
-  linear(a.qkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C, 0.0f);
+  const bool bf16 = w.bf16 != nullptr;  // xn1, xn2 and g are saved as the bf16 their GEMMs read
+  norm_forward(a.xn1, a.rstd1, a.x, norm_weight(w, o.attention_norm, 0), bf16);
+  linear(a.qkv, gather_rows(params, saved(a.xn1, w)), w, o.wqkv, N_, Q, C, 0.0f);
   be_.rope_forward(a.qkv, b_.rope, B_, T_, H, D, Q);
   be_.rope_forward(a.qkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  be_.attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, w.bf16 != nullptr, b_.attn_ws);
-  residual_linear(params, a.xmid, a.x, a.att, w, o.wo, H * D);
-  be_.rms_norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), R_, C, eps);
-  linear(a.h13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C, 0.0f);
-  be_.swiglu_forward(a.g, a.h13, N_, F);
-  residual_linear(params, out, a.xmid, a.g, w, o.w2, F);
+  be_.attention_forward(a.att, a.lse, a.qkv, B_, T_, H, Hkv, D, bf16, b_.attn_ws);
+  residual_linear(params, a.xmid, a.x, Rows{a.att}, w, o.wo, H * D);
+  norm_forward(a.xn2, a.rstd2, a.xmid, norm_weight(w, o.ffn_norm, 1), bf16);
+  linear(a.h13, gather_rows(params, saved(a.xn2, w)), w, o.w13, N_, 2 * F, C, 0.0f);
+  if (bf16) {
+    be_.swiglu_forward_bf16(reinterpret_cast<uint16_t*>(a.g), a.h13, N_, F);
+  } else {
+    be_.swiglu_forward(a.g, a.h13, N_, F);
+  }
+  residual_linear(params, out, a.xmid, saved(a.g, w), w, o.w2, F);
 }
 
 void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, const BlockActs& a) {
@@ -231,16 +259,22 @@ void Llama::block_backward(ParamSource& params, const UnitParams& w, float* dw, 
   // Under tensor parallelism dx is the same on every rank of the group (or, sequence parallel,
   // its rows are gathered), and the input gradient of a column-parallel product is a partial sum
   // the group completes.
-  linear_backward(b_.dg, dw + o.w2, gather_rows(params, b_.dx), a.g, w, o.w2, N_, C, F);
-  be_.swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
-  linear_backward(b_.dxn, dw + o.w13, b_.dh13, gather_rows(params, a.xn2), w, o.w13, N_, 2 * F, C);
+  linear_backward(b_.dg, dw + o.w2, Rows{gather_rows(params, b_.dx)}, saved(a.g, w), w, o.w2, N_, C, F);
+  Rows dh13{b_.dh13};
+  if (w.bf16 != nullptr) {  // rounded as written: w13's products read nothing else of it
+    be_.swiglu_backward_bf16(b_.dy16, b_.dg, a.h13, N_, F);
+    dh13 = {nullptr, b_.dy16};
+  } else {
+    be_.swiglu_backward(b_.dh13, b_.dg, a.h13, N_, F);
+  }
+  linear_backward(b_.dxn, dw + o.w13, dh13, gather_rows(params, saved(a.xn2, w)), w, o.w13, N_, 2 * F, C);
   norm_backward(params, dw + o.ffn_norm, complete_dxn(params), a.xmid, norm_weight(w, o.ffn_norm, 1), a.rstd2);
   // Attention branch.
-  linear_backward(b_.datt, dw + o.wo, gather_rows(params, b_.dx), a.att, w, o.wo, N_, C, H * D);
+  linear_backward(b_.datt, dw + o.wo, Rows{gather_rows(params, b_.dx)}, Rows{a.att}, w, o.wo, N_, C, H * D);
   be_.attention_backward(b_.dqkv, b_.datt, a.qkv, a.att, a.lse, B_, T_, H, Hkv, D, w.bf16 != nullptr, b_.attn_ws);
   be_.rope_backward(b_.dqkv, b_.rope, B_, T_, H, D, Q);
   be_.rope_backward(b_.dqkv + H * D, b_.rope, B_, T_, Hkv, D, Q);
-  linear_backward(b_.dxn, dw + o.wqkv, b_.dqkv, gather_rows(params, a.xn1), w, o.wqkv, N_, Q, C);
+  linear_backward(b_.dxn, dw + o.wqkv, Rows{b_.dqkv}, gather_rows(params, saved(a.xn1, w)), w, o.wqkv, N_, Q, C);
   norm_backward(params, dw + o.attention_norm, complete_dxn(params), a.x, norm_weight(w, o.attention_norm, 0), a.rstd1);
 }
 
@@ -248,6 +282,14 @@ const float* Llama::gather_rows(ParamSource& params, const float* rows) {
   if (!sequence_parallel()) return rows;
   params.tp_all_gather(rows, b_.gathered, R_ * layout_.config().dim);
   return b_.gathered;
+}
+
+Llama::Rows Llama::gather_rows(ParamSource& params, Rows rows) {
+  if (!sequence_parallel()) return rows;
+  if (rows.bf16 == nullptr) return {gather_rows(params, rows.f32)};
+  auto* out = reinterpret_cast<uint16_t*>(b_.gathered);
+  params.tp_all_gather_bf16(rows.bf16, out, R_ * layout_.config().dim);
+  return {nullptr, out};
 }
 
 const float* Llama::complete_dxn(ParamSource& params) {
@@ -330,29 +372,28 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
   head_backward_seconds_ = 0.0;
   if (with_grads) dw_out = c.tied_embeddings ? params.grads(emb) : params.grads(head) + layout_.head_weight_offset();
 
-  be_.rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, R_, C, static_cast<float>(c.norm_eps));
-  const float* xn_all = gather_rows(params, b_.xn_final);
   // Logits, loss and (with grads) the head's backward, one chunk of rows at a time. In bf16 the
-  // rows are rounded once, and the chunks' logit gradients, rounded, gather into groups of
-  // head_group_rows whose two backward GEMMs run at once: a deeper weight-gradient product runs
-  // at a higher rate than one per chunk (it reads and writes the whole V x C gradient each time).
+  // norm rounds the rows as it writes them, and the chunks' logit gradients, rounded, gather into
+  // groups of head_group_rows whose two backward GEMMs run at once: a deeper weight-gradient
+  // product runs at a higher rate than one per chunk (it reads and writes the whole V x C gradient
+  // each time).
   const int64_t chunk = loss_chunk_rows(V, N_);
   const bool bf16 = w_out.bf16 != nullptr;
+  norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_w, bf16);
+  const Rows xn_all = gather_rows(params, saved(b_.xn_final, w_out));
   const int64_t group = bf16 ? head_group_rows(V, N_) : chunk;
   const uint16_t* w16 = bf16 ? w_out.bf16 + out_offset : nullptr;
   kernels::Bf16Weight w_fwd = w16, w_dx = w16;  // packed once for all chunks where the backend packs
   if (bf16) {
-    be_.to_bf16(b_.x16, xn_all, N_ * C);
     w_fwd = bf16_weight(be_, w16, V, C, kernels::WeightUse::kForward, b_.pack_fwd);
     if (with_grads) w_dx = bf16_weight(be_, w16, V, C, kernels::WeightUse::kInputGrad, b_.pack_dx);
   }
   for (int64_t r0 = 0; r0 < N_; r0 += chunk) {
     const int64_t rows = std::min(chunk, N_ - r0);
-    const float* xn = xn_all + r0 * C;
     if (bf16) {
-      be_.linear_bf16(b_.logits, b_.x16 + r0 * C, w_fwd, rows, V, C, 0.0f);
+      be_.linear_bf16(b_.logits, xn_all.bf16 + r0 * C, w_fwd, rows, V, C, 0.0f);
     } else {
-      linear(b_.logits, xn, w_out, out_offset, rows, V, C, 0.0f);
+      linear(b_.logits, Rows{xn_all.f32 + r0 * C}, w_out, out_offset, rows, V, C, 0.0f);
     }
     // bf16: the chunk's logit gradients go to their rows of the group, rounded as they are written.
     const int64_t g0 = r0 / group * group, end = std::min(N_, r0 + rows);
@@ -371,10 +412,11 @@ LossSum Llama::head_loss(ParamSource& params, const int32_t* targets, bool with_
     if (!with_grads) continue;
     const double t0 = now_seconds();
     if (!bf16) {
-      linear_backward(b_.dxn + r0 * C, dw_out, b_.logits, xn, w_out, out_offset, rows, V, C);
+      linear_backward(b_.dxn + r0 * C, dw_out, Rows{b_.logits}, Rows{xn_all.f32 + r0 * C}, w_out, out_offset, rows, V,
+                      C);
     } else {
       if (end == N_ || end - g0 == group) {
-        be_.linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, b_.x16 + g0 * C, w_dx, end - g0, V, C);
+        be_.linear_backward_bf16(b_.dxn + g0 * C, dw_out, b_.dy16, xn_all.bf16 + g0 * C, w_dx, end - g0, V, C);
       }
     }
     head_backward_seconds_ += now_seconds() - t0;
@@ -465,7 +507,7 @@ void Llama::forward_logits(ParamSource& params, const int32_t* inputs, float* lo
   const int64_t out_offset = c.tied_embeddings ? 0 : layout_.head_weight_offset();
   be_.rms_norm_forward(b_.xn_final, b_.rstd_final, b_.x_final, norm_weight(w, layout_.head_norm_offset(), 0), N_, c.dim,
                        static_cast<float>(c.norm_eps));
-  linear(logits, b_.xn_final, w_out, out_offset, N_, c.vocab_size, c.dim, 0.0f);
+  linear(logits, Rows{b_.xn_final}, w_out, out_offset, N_, c.vocab_size, c.dim, 0.0f);
   if (c.tied_embeddings) params.release(emb);
   params.release(head);
 }

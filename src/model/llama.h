@@ -94,6 +94,10 @@ class Llama {
   struct BlockActs {
     bool recompute;  // the fields below x point into the shared recompute set
     float* x;        // (R, C) block input: all a recompute needs
+    // xn1, xn2 and g are only ever read by their weight GEMMs: where the block's unit is a bf16
+    // image, the producing kernel writes the bf16 rounding those GEMMs read, in the first half of
+    // the slot, and nothing reads them in fp32 (saved()). The slots keep their fp32 size, as a
+    // model planned for bf16 runs in fp32 over a source without bf16 images.
     float* xn1;      // (R, C) attention-norm output
     float* rstd1;    // (R)
     float* qkv;      // (N, qkv_dim) after RoPE on q and k
@@ -136,9 +140,10 @@ class Llama {
     float* dxn_rows;  // (R, C)
     float* dgain;     // (C)
     // bf16 only (null otherwise): a GEMM's activation input and its output gradient rounded to
-    // bf16 just before the GEMM (rounded again in backward rather than saved per block: no
-    // activation memory beyond these buffers, for a pass ~1/(output width) of the GEMM's work),
-    // and norm gains widened from a bf16 image.
+    // bf16 just before the GEMM where no kernel wrote them rounded (attention's output, in
+    // backward again rather than saved per block; the residual stream's gradient; dqkv); SwiGLU's
+    // backward writes its gradient rounded into dy16 itself. And norm gains widened from a bf16
+    // image.
     uint16_t* x16;   // (N, max(C, H*D, F))
     uint16_t* dy16;  // (max(N max(C, qkv_dim, 2F), head_group_rows V))
     float* norm_w;   // (2, C)
@@ -155,9 +160,18 @@ class Llama {
   static int64_t head_group_rows(int64_t vocab, int64_t N);  // bf16: rows per LM-head backward
   bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
   bool sequence_parallel() const { return tensor_parallel() && layout_.tensor_parallel().sequence; }
+  // A weight GEMM's input rows: fp32, or (mixed precision) already rounded to bf16.
+  struct Rows {
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+  };
+  // A saved GEMM input (BlockActs' xn1, xn2, g; the head's norm output) as its slot holds it for
+  // unit p: bf16 where p is a bf16 image, else fp32.
+  static Rows saved(const float* slot, const UnitParams& p);
   // Sequence parallelism: this rank's (R, C) rows -> every rank's (N, C) rows, in b_.gathered;
   // without it, rows itself.
   const float* gather_rows(ParamSource& params, const float* rows);
+  Rows gather_rows(ParamSource& params, Rows rows);
   // b_.dxn holds a product's input gradient (N, C), a partial sum under tensor parallelism: the
   // group's sum, of all rows (all-reduce, in place) or of this rank's (reduce-scatter into
   // b_.dxn_rows) under sequence parallelism.
@@ -169,12 +183,14 @@ class Llama {
 
   UnitParams acquire(ParamSource& params, int unit) const;
   // y (M, N) = x (M, K) . W^T + beta y, W the (N, K) tensor at `offset` in the unit; bf16 inputs
-  // when the unit is a bf16 image.
-  void linear(float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K,
-              float beta);
-  // Its backward: dx (M, K) = dy . W (skipped when null), dw (N, K) += dy^T . x, in fp32.
-  void linear_backward(float* dx, float* dw, const float* dy, const float* x, const UnitParams& p, int64_t offset,
-                       int64_t M, int64_t N, int64_t K);
+  // (x rounded here unless it comes rounded) when the unit is a bf16 image.
+  void linear(float* y, Rows x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K, float beta);
+  // Its backward: dx (M, K) = dy . W (skipped when null), dw (N, K) += dy^T . x, accumulated in
+  // fp32 (on dy and x rounded to bf16, here unless they come rounded, for a bf16 image).
+  void linear_backward(float* dx, float* dw, Rows dy, Rows x, const UnitParams& p, int64_t offset, int64_t M, int64_t N,
+                       int64_t K);
+  // RMSNorm of this rank's R rows into out's slot, rounded to bf16 as written where bf16.
+  void norm_forward(float* out, float* rstd, const float* x, const float* gain, bool bf16);
   // The C norm gains at `offset` in fp32: in place, or widened into norm_w row `slot`.
   const float* norm_weight(const UnitParams& p, int64_t offset, int slot);
 
@@ -187,7 +203,7 @@ class Llama {
   // out (R, C) = residual + x (N, K) . W^T, W the (C, K) tensor at `offset`; with tensor
   // parallelism W is a row-parallel block and the group's sum completes the product (all-reduce,
   // or reduce-scatter to this rank's rows under sequence parallelism).
-  void residual_linear(ParamSource& params, float* out, const float* residual, const float* x, const UnitParams& w,
+  void residual_linear(ParamSource& params, float* out, const float* residual, Rows x, const UnitParams& w,
                        int64_t offset, int64_t K);
   // Backward of block l: b_.dx holds d(out) on entry and d(acts.x) on return.
   void block_backward(ParamSource& params, const UnitParams& w, float* dw, const BlockActs& acts);

@@ -37,6 +37,10 @@ class ParamSource {
   virtual void tp_all_gather(const float* /*in*/, float* /*out*/, int64_t /*count*/) {
     CHECK_MSG(false, "no tensor-parallel group");
   }
+  // The same gather of `count` bf16 values (bit patterns): the rows a bf16 GEMM reads.
+  virtual void tp_all_gather_bf16(const uint16_t* /*in*/, uint16_t* /*out*/, int64_t /*count*/) {
+    CHECK_MSG(false, "no tensor-parallel group");
+  }
   virtual void tp_reduce_scatter(const float* /*in*/, float* /*out*/, int64_t /*count*/) {
     CHECK_MSG(false, "no tensor-parallel group");
   }

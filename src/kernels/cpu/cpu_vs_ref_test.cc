@@ -232,6 +232,12 @@ TEST_P(CpuVsRef, RmsNorm) {
       }
       expect_within("rms_norm out", fwd[0], ref_out, tol_out);
       expect_within("rms_norm rstd", fwd[1], ref_rstd, tol_rstd);
+      // The bf16 output is the fp32 one rounded, bit for bit, beside the same rstd.
+      std::vector<uint16_t> out16(n * C, 0xffff);
+      Floats rstd16 = nans(n);
+      cpu::rms_norm_forward_bf16(out16.data(), rstd16.data(), x.data(), w.data(), n, C, eps);
+      expect_bitwise("rms_norm_forward_bf16 rstd", rstd16, fwd[1]);
+      for (int64_t i = 0; i < n * C; ++i) ASSERT_EQ(out16[i], f32_to_bf16(fwd[0][i])) << "out element " << i;
 
       Floats ref_dx = dx0, ref_dw = dw0;
       ref::rms_norm_backward(ref_dx.data(), ref_dw.data(), dout.data(), x.data(), w.data(), ref_rstd.data(), n, C);
@@ -925,7 +931,7 @@ TEST_P(CpuVsRef, AttentionCached) {
 // all told da is within u (16|da| + |dout b s| (12|a| + 1)).
 TEST_P(CpuVsRef, Swiglu) {
   for (int64_t n : {1, 7, 33}) {
-    for (int64_t F : {1, 7, 33, 130}) {
+    for (int64_t F : {1, 7, 33, 130, 1408}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " F=" + std::to_string(F));
       Floats h13 = randn(n * 2 * F, 160, 3.0);
       // Gates deep in both tails, including where exp(-a) overflows float.
@@ -955,6 +961,12 @@ TEST_P(CpuVsRef, Swiglu) {
       }
       expect_within("swiglu out", got[0], ref_out, tol_out);
       expect_within("swiglu dh13", got[1], ref_dh13, tol_d);
+      // The bf16 outputs are the fp32 ones rounded, bit for bit.
+      std::vector<uint16_t> out16(n * F, 0xffff), dh16(n * 2 * F, 0xffff);
+      cpu::swiglu_forward_bf16(out16.data(), h13.data(), n, F);
+      cpu::swiglu_backward_bf16(dh16.data(), dout.data(), h13.data(), n, F);
+      for (int64_t i = 0; i < n * F; ++i) ASSERT_EQ(out16[i], f32_to_bf16(got[0][i])) << "out element " << i;
+      for (int64_t i = 0; i < n * 2 * F; ++i) ASSERT_EQ(dh16[i], f32_to_bf16(got[1][i])) << "dh13 element " << i;
     }
   }
 }

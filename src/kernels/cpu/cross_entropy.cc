@@ -14,9 +14,6 @@ namespace tessera::kernels::cpu {
 
 namespace {
 
-inline void store(float* out, float v) { *out = v; }
-inline void store(uint16_t* out, float v) { *out = f32_to_bf16(v); }
-
 // Out: float, or uint16_t for the gradient rounded to bf16 as it is written (each value is the
 // fp32 path's, rounded: the same bits as rounding that path's output afterwards). With a gradient,
 // the pass that sums the exponentials keeps them, in the gradient's row (fp32) or in a row of the
@@ -66,8 +63,8 @@ void softmax_cross_entropy_impl(Out* dlogits, float* losses, const float* logits
       const float k = dscale / sum;
       const float dt = e[target] * k - dscale;
 #pragma omp simd
-      for (int64_t j = 0; j < V; ++j) store(dz + j, e[j] * k);
-      store(dz + target, dt);
+      for (int64_t j = 0; j < V; ++j) store_as(dz + j, e[j] * k);
+      store_as(dz + target, dt);
     }
   });
 }

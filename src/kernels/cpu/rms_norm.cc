@@ -4,25 +4,42 @@
 
 #include <cmath>
 
+#include "core/bf16.h"
 #include "core/threads.h"
+#include "kernels/cpu/vector.h"
 
 namespace tessera::kernels::cpu {
 
-void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
-                      float eps) {
-  parallel_for(n, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* xi = x + i * C;
-      float ss = 0.0f;
+namespace {
+// One row in fp32: out (C) and its rstd, returned. Not inlined, for write_rounded.
+[[gnu::noinline]] float forward_row(float* o, const float* x, const float* weight, int64_t C, float eps) {
+  float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += xi[c] * xi[c];
-      const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
-      rstd[i] = r;
-      float* oi = out + i * C;
+  for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) oi[c] = xi[c] * r * weight[c];
+  for (int64_t c = 0; c < C; ++c) o[c] = x[c] * r * weight[c];
+  return r;
+}
+
+template <typename Out>
+void forward(Out* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C, float eps) {
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    float* scratch = std::is_same_v<Out, float> ? nullptr : thread_row(C);
+    for (int64_t i = begin; i < end; ++i) {
+      write_rounded(out + i * C, C, scratch, [&](float* o) { rstd[i] = forward_row(o, x + i * C, weight, C, eps); });
     }
   });
+}
+}  // namespace
+
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C, float eps) {
+  forward(out, rstd, x, weight, n, C, eps);
+}
+
+void rms_norm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
+                           float eps) {
+  forward(out, rstd, x, weight, n, C, eps);
 }
 
 void rms_norm_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,

@@ -2,6 +2,7 @@
 #include "kernels/cpu/vector.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/threads.h"
@@ -24,6 +25,12 @@ void scale_inplace(float* x, int64_t n, float s) {
 
 void to_bf16(uint16_t* out, const float* in, int64_t n) {
   parallel_for(n, [&](int64_t begin, int64_t end) { f32_to_bf16(in + begin, out + begin, end - begin); });
+}
+
+float* thread_row(int64_t n) {
+  thread_local std::vector<float> row;
+  if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
+  return row.data();
 }
 
 double sum_squares(const float* x, int64_t n) {

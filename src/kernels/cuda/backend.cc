@@ -134,6 +134,10 @@ class CudaBackend final : public Backend {
                         float eps) override {
     cuda::rms_norm_forward(out, rstd, x, weight, n, C, eps, stream_);
   }
+  void rms_norm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
+                             float eps) override {
+    cuda::rms_norm_forward_bf16(out, rstd, x, weight, n, C, eps, stream_);
+  }
   int64_t rms_norm_workspace_floats(int64_t n, int64_t C) const override {
     return rms_norm_backward_workspace_floats(n, C);
   }
@@ -176,6 +180,12 @@ class CudaBackend final : public Backend {
   }
   void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t n, int64_t F) override {
     cuda::swiglu_backward(dh13, dout, h13, n, F, stream_);
+  }
+  void swiglu_forward_bf16(uint16_t* out, const float* h13, int64_t n, int64_t F) override {
+    cuda::swiglu_forward_bf16(out, h13, n, F, stream_);
+  }
+  void swiglu_backward_bf16(uint16_t* dh13, const float* dout, const float* h13, int64_t n, int64_t F) override {
+    cuda::swiglu_backward_bf16(dh13, dout, h13, n, F, stream_);
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t n, int64_t C, int64_t v0,

@@ -53,5 +53,8 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 __device__ __forceinline__ float from_bf16_bits(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+// Stores v as a kernel's output type: a float as is, or rounded by to_bf16_bits.
+__device__ __forceinline__ void store_as(float* out, float v) { *out = v; }
+__device__ __forceinline__ void store_as(uint16_t* out, float v) { *out = to_bf16_bits(v); }
 
 }  // namespace tessera::kernels::cuda

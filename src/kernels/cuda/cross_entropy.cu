@@ -9,9 +9,6 @@ namespace tessera::kernels::cuda {
 namespace {
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(uint16_t* p, float v) { *p = to_bf16_bits(v); }
-
 // Out: float or uint16_t (bf16 bits); dlogits null for the loss alone.
 template <typename Out>
 __global__ void cross_entropy_kernel(Out* dlogits, float* losses, const float* logits, const int32_t* targets,
@@ -24,7 +21,7 @@ __global__ void cross_entropy_kernel(Out* dlogits, float* losses, const float* l
   if (target < 0) {  // ignored: loss 0, gradient 0
     if (threadIdx.x == 0) losses[row] = 0.0f;
     if (d != nullptr) {
-      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) store(d + j, 0.0f);
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) store_as(d + j, 0.0f);
     }
     return;
   }
@@ -41,7 +38,7 @@ __global__ void cross_entropy_kernel(Out* dlogits, float* losses, const float* l
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     const float p = expf(z[j] - mx) * inv;
-    store(d + j, (p - (j == target ? 1.0f : 0.0f)) * dscale);
+    store_as(d + j, (p - (j == target ? 1.0f : 0.0f)) * dscale);
   }
 }
 

@@ -92,6 +92,12 @@ TEST(CudaVsRef, SwiGLU) {
   // A handful of rounded operations and one expf each: ~10 u relative.
   EXPECT_TRUE(all_close(out.download(), want_out, 1e-6f, 1e-5f));
   EXPECT_TRUE(all_close(dh13.download(), want_dh13, 1e-6f, 1e-5f));
+  // The bf16 outputs are the fp32 ones rounded, bit for bit.
+  DeviceBuffer<uint16_t> out16(n * F), dh16(n * 2 * F);
+  swiglu_forward_bf16(out16.get(), dh13_in.get(), n, F, nullptr);
+  swiglu_backward_bf16(dh16.get(), dd.get(), dh13_in.get(), n, F, nullptr);
+  EXPECT_EQ(out16.download(), round_bf16(out.download()));
+  EXPECT_EQ(dh16.download(), round_bf16(dh13.download()));
 }
 
 TEST(CudaVsRef, Rope) {
@@ -128,6 +134,12 @@ TEST(CudaVsRef, RmsNorm) {
                            C);
     EXPECT_TRUE(all_close(rstd.download(), want_rstd, 0.0f, 1e-5f));
     EXPECT_TRUE(all_close(out.download(), want_out, 1e-6f, 1e-5f));
+    // The bf16 output is the fp32 one rounded, bit for bit, beside the same rstd.
+    DeviceBuffer<uint16_t> out16(n * C);
+    DeviceBuffer<float> rstd16(n);
+    rms_norm_forward_bf16(out16.get(), rstd16.get(), dx_in.get(), dw.get(), n, C, 1e-5f, nullptr);
+    EXPECT_EQ(out16.download(), round_bf16(out.download()));
+    EXPECT_EQ(rstd16.download(), rstd.download());
     EXPECT_TRUE(all_close(ddx.download(), want_dx, 1e-5f, 1e-4f));
     // The weight gradient sums n terms of size ~1: u sqrt(n) ~ 2e-6 at n = 1000.
     EXPECT_TRUE(all_close(ddw.download(), want_dw, 1e-4f, 1e-4f));

@@ -14,7 +14,8 @@ constexpr int64_t kMaxChunks = 256;  // row chunks of the weight gradient's firs
 
 int64_t weight_grad_chunks(int64_t n) { return std::min<int64_t>(n, kMaxChunks); }
 
-__global__ void forward_kernel(float* out, float* rstd, const float* x, const float* w, int64_t C, float eps) {
+template <typename Out>
+__global__ void forward_kernel(Out* out, float* rstd, const float* x, const float* w, int64_t C, float eps) {
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * C;
@@ -22,7 +23,7 @@ __global__ void forward_kernel(float* out, float* rstd, const float* x, const fl
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += xr[c] * xr[c];
   ss = block_sum(ss, scratch);
   const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[row * C + c] = xr[c] * r * w[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_as(out + row * C + c, xr[c] * r * w[c]);
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
@@ -58,13 +59,24 @@ __global__ void weight_grad_total(float* dweight, const float* partial, int64_t 
   for (int64_t k = 0; k < chunks; ++k) sum += partial[k * C + c];
   dweight[c] += sum;
 }
+
+template <typename Out>
+void forward(Out* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C, float eps,
+             cudaStream_t stream) {
+  if (n == 0) return;
+  forward_kernel<Out><<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(out, rstd, x, weight, C, eps);
+  CUDA_CHECK_LAUNCH();
+}
 }  // namespace
 
 void rms_norm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C, float eps,
                       cudaStream_t stream) {
-  if (n == 0) return;
-  forward_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream>>>(out, rstd, x, weight, C, eps);
-  CUDA_CHECK_LAUNCH();
+  forward(out, rstd, x, weight, n, C, eps, stream);
+}
+
+void rms_norm_forward_bf16(uint16_t* out, float* rstd, const float* x, const float* weight, int64_t n, int64_t C,
+                           float eps, cudaStream_t stream) {
+  forward(out, rstd, x, weight, n, C, eps, stream);
 }
 
 int64_t rms_norm_backward_workspace_floats(int64_t n, int64_t C) { return weight_grad_chunks(n) * C; }
