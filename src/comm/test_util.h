@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/threads.h"
+
 namespace tessera::comm::test_util {
 
 using Clock = std::chrono::steady_clock;
@@ -49,6 +51,9 @@ struct TempDir {
 
 // Runs body(rank) in `world` forked processes and returns their exit statuses (128 + signal
 // when killed). A child that outlives `limit_s` gets SIGALRM from itself and SIGKILL from here.
+// Ranks run their kernels on one thread: OpenMP's threads do not survive fork, and a child forked
+// after this process ran a parallel region hangs in its own next one (libgomp), as it did when a
+// whole test binary ran in one process.
 inline std::vector<int> run_ranks(int world, const std::function<int(int)>& body, int limit_s = 15) {
   std::fflush(nullptr);
   std::vector<pid_t> pids;
@@ -57,6 +62,7 @@ inline std::vector<int> run_ranks(int world, const std::function<int(int)>& body
     if (pid < 0) std::abort();
     if (pid == 0) {
       ::alarm(static_cast<unsigned>(limit_s));
+      set_num_threads(1);
       int rc = 99;
       try {
         rc = body(r);
