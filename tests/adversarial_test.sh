@@ -201,13 +201,19 @@ t0=$(date +%s.%N)
 (launch stopped --set train.max_steps=$((stop + 4))) 2>"$dir/stopped.2.log" || { cat "$dir/stopped.2.log"; fail "item 3: relaunch after a stop"; }
 t1=$(date +%s.%N)
 relaunched stopped "$dir/stopped.2.log" "$stop" $((stop + 4)) stopped
-# gave up (restart budget used), then relaunched without the fault
+# gave up (restart budget used), then relaunched without the fault. The saves at steps 4 and 8
+# are written in the background, and a step here takes ~20 ms, about what a save takes: a kill two
+# steps after a save can land before it commits (with the kill at step 6, neither round committed
+# step 4 in 1 run of 4), so the kill comes at step 10 and the relaunch resumes from what `latest`
+# names, 4 or 8.
 rc=0
-(TESSERA_FAULT=1:6:forward:kill TESSERA_FAULT_ALWAYS=1 launch gaveup --max-restarts 1 --set train.max_steps=12) \
+(TESSERA_FAULT=1:10:forward:kill TESSERA_FAULT_ALWAYS=1 launch gaveup --max-restarts 1 --set train.max_steps=12) \
   2>"$dir/gaveup.1.log" || rc=$?
 ((rc != 0)) && grep -q "giving up" "$dir/gaveup.1.log" || fail "item 3: the faulty run did not give up (exit $rc)"
+[[ -f "$dir/gaveup/checkpoints/latest" ]] || fail "item 3 (gave up): no checkpoint committed before the kills at step 10"
+saved=$(cat "$dir/gaveup/checkpoints/latest")
 (launch gaveup --set train.max_steps=12) 2>"$dir/gaveup.2.log" || { cat "$dir/gaveup.2.log"; fail "item 3: relaunch after a give-up"; }
-relaunched gaveup "$dir/gaveup.2.log" 4 12 "gave up"
+relaunched gaveup "$dir/gaveup.2.log" "$((10#${saved#step_}))" 12 "gave up"
 # killed outright (kill -9 of the agent; its workers die with it): no marker, the silence tells
 launch killed --set train.max_steps=100000 2>"$dir/killed.1.log" &
 agent=$!

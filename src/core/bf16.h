@@ -26,6 +26,10 @@ inline void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
 }
+inline void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+}
 
 // n outputs of type Out that row(float* dst) computes in fp32: straight into out (float), or into
 // `scratch` (n floats) and rounded from there (bf16). Where row calls one compiled function (not
@@ -40,10 +44,6 @@ void write_rounded(Out* out, int64_t n, float* scratch, Row&& row) {
     row(scratch);
     f32_to_bf16(scratch, out, n);
   }
-}
-inline void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
 
 }  // namespace tessera

@@ -112,7 +112,7 @@ class Llama {
   struct Buffers {
     std::vector<BlockActs> blocks;
     float* x_final;     // (R, C) output of the last block
-    float* xn_final;    // (R, C)
+    float* xn_final;    // (R, C), a saved() slot as BlockActs' xn1
     float* rstd_final;  // (R)
     float* rope;        // (T, D/2, 2)
     float* attn_ws;
@@ -130,7 +130,7 @@ class Llama {
                            // reduce-scatter; also a row-parallel product before its reduce-scatter)
     float* dqkv;           // (N, qkv_dim)
     float* datt;           // (N, H*D)
-    float* dh13;           // (N, 2F)
+    float* dh13;           // (N, 2F); units of bf16 images write it rounded into dy16 instead
     float* dg;             // (N, F)
     float* recompute_out;  // (R, C) where a recomputed block writes its (already known) output
     // Sequence parallelism only (null otherwise): every rank's rows of a norm's output or of dx,

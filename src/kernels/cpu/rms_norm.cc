@@ -3,6 +3,7 @@
 #include "kernels/cpu/rms_norm.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/bf16.h"
 #include "core/threads.h"

@@ -2,6 +2,7 @@
 #include "kernels/cpu/swiglu.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/bf16.h"
 #include "core/threads.h"
