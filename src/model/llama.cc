@@ -167,11 +167,9 @@ Llama::Rows Llama::saved(const float* slot, const UnitParams& p) {
 void Llama::linear(float* y, Rows x, const UnitParams& p, int64_t offset, int64_t M, int64_t N, int64_t K, float beta) {
   if (x.bf16 == nullptr) {
     unit_linear(be_, y, x.f32, p, offset, M, N, K, beta, b_.x16, b_.pack_fwd);
-    return;
+  } else {
+    unit_linear_bf16(be_, y, x.bf16, p, offset, M, N, K, beta, b_.pack_fwd);
   }
-  CHECK_MSG(p.bf16 != nullptr, "bf16 input rows for a unit without a bf16 image");
-  be_.linear_bf16(y, x.bf16, bf16_weight(be_, p.bf16 + offset, N, K, kernels::WeightUse::kForward, b_.pack_fwd), M, N,
-                  K, beta);
 }
 
 void Llama::linear_backward(float* dx, float* dw, Rows dy, Rows x, const UnitParams& p, int64_t offset, int64_t M,

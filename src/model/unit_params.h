@@ -31,4 +31,8 @@ kernels::Bf16Weight bf16_weight(kernels::Backend& be, const uint16_t* w, int64_t
 void unit_linear(kernels::Backend& be, float* y, const float* x, const UnitParams& p, int64_t offset, int64_t M,
                  int64_t N, int64_t K, float beta, uint16_t* x16, void* pack = nullptr);
 
+// The same for input rows x16 already rounded to bf16; the unit must have a bf16 image.
+void unit_linear_bf16(kernels::Backend& be, float* y, const uint16_t* x16, const UnitParams& p, int64_t offset,
+                      int64_t M, int64_t N, int64_t K, float beta, void* pack = nullptr);
+
 }  // namespace tessera::model
