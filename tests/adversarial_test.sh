@@ -179,6 +179,7 @@ launch() {
 }
 agent_of() { pgrep -P "$1" -f "tessera launch"; }  # the agent under `timeout`
 last_step() { $py -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["step"])' "$1/metrics.jsonl"; }
+latest_step() { local s; s=$(cat "$1/checkpoints/latest"); echo $((10#${s#step_})); }  # RUN: the step `latest` names
 relaunched() {  # relaunched NAME LOG FROM_STEP TO_STEP CASE: the relaunch resumed at FROM and reached TO
   grep -q "a new generation starts in round" "$2" || { grep -v "info: step" "$2" | tail; fail "item 3 ($5): no new generation"; }
   grep -q "resumed from .*step_0*$3 in" "$2" || { grep -v "info: step" "$2" | tail; fail "item 3 ($5): not resumed from step $3"; }
@@ -211,9 +212,9 @@ rc=0
   2>"$dir/gaveup.1.log" || rc=$?
 ((rc != 0)) && grep -q "giving up" "$dir/gaveup.1.log" || fail "item 3: the faulty run did not give up (exit $rc)"
 [[ -f "$dir/gaveup/checkpoints/latest" ]] || fail "item 3 (gave up): no checkpoint committed before the kills at step 10"
-saved=$(cat "$dir/gaveup/checkpoints/latest")
+saved=$(latest_step "$dir/gaveup")
 (launch gaveup --set train.max_steps=12) 2>"$dir/gaveup.2.log" || { cat "$dir/gaveup.2.log"; fail "item 3: relaunch after a give-up"; }
-relaunched gaveup "$dir/gaveup.2.log" "$((10#${saved#step_}))" 12 "gave up"
+relaunched gaveup "$dir/gaveup.2.log" "$saved" 12 "gave up"
 # killed outright (kill -9 of the agent; its workers die with it): no marker, the silence tells
 launch killed --set train.max_steps=100000 2>"$dir/killed.1.log" &
 agent=$!
@@ -224,11 +225,11 @@ wait_file "$dir/killed/checkpoints/latest"
 kill -9 "$(agent_of $agent)"
 wait $agent 2>/dev/null || true
 sleep 0.5
-saved=$(cat "$dir/killed/checkpoints/latest")
+saved=$(latest_step "$dir/killed")
 t2=$(date +%s.%N)
-(launch killed --set train.max_steps=$((10#${saved#step_} + 2))) 2>"$dir/killed.2.log" || { cat "$dir/killed.2.log"; fail "item 3: relaunch after kill -9"; }
+(launch killed --set train.max_steps=$((saved + 2))) 2>"$dir/killed.2.log" || { cat "$dir/killed.2.log"; fail "item 3: relaunch after kill -9"; }
 t3=$(date +%s.%N)
-relaunched killed "$dir/killed.2.log" "$((10#${saved#step_}))" $((10#${saved#step_} + 2)) killed
+relaunched killed "$dir/killed.2.log" "$saved" $((saved + 2)) killed
 echo "ok: item 3 (row 20), relaunch of a finished (+4 steps), stopped (resumed at step $stop, done in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s), given-up and kill -9'd job (silent round detected, done in $(awk -v a="$t2" -v b="$t3" 'BEGIN { printf "%.1f", b - a }') s): a new generation each time, trained on from latest"
 
 # --- items 5 and 9 (row 21): resuming when a read fails. Two workers, checkpoints at 4, 8, 12.
