@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/threads.h"
+#include "kernels/cpu/vnni_pack.h"
 
 namespace tessera::kernels::cpu {
 
@@ -111,6 +113,19 @@ const md& packed_layout(Bf16Cache& cache, int64_t K, int64_t N) {
   return it->second;
 }
 
+// The packed layout as vnni_pack writes it, where oneDNN chose one of that family (blocked, inner
+// blocks 16a, nb b, 2a with nb a multiple of 16, no offset); nullopt otherwise (oneDNN's reorder
+// packs then).
+std::optional<VnniLayout> vnni_layout(const md& layout) {
+  const dnnl_memory_desc_t& d = layout.data;
+  if (d.format_kind != dnnl_blocked || d.ndims != 2 || d.offset0 != 0) return std::nullopt;
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  const bool vnni = b.inner_nblks == 3 && b.inner_idxs[0] == 0 && b.inner_blks[0] == 16 && b.inner_idxs[1] == 1 &&
+                    b.inner_blks[1] % 16 == 0 && b.inner_idxs[2] == 0 && b.inner_blks[2] == 2;
+  if (!vnni) return std::nullopt;
+  return VnniLayout{b.inner_blks[1], b.strides[0], b.strides[1]};
+}
+
 std::unique_ptr<Bf16Gemm> build_bf16_gemm(const Bf16Key& key, Bf16Cache& cache) {
   const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, threads, packed] = key;
   const dnnl::engine& engine = cache.engine;
@@ -174,6 +189,11 @@ void execute(Bf16Cache& cache, Bf16Gemm& g, const uint16_t* A, const void* B, fl
   CHECK(dnnl_stream_wait(cache.stream.get()) == dnnl_success);
 }
 
+void check_pack(int64_t K, int64_t N) {
+  CHECK_MSG(K > 0 && N > 0 && bf16_gemm_native(), "pack_b: nothing packs here (see packed_b_bytes)");
+  CHECK_MSG(!omp_in_parallel(), "pack_b inside a parallel region");
+}
+
 }  // namespace
 
 bool bf16_gemm_native() {
@@ -220,8 +240,22 @@ int64_t packed_b_bytes(int64_t K, int64_t N) {
 }
 
 void pack_b(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N) {
-  CHECK_MSG(K > 0 && N > 0 && bf16_gemm_native(), "pack_b: nothing packs here (see packed_b_bytes)");
-  CHECK_MSG(!omp_in_parallel(), "pack_b inside a parallel region");
+  check_pack(K, N);
+  std::optional<VnniLayout> layout;
+  {
+    Bf16Cache& cache = bf16_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    layout = vnni_layout(packed_layout(cache, K, N));
+  }
+  if (layout) {
+    vnni_pack(static_cast<uint16_t*>(packed), *layout, trans_b, B, ldb, K, N);
+  } else {
+    pack_b_reorder(packed, trans_b, B, ldb, K, N);
+  }
+}
+
+void pack_b_reorder(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N) {
+  check_pack(K, N);
   Bf16Cache& cache = bf16_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   const PackerKey key{trans_b, K, N, ldb, omp_get_max_threads()};

@@ -1,0 +1,27 @@
+// A bf16 B (K x N) written into the blocked layout oneDNN's bf16 matmul reads its weights in
+// ("BA16a64b2a": pairs of rows interleaved, "VNNI"), by Tessera's own loops. oneDNN's reorder
+// into it ran at ~22 GB/s here and took ~2% of a bf16 `bench` step (every weight packed twice a
+// step, and the activations the weight gradients read); these loops stream at memory speed.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::kernels::cpu {
+
+// The layout: K in blocks of 32 rows (16 pairs), N in blocks of `nb` columns; block (kb, jb)
+// starts at kb k_stride + jb n_stride elements, and inside it row k, column n sits at
+// ((k % 32) / 2) (2 nb) + (n % nb) 2 + k % 2. K pads to a multiple of 32 and N to one of nb.
+struct VnniLayout {
+  int64_t nb = 0, k_stride = 0, n_stride = 0;
+};
+
+// Writes every element of the padded blocks of `out` in layout l: B's (row-major, row stride ldb;
+// stored transposed, N x K, where trans_b) and zeros in the padding. Threads over OpenMP.
+void vnni_pack(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N);
+
+// The same, an element at a time on one thread: what vnni_pack does at the blocks' ragged edges
+// and on CPUs without AVX-512, and its reference in the tests.
+void vnni_pack_scalar(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K,
+                      int64_t N);
+
+}  // namespace tessera::kernels::cpu
