@@ -96,7 +96,7 @@ void vnni_pack(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t*
         block_rows(dst, l.nb, B, ldb, K, N, kb, jb);
         continue;
       }
-      const bool whole = (kb + 1) * kRows <= K && (jb + 1) * l.nb <= N && l.nb % 16 == 0 && ldb % 2 == 0;
+      const bool whole = (kb + 1) * kRows <= K && (jb + 1) * l.nb <= N && ldb % 2 == 0;
       if (whole) {
         block_transposed(dst, l.nb, B, ldb, kb, jb);
         continue;
