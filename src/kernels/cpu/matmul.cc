@@ -242,7 +242,7 @@ int64_t packed_b_bytes(int64_t K, int64_t N) {
 void pack_b(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N) {
   check_pack(K, N);
   std::optional<VnniLayout> layout;
-  {
+  if (vnni_pack_vectorized()) {
     Bf16Cache& cache = bf16_cache();
     std::lock_guard<std::mutex> lock(cache.mutex);
     layout = vnni_layout(packed_layout(cache, K, N));

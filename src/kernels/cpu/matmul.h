@@ -30,8 +30,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // stride ldb, or transposed (stored N x K) when trans_b. The layout depends on K and N only.
 int64_t packed_b_bytes(int64_t K, int64_t N);
 void pack_b(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N);
-// pack_b through oneDNN's own reorder (pack_b runs Tessera's vnni_pack where it knows the layout):
-// the reference its packs are checked against.
+// pack_b through oneDNN's own reorder (pack_b runs Tessera's vnni_pack where it knows the layout
+// and the build vectorizes it): the reference its packs are checked against.
 void pack_b_reorder(void* packed, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N);
 // gemm_bf16 with B packed by pack_b for the same K and N.
 void gemm_bf16_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,

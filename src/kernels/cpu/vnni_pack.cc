@@ -74,6 +74,14 @@ void block_transposed(uint16_t* dst, int64_t nb, const uint16_t* B, int64_t ldb,
 
 }  // namespace
 
+bool vnni_pack_vectorized() {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 void vnni_pack_scalar(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K,
                       int64_t N) {
   for (int64_t jb = 0; jb < blocks(N, l.nb); ++jb) {

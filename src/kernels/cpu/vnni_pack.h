@@ -21,6 +21,11 @@ struct VnniLayout {
 // stored transposed, N x K, where trans_b) and zeros in the padding. Threads over OpenMP.
 void vnni_pack(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K, int64_t N);
 
+// Whether vnni_pack runs vector loops (a build for AVX-512: TESSERA_NATIVE on such a CPU). A
+// portable build would pack element by element, slower than oneDNN's reorder: pack_b keeps the
+// reorder there.
+bool vnni_pack_vectorized();
+
 // The same, an element at a time on one thread: what vnni_pack does at the blocks' ragged edges
 // and on CPUs without AVX-512, and its reference in the tests.
 void vnni_pack_scalar(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K,
