@@ -27,7 +27,7 @@ void vnni_pack(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t*
 bool vnni_pack_vectorized();
 
 // The same, an element at a time on one thread: what vnni_pack does at the blocks' ragged edges
-// and on CPUs without AVX-512, and its reference in the tests.
+// and in builds without AVX-512, and its reference in the tests.
 void vnni_pack_scalar(uint16_t* out, const VnniLayout& l, bool trans_b, const uint16_t* B, int64_t ldb, int64_t K,
                       int64_t N);
 
