@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 readonly bundle=gpu_bundle
 readonly max_bundle_bytes=$((48 * 1024 * 1024))  # the device tool carries 64 MiB with the tree
 readonly max_travel_bytes=$((64 * 1024 * 1024))
-readonly binaries=(tessera tessera_cuda_tests tessera_unit_tests)  # the last for its NCCL tests
+readonly binaries=(tessera tessera_cuda_tests tessera_unit_tests tessera_attention_bench)  # unit tests: NCCL's
 readonly prefix=/tmp/tessera-prefix
 readonly budget_s=480  # the whole run: the device call's 600 s, less start-up and copies
 
@@ -340,10 +340,13 @@ run_check() {
   local ld_path
   ld_path=$(printf '%s\n' "${ld_dirs[@]}" | awk '!seen[$0]++' | paste -sd:)
   bundle_env=(env "LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-  # For scripts that run tessera themselves: a wrapper giving the bundle's libraries to it alone.
-  printf '#!/bin/sh\nexec env "LD_LIBRARY_PATH=%s" "%s" "$@"\n' "$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$PWD/$bundle/bin/tessera" >"$prefix/tessera"
-  chmod +x "$prefix/tessera"
+  # For scripts that run a binary themselves: wrappers giving the bundle's libraries to it alone.
+  local wrapped
+  for wrapped in tessera tessera_attention_bench; do
+    printf '#!/bin/sh\nexec env "LD_LIBRARY_PATH=%s" "%s" "$@"\n' "$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$PWD/$bundle/bin/$wrapped" >"$prefix/$wrapped"
+    chmod +x "$prefix/$wrapped"
+  done
   echo "LD_LIBRARY_PATH for the bundle: $ld_path"
 
   # Steps, most important first (each is cut to what is left of the budget). $out holds at most 8
@@ -431,6 +434,8 @@ sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cu
   rm -rf /tmp/tessera-gpu-check-ckpt
   json_step peer_gpu1b 150 python3 bench/peers/torch_llama_bench.py --preset gpu-1b --steps 12 --dtype bf16 \
     --device cuda
+  # Attention alone at gpu-1b's shape, beside PyTorch's scaled_dot_product_attention (into the log).
+  step attention 60 bench/attention_gpu.sh "$prefix/tessera_attention_bench"
 
   echo
   echo "=== summary ($((SECONDS - t0))s)"

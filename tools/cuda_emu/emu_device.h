@@ -24,6 +24,11 @@
 #include <tuple>
 #include <type_traits>
 
+#include "emu_warp.h"
+
+// Device code that must differ here (inline PTX: kernels/cuda/mma.cuh) tests this.
+#define TESSERA_CUDA_EMULATION 1
+
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
@@ -37,8 +42,6 @@ extern dim3 bdim, gdim;
 
 [[noreturn]] void fatal(const char* fmt, ...);
 void block_sync();
-void warp_sync(unsigned mask);
-uint32_t warp_exchange(uint32_t v, unsigned src_lane);  // the value src_lane of this warp passed
 void* dynamic_smem();
 void* static_smem(const void* key, size_t bytes, size_t align);
 
@@ -182,4 +185,4 @@ requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>) inline std::common_t
   return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(b) : static_cast<C>(a);
 }
 
-#include "emu_wmma.h"  // nvcuda::wmma, after ::emu::fatal
+#include "emu_mma.h"  // mma.sync and ldmatrix, after ::emu::fatal

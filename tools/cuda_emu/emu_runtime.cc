@@ -27,6 +27,7 @@
 
 #include "emu_async.h"
 #include "emu_device.h"
+#include "emu_warp.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -121,6 +122,7 @@ struct Fiber;
 struct Block {
   unsigned n = 0;  // threads
   std::vector<uint32_t> xchg;
+  std::vector<uint8_t> gathered;  // warp_gather's slots: kGatherBytes a thread
   char* dyn = nullptr;
   size_t dyn_bytes = 0;
   std::mutex mu;
@@ -429,6 +431,28 @@ uint32_t warp_exchange(uint32_t v, unsigned src_lane) {
   return r;
 }
 
+void warp_gather(const void* mine, size_t bytes, void* all) {
+  Block& b = *cur;
+  const unsigned w = lin / 32;
+  if (bytes > kGatherBytes) fatal("warp_gather: %zu bytes a lane, at most %zu", bytes, kGatherBytes);
+  if (warp_size_of(b, w) != 32) fatal("a warp-wide matrix operation in a warp of %u threads", warp_size_of(b, w));
+  std::memcpy(&b.gathered[lin * kGatherBytes], mine, bytes);
+  warp_sync(0xffffffffu);
+  for (unsigned l = 0; l < 32; ++l)
+    std::memcpy(static_cast<char*>(all) + l * bytes, &b.gathered[(32 * w + l) * kGatherBytes], bytes);
+  warp_sync(0xffffffffu);  // every lane has read before the next gather writes
+}
+
+unsigned lane_id() { return lin % 32; }
+
+void check_dynamic_smem(const void* p, size_t bytes, const char* what) {
+  const Block& b = *cur;
+  const char* c = static_cast<const char*>(p);
+  if (b.dyn == nullptr || c < b.dyn || c + bytes > b.dyn + b.dyn_bytes)
+    fatal("%s: %p is not in the block's dynamic shared memory (%zu bytes at %p)", what, p, b.dyn_bytes,
+          static_cast<const void*>(b.dyn));
+}
+
 void* dynamic_smem() { return cur->dyn; }
 
 void* static_smem(const void* key, size_t bytes, size_t align) {
@@ -503,6 +527,7 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaS
         Block b;
         b.n = static_cast<unsigned>(threads);
         b.xchg.assign(b.n, 0xffffffffu);
+        b.gathered.assign(size_t{b.n} * kGatherBytes, 0xff);
         b.dyn_bytes = smem;
         if (smem > 0) {
           void* p = nullptr;

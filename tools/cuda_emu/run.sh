@@ -40,8 +40,8 @@ else
 fi
 
 compile() {  # src obj; also when any header of the tree is newer than obj (no dependency files here)
-  if [[ ! -f $2 || $1 -nt $2 || $HERE/emu_device.h -nt $2 || $HERE/emu_async.h -nt $2 || $0 -nt $2 ||
-    -n $(find "$REPO/src" -name '*.h' -newer "$2" -print -quit) ]]; then
+  if [[ ! -f $2 || $1 -nt $2 || $0 -nt $2 || -n $(find "$HERE" -name '*.h' -newer "$2" -print -quit) ||
+    -n $(find "$REPO/src" \( -name '*.h' -o -name '*.cuh' \) -newer "$2" -print -quit) ]]; then
     echo "  c++ $(basename "$1")"
     g++ "${CXXFLAGS[@]}" -c "$1" -o "$2"
   fi
