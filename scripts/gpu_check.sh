@@ -436,6 +436,9 @@ sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cu
     --device cuda
   # Attention alone at gpu-1b's shape, beside PyTorch's scaled_dot_product_attention (into the log).
   step attention 60 bench/attention_gpu.sh "$prefix/tessera_attention_bench"
+  # Where a gpu-1b step's time goes, op by op (each run alone, so the step is slower; into the log).
+  step profile_gpu1b 120 "${tessera[@]}" bench --preset gpu-1b --steps 4 --profile-ops \
+    --set parallel.param_dtype=bf16 --set train.device=cuda
 
   echo
   echo "=== summary ($((SECONDS - t0))s)"

@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/directory.h"
@@ -21,6 +24,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/profiling_backend.h"
 #include "launch/agent.h"
 #include "launch/local_workers.h"
 #include "launch/worker_env.h"
@@ -59,9 +63,9 @@ commands:
                  memory per device and step time on a cluster before renting it (a100-40gb,
                  a100-80gb, h100-80gb, h200, cpu, or a TOML table); --search: every layout
                  that fits, fastest first; train --dry-run: the plan on this machine
-  bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...
+  bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--profile-ops] [--set key=value]...
                  time N training steps on synthetic tokens (and checkpoint saves into DIR);
-                 prints one JSON object
+                 prints one JSON object (--profile-ops: with the step's time by op)
   config [CONFIG] [--set key=value]... [--nproc N]
                  print the resolved configuration (every key) after validation, and the
                  parallel layout: the dimensions and which ranks form each group
@@ -256,11 +260,33 @@ SaveTimes bench_saves(train::Trainer& trainer, const std::string& checkpoint_dir
   return t;
 }
 
-// Runs c.train.max_steps steps; rank 0 prints the JSON line.
+// The ops of steps 3..N by time, per step: {"op": {"calls", "seconds", "share"}} (share of the ops'
+// total), the largest first.
+nlohmann::ordered_json op_breakdown(const kernels::OpProfile& profile, long long steps) {
+  const auto totals = profile.totals();
+  std::vector<std::pair<std::string, kernels::OpProfile::Total>> ops(totals.begin(), totals.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double all = 0.0;
+  for (const auto& op : ops) all += op.second.seconds;
+  const double per_step = 1.0 / static_cast<double>(steps - 2);
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [name, t] : ops) {
+    out[name] = {{"calls", static_cast<double>(t.calls) * per_step},
+                 {"seconds", t.seconds * per_step},
+                 {"share", all > 0.0 ? t.seconds / all : 0.0}};
+  }
+  return out;
+}
+
+// Runs c.train.max_steps steps; rank 0 prints the JSON line. profile_ops: the ops run one at a time
+// and timed (kernels/profiling_backend.h), their breakdown in the line as "ops".
 void bench_worker(const config::Config& c, long long steps, const parallel::Distributed& dist,
-                  const train::ComputeDevice& device, const std::string& checkpoint_dir) {
+                  const train::ComputeDevice& device, const std::string& checkpoint_dir, bool profile_ops) {
   train::log_device(c, device);
-  train::Trainer trainer(c, "", dist, device.backend());
+  kernels::OpProfile profile;
+  const std::unique_ptr<kernels::Backend> profiled =
+      profile_ops ? kernels::make_profiling_backend(device.backend(), profile) : nullptr;
+  train::Trainer trainer(c, "", dist, profiled ? *profiled : device.backend());
   const metrics::Peak peak = train::job_peak(c, dist, device);
   std::vector<double> times, exposed;
   std::map<std::string, std::vector<double>> split;
@@ -277,6 +303,7 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
     split["backward"].push_back(s.times.backward);
     split["comm"].push_back(s.times.comm);
     split["optimizer"].push_back(s.times.optimizer);
+    if (times.size() == 2) profile.reset();  // the breakdown, as the median, of steps 3..N
     log::debug("bench step {}: {:.3f}s loss {}", s.step, s.seconds, s.loss);
   };
   train::run_steps(trainer, nullptr, hooks);
@@ -324,6 +351,10 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
       {"losses", losses},
   };
   for (const auto& [phase, seconds] : split) out["median_split_s"][phase] = median_of_tail(seconds);
+  if (profile_ops) {
+    out["ops_note"] = "each op run alone between two synchronizations, so profiled steps are slower than plain ones";
+    out["ops"] = op_breakdown(profile, steps);
+  }
   if (device.cuda()) {
     // What the GPU holds after the steps (the saves' pinned buffers are host memory) against the
     // arenas planned at start-up: nothing is allocated during a step, so in use is the peak.
@@ -349,14 +380,17 @@ void bench_worker(const config::Config& c, long long steps, const parallel::Dist
 }  // namespace
 
 int cmd_bench(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc", "--checkpoint-dir"});
+  const ParsedArgs a = parse_args(args, {"--preset", "--steps", "--nproc", "--checkpoint-dir"}, {}, {"--profile-ops"});
   if (a.help) {
     std::fputs(
-        "usage: tessera bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--set key=value]...\n"
-        "  --checkpoint-dir: then three checkpoints into DIR, timed (stall, commit, overlapped step)\n",
+        "usage: tessera bench --preset NAME --steps N [--nproc N] [--checkpoint-dir DIR] [--profile-ops]\n"
+        "                     [--set key=value]...\n"
+        "  --checkpoint-dir: then three checkpoints into DIR, timed (stall, commit, overlapped step)\n"
+        "  --profile-ops: each op run alone and timed; the step's breakdown by op in the line (\"ops\")\n",
         stdout);
     return kExitOk;
   }
+  const bool profile_ops = a.flags.count("--profile-ops") > 0;
   const std::string checkpoint_dir = a.get("--checkpoint-dir", "");
   const long long steps = a.get_int("--steps", 12);
   if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
@@ -382,7 +416,7 @@ int cmd_bench(const Args& args) {
   if (world == 1) {
     train::configure_threads(c);
     const train::ComputeDevice device(c, 1);
-    bench_worker(c, steps, {}, device, checkpoint_dir);
+    bench_worker(c, steps, {}, device, checkpoint_dir, profile_ops);
     return kExitOk;
   }
   if (c.train.threads == 0) c.train.threads = 1;  // one thread per rank unless told otherwise
@@ -395,7 +429,7 @@ int cmd_bench(const Args& args) {
     address.transport = parallel::host_transport(c);
     const parallel::Job job(address, parallel::dims_for(c, world), comm::Millis(c.parallel.timeout_ms),
                             device.nccl_device());
-    bench_worker(c, steps, job.view(), device, checkpoint_dir);
+    bench_worker(c, steps, job.view(), device, checkpoint_dir, profile_ops);
     return 0;
   });
   std::error_code ec;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "kernels/profiling_backend.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
@@ -87,6 +88,33 @@ TEST(Trainer, RunsAreBitwiseIdenticalForTheSameThreads) {
   const auto ta = a.params().gather_named_tensors(), tb = b.params().gather_named_tensors();
   ASSERT_EQ(ta.size(), tb.size());
   for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << ta[i].name;
+}
+
+// `bench --profile-ops` trains through the profiling backend: every op forwarded unchanged (the
+// same bits as the plain CPU backend's, fp32 and bf16) and counted under its name.
+TEST(Trainer, ProfiledStepsAreBitwiseThePlainOnes) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    kernels::OpProfile profile;
+    const auto profiled = kernels::make_profiling_backend(kernels::cpu_backend(), profile);
+    const config::Config c = tiny({{"parallel.param_dtype", dtype}});
+    Trainer plain(c, ""), timed(c, "", {}, *profiled);
+    for (int i = 0; i < 3; ++i) {
+      const StepStats a = plain.step(), b = timed.step();
+      EXPECT_EQ(a.loss, b.loss) << dtype;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << dtype;
+    }
+    const auto ta = plain.params().gather_named_tensors(), tb = timed.params().gather_named_tensors();
+    ASSERT_EQ(ta.size(), tb.size());
+    for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].data, tb[i].data) << dtype << " " << ta[i].name;
+    const auto ops = profile.totals();
+    const int64_t attention_calls = 3 * c.model.n_layers * c.accumulation_steps();
+    for (const char* op : {"attention_forward", "attention_backward"}) {
+      ASSERT_TRUE(ops.count(op)) << dtype << " " << op;
+      EXPECT_EQ(ops.at(op).calls, attention_calls) << dtype << " " << op;
+      EXPECT_GT(ops.at(op).seconds, 0.0) << dtype << " " << op;
+    }
+    EXPECT_TRUE(ops.count("adamw_step") && ops.count(std::string(dtype) == "bf16" ? "linear_bf16" : "linear")) << dtype;
+  }
 }
 
 TEST(Trainer, AccumulationMatchesOneLargeMicroBatch) {
