@@ -33,10 +33,15 @@ constexpr int kStride = D + 8;
 template <int D>
 constexpr size_t kTileBytes = sizeof(bf16) * kTile* kStride<D>;
 
-// n_tiles bf16 (64, D) tiles, then `floats` floats.
+// A kernel's shared memory: n_tiles bf16 (64, D) tiles, then `floats` floats.
 template <int D>
 constexpr size_t smem_bytes(int n_tiles, int floats) {
   return n_tiles * kTileBytes<D> + sizeof(float) * floats;
+}
+// Its tile i (i = n_tiles: where the floats start).
+template <int D>
+__device__ __forceinline__ bf16* smem_tile(uint8_t* smem, int i) {
+  return reinterpret_cast<bf16*>(smem + i * kTileBytes<D>);
 }
 
 // A head's rows t0 .. t0+63, rounded to bf16, into a padded tile (stage_tile).
@@ -120,9 +125,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(float* out, float* lse, const float* qkv, Dims dims, float scale_log2) {
   extern __shared__ __align__(16) uint8_t smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * kStride<D>;
-  bf16* vs = ks + kTile * kStride<D>;
+  bf16 *qs = smem_tile<D>(smem, 0), *ks = smem_tile<D>(smem, 1), *vs = smem_tile<D>(smem, 2);
   const int warp = threadIdx.x / kWarp, g = lane_id() / 4, t = lane_id() % 4, r0 = warp * kRows;
   const int qt = dims.tiles - 1 - static_cast<int>(blockIdx.x), h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / dims.group;
@@ -210,12 +213,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) dkv_kernel(float* dqkv, const float* dout, const float* qkv,
                                                        const float* lse, const float* drow, Dims dims, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);
-  bf16* vs = ks + kTile * kStride<D>;
-  bf16* qs = vs + kTile * kStride<D>;
-  bf16* dos = qs + kTile * kStride<D>;
-  float* lses = reinterpret_cast<float*>(dos + kTile * kStride<D>);
-  float* drs = lses + kTile;
+  bf16 *ks = smem_tile<D>(smem, 0), *vs = smem_tile<D>(smem, 1), *qs = smem_tile<D>(smem, 2),
+       *dos = smem_tile<D>(smem, 3);
+  float *lses = reinterpret_cast<float*>(smem_tile<D>(smem, 4)), *drs = lses + kTile;
   const int warp = threadIdx.x / kWarp, g = lane_id() / 4, t = lane_id() % 4, r0 = warp * kRows;
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int64_t k0 = int64_t{kt} * kTile, T = dims.T, out_stride = int64_t{dims.H} * D;
@@ -270,12 +270,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(float* dqkv, const float* dout, const float* qkv,
                                                       const float* lse, const float* drow, Dims dims, float scale) {
   extern __shared__ __align__(16) uint8_t smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* dos = qs + kTile * kStride<D>;
-  bf16* ks = dos + kTile * kStride<D>;
-  bf16* vs = ks + kTile * kStride<D>;
-  float* lses = reinterpret_cast<float*>(vs + kTile * kStride<D>);
-  float* drs = lses + kTile;
+  bf16 *qs = smem_tile<D>(smem, 0), *dos = smem_tile<D>(smem, 1), *ks = smem_tile<D>(smem, 2),
+       *vs = smem_tile<D>(smem, 3);
+  float *lses = reinterpret_cast<float*>(smem_tile<D>(smem, 4)), *drs = lses + kTile;
   const int warp = threadIdx.x / kWarp, g = lane_id() / 4, t = lane_id() % 4, r0 = warp * kRows;
   const int qt = dims.tiles - 1 - static_cast<int>(blockIdx.x), h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / dims.group;
