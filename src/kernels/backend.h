@@ -166,9 +166,10 @@ class Backend {
   // row maxima gathered from every rank of a tensor-parallel group).
   virtual void max_of_blocks(float* out, const float* blocks, int64_t count, int64_t n) = 0;
 
-  // param_bf16 optional (kernels/cpu/adamw.h).
-  virtual void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                          uint16_t* param_bf16) = 0;
+  // A flat unit's AdamW step over its `count` segments (kernels/ref/adamw.h), in one pass (on a GPU
+  // one launch); param_bf16 optional (kernels/cpu/adamw.h).
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments,
+                            int count, const AdamWParams& p, uint16_t* param_bf16) = 0;
   // sum of x[i]^2 in double, returned to the host (waits).
   virtual double sum_squares(const float* x, int64_t n) = 0;
 };

@@ -187,9 +187,9 @@ class ProfilingBackend final : public Backend {
   void max_of_blocks(float* out, const float* blocks, int64_t count, int64_t n) override {
     timed("max_of_blocks", [&] { inner_.max_of_blocks(out, blocks, count, n); });
   }
-  void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                  uint16_t* param_bf16) override {
-    timed("adamw_step", [&] { inner_.adamw_step(param, grad, m, v, n, p, param_bf16); });
+  void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments, int count,
+                    const AdamWParams& p, uint16_t* param_bf16) override {
+    timed("adamw_update", [&] { inner_.adamw_update(param, grad, m, v, segments, count, p, param_bf16); });
   }
   double sum_squares(const float* x, int64_t n) override {
     return timed("sum_squares", [&] { return inner_.sum_squares(x, n); });

@@ -2,6 +2,9 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "core/check.h"
 
 namespace tessera::optim {
 
@@ -15,13 +18,23 @@ void adamw_update(kernels::Backend& backend, const model::UnitLayout& unit, int6
   ap.eps = static_cast<float>(config.eps);
   ap.step = step;
   ap.grad_scale = static_cast<float>(options.grad_scale);
+  ap.weight_decay = static_cast<float>(config.weight_decay);
+  // The slice [begin, end) as runs of tensors that take weight decay or not, adjacent runs of one
+  // kind merged: one backend call for the whole slice.
+  std::vector<kernels::AdamWSegment> segments;
   for (const model::TensorSpec& t : unit.tensors) {
     const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel());
     if (lo >= hi) continue;
-    ap.weight_decay = t.decay ? static_cast<float>(config.weight_decay) : 0.0f;
-    const int64_t o = lo - begin;
-    backend.adamw_step(p + o, g + o, m + o, v + o, hi - lo, ap, options.image ? options.image + o : nullptr);
+    // A unit's tensors lie end to end from its start (its padding after them: left untouched).
+    CHECK_MSG(lo - begin == (segments.empty() ? 0 : segments.back().end), "AdamW: a unit's tensors must tile it");
+    if (!segments.empty() && segments.back().decay == t.decay) {
+      segments.back().end = hi - begin;
+    } else {
+      segments.push_back({hi - begin, t.decay});
+    }
   }
+  if (segments.empty()) return;
+  backend.adamw_update(p, g, m, v, segments.data(), static_cast<int>(segments.size()), ap, options.image);
 }
 
 uint64_t AdamW::planned_bytes(const std::vector<int64_t>& slice_sizes) {

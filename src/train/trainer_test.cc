@@ -113,7 +113,8 @@ TEST(Trainer, ProfiledStepsAreBitwiseThePlainOnes) {
       EXPECT_EQ(ops.at(op).calls, attention_calls) << dtype << " " << op;
       EXPECT_GT(ops.at(op).seconds, 0.0) << dtype << " " << op;
     }
-    EXPECT_TRUE(ops.count("adamw_step") && ops.count(std::string(dtype) == "bf16" ? "linear_bf16" : "linear")) << dtype;
+    EXPECT_TRUE(ops.count("adamw_update") && ops.count(std::string(dtype) == "bf16" ? "linear_bf16" : "linear"))
+        << dtype;
   }
 }
 

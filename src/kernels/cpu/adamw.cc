@@ -1,6 +1,7 @@
 // CPU AdamW, the same arithmetic (and order of float operations) as torch.optim.AdamW.
 #include "kernels/cpu/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/bf16.h"
@@ -32,14 +33,28 @@ void update(const AdamWCoefficients c, int64_t begin, int64_t end, float* __rest
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
                 uint16_t* param_bf16) {
-  const AdamWCoefficients c = adamw_coefficients(p);
+  const AdamWSegment all{n, true};
+  adamw_update(param, grad, m, v, &all, 1, p, param_bf16);
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments, int count,
+                  const AdamWParams& p, uint16_t* param_bf16) {
+  const AdamWCoefficients with = adamw_coefficients(p, true), without = adamw_coefficients(p, false);
+  const int64_t n = count > 0 ? segments[count - 1].end : 0;
   // One pass over the five (or six) arrays; the gradient's scaling and the bf16 rounding ride on
   // it instead of passes of their own (this is memory-bound: ~36 bytes an element).
   parallel_for(n, [&](int64_t begin, int64_t end) {
-    if (param_bf16 == nullptr) {
-      update<false>(c, begin, end, param, grad, m, v, nullptr);
-    } else {
-      update<true>(c, begin, end, param, grad, m, v, param_bf16);
+    int64_t lo = begin;
+    for (int s = 0; s < count && lo < end; ++s) {
+      const int64_t hi = std::min(end, segments[s].end);
+      if (hi <= lo) continue;
+      const AdamWCoefficients& c = segments[s].decay ? with : without;
+      if (param_bf16 == nullptr) {
+        update<false>(c, lo, hi, param, grad, m, v, nullptr);
+      } else {
+        update<true>(c, lo, hi, param, grad, m, v, param_bf16);
+      }
+      lo = hi;
     }
   });
 }

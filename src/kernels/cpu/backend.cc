@@ -200,9 +200,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                  uint16_t* param_bf16) override {
-    cpu::adamw_step(param, grad, m, v, n, p, param_bf16);
+  void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments, int count,
+                    const AdamWParams& p, uint16_t* param_bf16) override {
+    cpu::adamw_update(param, grad, m, v, segments, count, p, param_bf16);
   }
   double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
 };

@@ -1091,6 +1091,36 @@ TEST_P(CpuVsRef, AdamW) {
   }
 }
 
+// A unit in one pass over its segments: each element bitwise as adamw_step steps it alone with the
+// segment's weight decay (or none), the image too; empty segments, one at the end too, change nothing.
+TEST_P(CpuVsRef, AdamWUnitInOnePass) {
+  const AdamWSegment segments[] = {{5, false}, {5, true}, {700, true}, {701, false}, {1030, true}, {1030, false}};
+  const int64_t n = 1030;
+  AdamWParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  hp.step = 3;
+  hp.grad_scale = 0.37f;
+  const Floats p0 = randn(n, 190), g = randn(n, 191, 1e-2), m0 = randn(n, 192, 1e-2), v0 = squared(randn(n, 193, 1e-2));
+  Floats p = p0, m = m0, v = v0;
+  std::vector<uint16_t> image(n);
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), segments, 6, hp, image.data());
+  Floats want_p = p0, want_m = m0, want_v = v0;
+  std::vector<uint16_t> want_image(n);
+  int64_t begin = 0;
+  for (const AdamWSegment& s : segments) {
+    AdamWParams sp = hp;
+    sp.weight_decay = s.decay ? hp.weight_decay : 0.0f;
+    cpu::adamw_step(want_p.data() + begin, g.data() + begin, want_m.data() + begin, want_v.data() + begin,
+                    s.end - begin, sp, want_image.data() + begin);
+    begin = s.end;
+  }
+  EXPECT_EQ(p, want_p);
+  EXPECT_EQ(m, want_m);
+  EXPECT_EQ(v, want_v);
+  EXPECT_EQ(image, want_image);
+}
+
 // ---- Elementwise helpers ----
 // Sums and products of two floats are correctly rounded whether formed in float or, as the ref
 // does, in double and rounded once (53 >= 2 * 24 + 2 bits), so add and scale match bitwise.

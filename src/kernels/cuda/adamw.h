@@ -10,9 +10,11 @@
 
 namespace tessera::kernels::cuda {
 
-// param_bf16 (optional): also written with each updated parameter rounded to bf16, the image the
-// next step's bf16 GEMMs read, in the same pass.
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                uint16_t* param_bf16, cudaStream_t stream);
+// A whole unit in one launch (more where it has over 16 segments): its `count` segments
+// (AdamWSegment), each element stepped as the CPU's adamw_update steps it. param_bf16 (optional):
+// also written with each updated parameter rounded to bf16, the image the next step's bf16 GEMMs
+// read, in the same pass.
+void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments, int count,
+                  const AdamWParams& p, uint16_t* param_bf16, cudaStream_t stream);
 
 }  // namespace tessera::kernels::cuda

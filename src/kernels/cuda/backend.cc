@@ -230,9 +230,9 @@ class CudaBackend final : public Backend {
     cuda::max_of_blocks(out, blocks, count, n, stream_);
   }
 
-  void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                  uint16_t* param_bf16) override {
-    cuda::adamw_step(param, grad, m, v, n, p, param_bf16, stream_);
+  void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWSegment* segments, int count,
+                    const AdamWParams& p, uint16_t* param_bf16) override {
+    cuda::adamw_update(param, grad, m, v, segments, count, p, param_bf16, stream_);
   }
   double sum_squares(const float* x, int64_t n) override {
     auto* sums = reinterpret_cast<double*>(sums_.get());

@@ -282,13 +282,21 @@ TEST(CudaVsRef, AdamWBitwiseAsCpu) {
   params.weight_decay = 0.1f;
   params.step = 7;
   params.grad_scale = 0.5f;
+  // A unit's runs with and without weight decay, more of them than one launch takes (16), empty
+  // ones among them.
+  std::vector<AdamWSegment> segments;
+  for (int64_t i = 1; i <= 20; ++i) segments.push_back({n * i / 20, i % 3 != 0});
+  const AdamWSegment empty_after = segments[6];
+  segments.insert(segments.begin() + 7, empty_after);
   DeviceBuffer<float> dp(p0), dg(g), dm(m0), dv(v0);
   DeviceBuffer<uint16_t> image(n);
-  adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), n, params, image.get(), nullptr);
+  adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), segments.data(), static_cast<int>(segments.size()), params,
+               image.get(), nullptr);
 
   auto cp = p0, cm = m0, cv = v0;
   std::vector<uint16_t> cimage(n);
-  cpu::adamw_step(cp.data(), g.data(), cm.data(), cv.data(), n, params, cimage.data());
+  cpu::adamw_update(cp.data(), g.data(), cm.data(), cv.data(), segments.data(), static_cast<int>(segments.size()),
+                    params, cimage.data());
   // The same float operations in the same order, each correctly rounded on both: the same bits.
   EXPECT_TRUE(all_close(dp.download(), cp, 0.0f, 0.0f));
   EXPECT_TRUE(all_close(dm.download(), cm, 0.0f, 0.0f));
@@ -296,7 +304,13 @@ TEST(CudaVsRef, AdamWBitwiseAsCpu) {
   EXPECT_EQ(image.download(), cimage);
 
   auto rp = p0, rm = m0, rv = v0;
-  ref::adamw_step(rp.data(), g.data(), rm.data(), rv.data(), n, params);
+  int64_t begin = 0;
+  for (const AdamWSegment& s : segments) {
+    AdamWParams sp = params;
+    sp.weight_decay = s.decay ? params.weight_decay : 0.0f;
+    ref::adamw_step(rp.data() + begin, g.data() + begin, rm.data() + begin, rv.data() + begin, s.end - begin, sp);
+    begin = s.end;
+  }
   EXPECT_TRUE(all_close(dp.download(), rp, 1e-7f, 1e-6f));
 }
 

@@ -16,19 +16,27 @@ struct AdamWParams {
   float grad_scale = 1.0f;  // the gradient is multiplied by it (in float) first: clipping
 };
 
+// A flat unit's elements as runs of one kind: elements [the previous segment's end, end) take
+// AdamWParams::weight_decay when `decay`, none otherwise (the norms' weights). The fast kernels
+// update a whole unit in one pass (on a GPU one launch) over its segments.
+struct AdamWSegment {
+  int64_t end;
+  bool decay;
+};
+
 // The float coefficients the fast kernels (kernels/cpu, kernels/cuda) step with, computed once
 // per launch, the bias corrections in double: one place, so both backends take the same steps.
 struct AdamWCoefficients {
   float b1, b2, eps, scale, decay, step_size, inv_sqrt_bc2;
 };
-inline AdamWCoefficients adamw_coefficients(const AdamWParams& p) {
+inline AdamWCoefficients adamw_coefficients(const AdamWParams& p, bool decay = true) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
   return {p.beta1,
           p.beta2,
           p.eps,
           p.grad_scale,
-          1.0f - p.lr * p.weight_decay,
+          decay ? 1.0f - p.lr * p.weight_decay : 1.0f,
           static_cast<float>(p.lr / bc1),
           static_cast<float>(1.0 / std::sqrt(bc2))};
 }
