@@ -117,8 +117,7 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   if (width != 32) ::emu::fatal("__shfl_xor_sync: only width 32 is emulated");
   uint32_t u;
   std::memcpy(&u, &v, 4);
-  const unsigned lane = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
-  u = ::emu::warp_exchange(u, lane ^ (static_cast<unsigned>(lane_mask) & 31u));
+  u = ::emu::warp_exchange(u, ::emu::lane_id() ^ (static_cast<unsigned>(lane_mask) & 31u));
   std::memcpy(&v, &u, 4);
   return v;
 }

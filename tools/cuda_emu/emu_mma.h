@@ -22,6 +22,9 @@ namespace emu {
 [[noreturn]] void fatal(const char* fmt, ...);
 
 namespace mma_detail {
+inline void whole_warp(unsigned lanes, const char* op) {
+  if (lanes != 32) fatal("%s in a warp of %u threads (the instruction takes all 32)", op, lanes);
+}
 inline float bf16_at(uint32_t pair, int half) {
   const uint32_t bits = half ? pair & 0xffff0000u : pair << 16;
   float f;
@@ -35,7 +38,7 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint3
   struct Operands {
     uint32_t a[4], b[2];
   } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, all[32];
-  warp_gather(&mine, sizeof mine, all);
+  mma_detail::whole_warp(warp_gather(&mine, sizeof mine, all), "mma.sync");
   using mma_detail::bf16_at;
   const auto A = [&](int r, int k) { return bf16_at(all[(r % 8) * 4 + (k % 8) / 2].a[r / 8 + 2 * (k / 8)], k % 2); };
   const auto B = [&](int k, int n) { return bf16_at(all[n * 4 + (k % 8) / 2].b[k / 8], k % 2); };
@@ -55,7 +58,7 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fatal("ldmatrix: row address %p not 16-byte aligned", row);
   check_dynamic_smem(row, 16, "ldmatrix");
   const void* rows[32];
-  warp_gather(&row, sizeof row, rows);
+  mma_detail::whole_warp(warp_gather(&row, sizeof row, rows), "ldmatrix");
   const unsigned g = lane_id() / 4, t = lane_id() % 4;
   for (int j = 0; j < 4; ++j) {
     const auto* m = rows + 8 * j;

@@ -120,8 +120,7 @@ Order order() {
 struct Fiber;
 
 struct Block {
-  unsigned n = 0;  // threads
-  std::vector<uint32_t> xchg;
+  unsigned n = 0;                 // threads
   std::vector<uint8_t> gathered;  // warp_gather's slots: kGatherBytes a thread
   char* dyn = nullptr;
   size_t dyn_bytes = 0;
@@ -421,26 +420,22 @@ void warp_sync(unsigned mask) {
 }
 
 uint32_t warp_exchange(uint32_t v, unsigned src_lane) {
-  Block& b = *cur;
-  const unsigned w = lin / 32;
-  if (src_lane >= warp_size_of(b, w)) fatal("shuffle from lane %u, past the warp's last thread", src_lane);
-  b.xchg[lin] = v;
-  warp_sync(0xffffffffu);
-  const uint32_t r = b.xchg[32 * w + src_lane];
-  warp_sync(0xffffffffu);  // every lane has read before the next shuffle writes
-  return r;
+  uint32_t all[32];
+  const unsigned lanes = warp_gather(&v, sizeof v, all);
+  if (src_lane >= lanes) fatal("shuffle from lane %u, past the warp's last thread", src_lane);
+  return all[src_lane];
 }
 
-void warp_gather(const void* mine, size_t bytes, void* all) {
+unsigned warp_gather(const void* mine, size_t bytes, void* all) {
   Block& b = *cur;
-  const unsigned w = lin / 32;
+  const unsigned w = lin / 32, lanes = warp_size_of(b, w);
   if (bytes > kGatherBytes) fatal("warp_gather: %zu bytes a lane, at most %zu", bytes, kGatherBytes);
-  if (warp_size_of(b, w) != 32) fatal("a warp-wide matrix operation in a warp of %u threads", warp_size_of(b, w));
   std::memcpy(&b.gathered[lin * kGatherBytes], mine, bytes);
   warp_sync(0xffffffffu);
-  for (unsigned l = 0; l < 32; ++l)
+  for (unsigned l = 0; l < lanes; ++l)
     std::memcpy(static_cast<char*>(all) + l * bytes, &b.gathered[(32 * w + l) * kGatherBytes], bytes);
   warp_sync(0xffffffffu);  // every lane has read before the next gather writes
+  return lanes;
 }
 
 unsigned lane_id() { return lin % 32; }
@@ -526,7 +521,6 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaS
       for (unsigned x = 0; x < grid.x; ++x) {
         Block b;
         b.n = static_cast<unsigned>(threads);
-        b.xchg.assign(b.n, 0xffffffffu);
         b.gathered.assign(size_t{b.n} * kGatherBytes, 0xff);
         b.dyn_bytes = smem;
         if (smem > 0) {
