@@ -97,6 +97,13 @@ __device__ __forceinline__ void mma_px(float (&acc)[D / 8][4], const float (&p)[
   }
 }
 
+// Multiplies the lane's two rows of an accumulator (g and g + 8) by f[0] and f[1].
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&acc)[N][4], const float (&f)[2]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] *= f[0], acc[n][1] *= f[0], acc[n][2] *= f[1], acc[n][3] *= f[1];
+}
+
 template <int N>
 __device__ __forceinline__ void zero(float (&acc)[N][4]) {
 #pragma unroll
@@ -161,9 +168,7 @@ __global__ void __launch_bounds__(kThreads)
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // a row's 64 columns are spread over the 4 lanes of its quad
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
+      const float m_new = fmaxf(m[r], warp_max<4>(mx[r]));
       alpha[r] = exp2f(m[r] - m_new);  // 0 on the first tile, where m = -inf
       m[r] = m_new;
       l[r] *= alpha[r];
@@ -176,20 +181,17 @@ __global__ void __launch_bounds__(kThreads)
         l[i / 2] += s[n][i];
       }
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    scale_rows(o, alpha);
     mma_px<D, kTile>(o, s, vs, 0);
   }
 
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    l[r] = warp_sum<4>(l[r]);  // the row's sum over its quad
     inv[r] = 1.0f / l[r];
   }
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] *= inv[0], o[n][1] *= inv[0], o[n][2] *= inv[1], o[n][3] *= inv[1];
+  scale_rows(o, inv);
   const int64_t out_stride = int64_t{dims.H} * D;
   store_rows<D>(out + b * T * out_stride + int64_t{h} * D, out_stride, o, 1.0f, q0 + r0, T);
   if (t == 0) {
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(float* dqkv, const float*
       __syncthreads();  // every warp is done with the previous Q and dO tiles
       load_tile<D>(qs, tokens + int64_t{h} * D, dims.row, q0, T);
       load_tile<D>(dos, dout + b * T * out_stride + int64_t{h} * D, out_stride, q0, T);
-      load_row_values(lses, lse + (int64_t{b} * dims.H + h) * T, q0, T);
+      load_row_values(lses, lse + (int64_t{b} * dims.H + h) * T, q0, T, kLog2e);  // log2 units
       load_row_values(drs, drow + (int64_t{b} * dims.H + h) * T, q0, T);
       __syncthreads();
 #pragma unroll 1
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(float* dqkv, const float*
             const int c = c0 + 8 * n + 2 * t + i % 2;  // the query's column in the tile
             const int64_t key = k0 + r0 + g + 8 * (i / 2);
             const bool live = q0 + c < T && q0 + c >= key;
-            pt[n][i] = live ? exp2f(pt[n][i] * scale_log2 - lses[c] * kLog2e) : 0.0f;
+            pt[n][i] = live ? exp2f(pt[n][i] * scale_log2 - lses[c]) : 0.0f;
             dst[n][i] = pt[n][i] * (dst[n][i] - drs[c]);
           }
         }
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(float* dqkv, const float* 
   const float* tokens = qkv + b * T * dims.row;
   load_tile<D>(qs, tokens + int64_t{h} * D, dims.row, q0, T);
   load_tile<D>(dos, dout + b * T * out_stride + int64_t{h} * D, out_stride, q0, T);
-  load_row_values(lses, lse + (int64_t{b} * dims.H + h) * T, q0, T);
+  load_row_values(lses, lse + (int64_t{b} * dims.H + h) * T, q0, T, kLog2e);  // log2 units
   load_row_values(drs, drow + (int64_t{b} * dims.H + h) * T, q0, T);
 
   float dq[D / 8][4];
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(float* dqkv, const float* 
     load_tile<D>(vs, tokens + int64_t{dims.H + dims.Hkv + kvh} * D, dims.row, k0, T);
     __syncthreads();
     // Rows g and g + 8 of the warp's: their log-sum-exp (log2 units) and dout . out.
-    const float row_lse[2] = {lses[r0 + g] * kLog2e, lses[r0 + g + 8] * kLog2e};
+    const float row_lse[2] = {lses[r0 + g], lses[r0 + g + 8]};
     const float row_drow[2] = {drs[r0 + g], drs[r0 + g + 8]};
 #pragma unroll 1
     for (int c0 = 0; c0 < kTile; c0 += kCols) {

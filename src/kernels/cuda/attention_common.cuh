@@ -95,12 +95,13 @@ __device__ __forceinline__ void stage_tile(Elem* dst, int stride, const float* s
   }
 }
 
-// Per-row values t0 .. t0+63 (lse or dout . out) into shared memory, zeros past T.
+// Per-row values t0 .. t0+63 (lse or dout . out) times `scale` into shared memory, zeros past T.
 // A block of at least 64 threads.
-__device__ __forceinline__ void load_row_values(float* dst, const float* src, int64_t t0, int64_t T) {
+__device__ __forceinline__ void load_row_values(float* dst, const float* src, int64_t t0, int64_t T,
+                                                float scale = 1.0f) {
   if (threadIdx.x < kTile) {
     const int64_t t = t0 + threadIdx.x;
-    dst[threadIdx.x] = t < T ? src[t] : 0.0f;
+    dst[threadIdx.x] = t < T ? src[t] * scale : 0.0f;
   }
 }
 

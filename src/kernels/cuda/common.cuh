@@ -18,15 +18,19 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
+// Sum (or max) over each aligned group of kLanes lanes (the whole warp by default), the result in
+// every lane of the group. Every lane of the warp calls it.
+template <int kLanes = kWarp>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = kLanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
+template <int kLanes = kWarp>
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = kLanes / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
