@@ -89,6 +89,9 @@ class Llama {
   float* stage_output_grad() { return b_.dx; }
   const float* stage_input_grad() const { return b_.dx; }
 
+  // Rows of logits the LM head computes at a time, of N (the planner counts its kernels by it).
+  static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
+
  private:
   // N = B x T rows; R = N, or N / tp rows under sequence parallelism (this rank's).
   struct BlockActs {
@@ -156,7 +159,6 @@ class Llama {
   };
   static void plan(Arena& arena, Buffers& b, const ModelLayout& layout, int64_t B, int threads, int64_t recompute_every,
                    bool bf16, const kernels::Backend& backend);
-  static int64_t loss_chunk_rows(int64_t vocab, int64_t N);
   static int64_t head_group_rows(int64_t vocab, int64_t N);  // bf16: rows per LM-head backward
   bool tensor_parallel() const { return layout_.tensor_parallel().size > 1; }
   bool sequence_parallel() const { return tensor_parallel() && layout_.tensor_parallel().sequence; }

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "model/layout.h"
+#include "model/llama.h"
 #include "model/model_config.h"
 #include "plan/memory.h"
 
@@ -75,7 +76,8 @@ StageWork stage_work(const config::Config& c, const ParallelDims& dims, const Cl
   w.memory_s = n * (static_cast<double>(layout.num_layers()) * block_bytes + head_bytes) / h.memory_bandwidth;
   // About thirty kernels per block (nine forward, eighteen backward, the recompute), four per
   // chunk of the loss's rows.
-  const double chunk_rows = std::clamp(static_cast<double>(int64_t{1} << 23) / (V / tp), 1.0, n);
+  const double chunk_rows =
+      static_cast<double>(model::Llama::loss_chunk_rows(layout.local().vocab, micro_batch * m.seq_len));
   w.overhead_s = h.kernel_overhead *
                  (30.0 * static_cast<double>(layout.num_layers()) + (layout.has_head() ? 4.0 * n / chunk_rows : 0.0));
   if (dims.tp > 1) {
@@ -150,6 +152,63 @@ double row_sparse_seconds(const config::Config& c, const ParallelDims& dims, con
                                  l.latency);
 }
 
+// The data-parallel part of a stage's step beside and after its micro-batches: the dp collectives'
+// seconds (all, and exposed), AdamW's pass over the stage's shard, the per-unit runtime.
+struct StageTail {
+  double exposed = 0.0, comm = 0.0, optimizer = 0.0, runtime = 0.0;
+  double seconds() const { return exposed + optimizer + runtime; }
+};
+
+StageTail stage_tail(const config::Config& c, const ParallelDims& dims, const Cluster& cl, int p, const StageWork& w) {
+  const Hardware& h = cl.hardware;
+  const int64_t m = c.accumulation_steps();
+  const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
+  const double pbytes = bf16 ? 2.0 : 4.0, rbytes = c.parallel.reduce_dtype == config::Precision::kBf16 ? 2.0 : 4.0;
+  const int S = dims.dp_shard, R = dims.dp_replicate;
+  const Link shard_link = link_for(cl, dims.tp * S), replica_link = link_for(cl, dims.tp * S * R);
+  double total_flops = 0.0;
+  for (double f : w.unit_flops) total_flops += f;
+  std::vector<double> gather, rs, fwd, bwd;
+  double shard_elements = 0.0;
+  for (size_t u = 0; u < w.unit_elements.size(); ++u) {
+    const double L = w.unit_elements[u], share = total_flops > 0 ? w.unit_flops[u] / total_flops : 0.0;
+    shard_elements += L / S;
+    gather.push_back(S > 1 ? ring_gather_seconds(L * pbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
+    rs.push_back(S > 1 ? ring_gather_seconds(L * rbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
+    const double busy = w.micro_batch_s() - w.tp_s - w.pp_s;
+    fwd.push_back(busy * share / 3.0);
+    bwd.push_back(busy * share * 2.0 / 3.0);
+  }
+  // FSDP: every micro-batch gathers (full_shard and hybrid twice, shard_grad_op once); the
+  // gradients are reduced after the last one only.
+  if (const double t = row_sparse_seconds(c, dims, h, p, S, rbytes, shard_link); t >= 0.0) rs[0] = t;
+  const bool regather = c.parallel.strategy != config::Strategy::kShardGradOp;
+  StageTail out;
+  if (S > 1) {
+    const std::vector<double> none(rs.size(), 0.0);
+    out.exposed = static_cast<double>(m - 1) * exposed_gathers(gather, none, fwd, bwd, regather) +
+                  exposed_gathers(gather, rs, fwd, bwd, regather);
+    for (size_t u = 0; u < gather.size(); ++u)
+      out.comm += static_cast<double>(m) * gather[u] * (regather ? 2 : 1) + rs[u];
+  }
+  if (R > 1) {  // replicas all-reduce the fp32 gradient shards, unit by unit
+    std::vector<double> ar;
+    for (double L : w.unit_elements)
+      ar.push_back(ring_all_reduce_seconds(L / S * 4.0, R, replica_link.bandwidth, replica_link.latency));
+    if (const double t = S == 1 ? row_sparse_seconds(c, dims, h, p, R, 4.0, replica_link) : -1.0; t >= 0.0) ar[0] = t;
+    const double all = std::accumulate(ar.begin(), ar.end(), 0.0);
+    out.comm += all;
+    out.exposed += S > 1 ? all : exposed_replica_reductions(ar, bwd);
+  }
+  // AdamW reads master, gradient and both moments and writes three (28 bytes per element); the
+  // norm reads the gradient and the next step zeroes it (8); AdamW's pass also writes the bf16
+  // image of the master (2).
+  const double per_element = 36.0 + (bf16 ? 2.0 : 0.0);
+  out.optimizer = shard_elements * per_element / h.memory_bandwidth;
+  out.runtime = h.unit_overhead * static_cast<double>(w.unit_elements.size());
+  return out;
+}
+
 }  // namespace
 
 double ring_gather_seconds(double bytes, int n, double bandwidth, double latency) {
@@ -166,54 +225,11 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
   CHECK_MSG(c.parallel.nproc == dims.world(), "a step plan's config must have parallel.nproc = dims.world()");
   const int64_t micro_batch = c.micro_batch(), m = c.accumulation_steps();
   const bool bf16 = c.parallel.param_dtype == config::Precision::kBf16;
-  const double pbytes = bf16 ? 2.0 : 4.0, rbytes = c.parallel.reduce_dtype == config::Precision::kBf16 ? 2.0 : 4.0;
-  const int S = dims.dp_shard, R = dims.dp_replicate;
-  const Link shard_link = link_for(cl, dims.tp * S), replica_link = link_for(cl, dims.tp * S * R);
-  const config::Strategy strategy = c.parallel.strategy;
   StepPlan out;
   double slowest_mb = 0.0, worst_tail = 0.0;
   for (int p = 0; p < dims.pp; ++p) {
     const StageWork w = stage_work(c, dims, cl, p, micro_batch);
-    double total_flops = 0.0;
-    for (double f : w.unit_flops) total_flops += f;
-    std::vector<double> gather, rs, fwd, bwd;
-    double shard_elements = 0.0;
-    for (size_t u = 0; u < w.unit_elements.size(); ++u) {
-      const double L = w.unit_elements[u], share = total_flops > 0 ? w.unit_flops[u] / total_flops : 0.0;
-      shard_elements += L / S;
-      gather.push_back(S > 1 ? ring_gather_seconds(L * pbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
-      rs.push_back(S > 1 ? ring_gather_seconds(L * rbytes, S, shard_link.bandwidth, shard_link.latency) : 0.0);
-      const double busy = w.micro_batch_s() - w.tp_s - w.pp_s;
-      fwd.push_back(busy * share / 3.0);
-      bwd.push_back(busy * share * 2.0 / 3.0);
-    }
-    // FSDP: every micro-batch gathers (full_shard and hybrid twice, shard_grad_op once); the
-    // gradients are reduced after the last one only.
-    if (const double t = row_sparse_seconds(c, dims, h, p, S, rbytes, shard_link); t >= 0.0) rs[0] = t;
-    const bool regather = strategy != config::Strategy::kShardGradOp;
-    double exposed = 0.0, comm = 0.0;
-    if (S > 1) {
-      const std::vector<double> none(rs.size(), 0.0);
-      exposed = static_cast<double>(m - 1) * exposed_gathers(gather, none, fwd, bwd, regather) +
-                exposed_gathers(gather, rs, fwd, bwd, regather);
-      for (size_t u = 0; u < gather.size(); ++u)
-        comm += static_cast<double>(m) * gather[u] * (regather ? 2 : 1) + rs[u];
-    }
-    if (R > 1) {  // replicas all-reduce the fp32 gradient shards, unit by unit
-      std::vector<double> ar;
-      for (double L : w.unit_elements)
-        ar.push_back(ring_all_reduce_seconds(L / S * 4.0, R, replica_link.bandwidth, replica_link.latency));
-      if (const double t = S == 1 ? row_sparse_seconds(c, dims, h, p, R, 4.0, replica_link) : -1.0; t >= 0.0) ar[0] = t;
-      comm += std::accumulate(ar.begin(), ar.end(), 0.0);
-      exposed += S > 1 ? std::accumulate(ar.begin(), ar.end(), 0.0) : exposed_replica_reductions(ar, bwd);
-    }
-    // AdamW reads master, gradient and both moments and writes three (28 bytes per element); the
-    // norm reads the gradient and the next step zeroes it (8); AdamW's pass also writes the bf16
-    // image of the master (2).
-    const double per_element = 36.0 + (bf16 ? 2.0 : 0.0);
-    const double optimizer = shard_elements * per_element / h.memory_bandwidth;
-    const double runtime = h.unit_overhead * static_cast<double>(w.unit_elements.size());
-    const double tail = exposed + optimizer + runtime;
+    const StageTail tail = stage_tail(c, dims, cl, p, w);
     if (w.micro_batch_s() > slowest_mb) {
       slowest_mb = w.micro_batch_s();
       out.slowest_stage = p;
@@ -223,12 +239,12 @@ StepPlan step_plan(const config::Config& c, const ParallelDims& dims, const Clus
       out.tp_comm_s = static_cast<double>(m) * w.tp_s;
       out.pp_comm_s = static_cast<double>(m) * w.pp_s;
     }
-    if (tail > worst_tail) {
-      worst_tail = tail;
-      out.dp_exposed_s = exposed;
-      out.dp_comm_s = comm;
-      out.optimizer_s = optimizer;
-      out.runtime_s = runtime;
+    if (tail.seconds() > worst_tail) {
+      worst_tail = tail.seconds();
+      out.dp_exposed_s = tail.exposed;
+      out.dp_comm_s = tail.comm;
+      out.optimizer_s = tail.optimizer;
+      out.runtime_s = tail.runtime;
     }
   }
   // The slowest stage sets the pipeline's pace: m micro-batches plus P - 1 slots of bubble.
