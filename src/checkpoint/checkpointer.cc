@@ -120,6 +120,24 @@ Checkpointer::~Checkpointer() {
 double Checkpointer::save(const RankShards& shards, const TrainingState& state) {
   const double t0 = now_seconds();
   wait();  // the host buffer and the store keys belong to the previous save until it is done
+  copy_to_host(shards);
+  Pending job;
+  job.step = state.step;
+  job.manifest = manifest_of(state);
+  job.refused = first_non_finite(state.step);
+  if (!job.refused.empty()) log::error("{}", job.refused);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    busy_ = true;
+  }
+  cv_.notify_all();
+  last_started_ = state.step;
+  last_save_time_ = now_seconds();
+  return now_seconds() - t0;
+}
+
+void Checkpointer::copy_to_host(const RankShards& shards) {
   const model::ModelLayout& layout = *shards.layout;
   CHECK(shards.units.size() == static_cast<size_t>(layout.num_units()));
   if (views_.empty()) {
@@ -144,22 +162,22 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
       at += n;
     }
   }
-  Pending job;
-  // No checkpoint may hold a non-finite value (RELIABILITY.md row 14): this rank refuses, and
-  // the save fails on every rank as an I/O error does (the previous checkpoint stays latest).
-  for (size_t v = 0; v < views_.size() && job.refused.empty(); ++v) {
-    const float* p = views_[v].data;
-    for (uint64_t i = 0; i < views_[v].count; ++i) {
-      if (!std::isfinite(p[i])) {
-        job.refused =
-            fmt::format("not saving step {}: {}[{}] of this rank's shard is {}", state.step, views_[v].name, i, p[i]);
-        log::error("{}", job.refused);
-        break;
+}
+
+std::string Checkpointer::first_non_finite(int64_t step) const {
+  for (const TensorView& v : views_) {
+    for (uint64_t i = 0; i < v.count; ++i) {
+      if (!std::isfinite(v.data[i])) {
+        return fmt::format("not saving step {}: {}[{}] of this rank's shard is {}", step, v.name, i, v.data[i]);
       }
     }
   }
-  Manifest& m = job.manifest;
-  job.step = m.step = state.step;
+  return "";
+}
+
+Manifest Checkpointer::manifest_of(const TrainingState& state) const {
+  Manifest m;
+  m.step = state.step;
   m.optimizer_steps = state.optimizer_steps;
   m.tokens = state.tokens;
   m.sampler_position = state.sampler_position;
@@ -183,15 +201,7 @@ double Checkpointer::save(const RankShards& shards, const TrainingState& state) 
                                    model::pipeline_stage(config_.model, P, p, config_.parallel.pipeline_layers));
     for (const model::UnitLayout& u : stage.units()) m.units.push_back(manifest_unit(u, p));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = std::move(job);
-    busy_ = true;
-  }
-  cv_.notify_all();
-  last_started_ = state.step;
-  last_save_time_ = now_seconds();
-  return now_seconds() - t0;
+  return m;
 }
 
 bool Checkpointer::wait() {

@@ -86,6 +86,14 @@ class Checkpointer {
     checkpoint::Manifest manifest;  // everything but the files
     std::string refused;            // why this rank will not write it (a non-finite value); "" to write
   };
+  // On the training thread: the shards into the pinned host buffer (device-to-host where the
+  // backend is a GPU), and what the save's manifest says of the run.
+  void copy_to_host(const RankShards& shards);
+  checkpoint::Manifest manifest_of(const TrainingState& state) const;
+  // No checkpoint may hold a non-finite value (RELIABILITY.md row 14): the first one in the host
+  // copy, named, or "". This rank then refuses, and the save fails on every rank as an I/O error
+  // does (the previous checkpoint stays latest).
+  std::string first_non_finite(int64_t step) const;
   void writer_loop();
   // On the writer thread: every rank writes its shard and reports it in the store; rank 0
   // collects the reports, verifies the files, commits and publishes the outcome everyone

@@ -152,6 +152,90 @@ std::string to_json(const Manifest& m) {
   return dump_json(j, 1);  // no trailing newline: cutting any byte off damages it
 }
 
+namespace {
+
+// The shard files: one for each (stage, tp rank, shard rank) of the layout already read into m.
+void parse_files(const Checked& top, const json& files, const std::string& origin, bool v1, Manifest* m) {
+  const int T = m->tensor_parallel, P = m->pipeline_parallel;
+  std::vector<bool> seen(static_cast<size_t>(P * T * m->shard_size), false);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Checked f(files[i], origin, fmt::format("files[{}].", i));
+    ManifestFile file;
+    file.name = f.string("name");
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+      throw f.error("name", fmt::format("= \"{}\" is not a file name in the checkpoint directory", file.name));
+    }
+    file.pp_rank = v1 ? 0 : static_cast<int>(f.integer("pp_rank", 0, P - 1));
+    file.tp_rank = v1 ? 0 : static_cast<int>(f.integer("tp_rank", 0, T - 1));
+    file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m->shard_size - 1));
+    const auto index =
+        static_cast<size_t>(file_number({file.pp_rank, file.tp_rank, file.shard_rank}, T, m->shard_size));
+    if (seen[index]) {
+      throw f.error("shard_rank", fmt::format("{} of tp rank {} of stage {} appears twice", file.shard_rank,
+                                              file.tp_rank, file.pp_rank));
+    }
+    seen[index] = true;
+    file.bytes = f.unsigned_integer("bytes");
+    file.xxh64 = f.hex("xxh64");
+    if (files[i].contains("object")) {
+      file.object = f.string("object");
+      file.object_offset = f.unsigned_integer("object_offset");
+    }
+    m->files.push_back(std::move(file));
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (!seen[i]) {
+      const FileCoord c = file_coord(static_cast<int>(i), T, m->shard_size);
+      throw top.error("files", fmt::format("has no file for shard rank {}{}{}", c.shard_rank,
+                                           T > 1 ? fmt::format(" of tp rank {}", c.tp_rank) : "",
+                                           P > 1 ? fmt::format(" of stage {}", c.pp_rank) : ""));
+    }
+  }
+}
+
+// A tensor of a unit of unit_numel elements: its shape and offset inside the unit, its tp split.
+ManifestTensor parse_tensor(const Checked& c, int64_t unit_numel, bool v1, int T) {
+  ManifestTensor tensor;
+  tensor.name = c.string("name");
+  int64_t n = 1;
+  for (const json& d : c.array("shape")) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > unit_numel) {
+      throw c.error("shape", "has a dimension that is negative or larger than the unit");
+    }
+    tensor.shape.push_back(d.get<int64_t>());
+    n = tensor.shape.back() == 0 ? 0 : n <= unit_numel / tensor.shape.back() ? n * tensor.shape.back() : -1;
+    if (n < 0) throw c.error("shape", "holds more elements than the unit");
+  }
+  tensor.offset = c.integer("offset", 0, unit_numel);
+  if (n > unit_numel - tensor.offset) throw c.error("offset", "puts the tensor beyond the end of its unit");
+  parse_split(c, v1, T, &tensor);
+  return tensor;
+}
+
+// The units, each padded to a multiple of the shard size, their names unique.
+void parse_units(const json& units, const std::string& origin, bool v1, Manifest* m) {
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Checked u(units[i], origin, fmt::format("units[{}].", i));
+    ManifestUnit unit;
+    unit.name = u.string("name");
+    unit.pp_rank = v1 ? 0 : static_cast<int>(u.integer("pp_rank", 0, m->pipeline_parallel - 1));
+    if (m->unit_index(unit.name) >= 0) throw u.error("name", fmt::format("\"{}\" appears twice", unit.name));
+    unit.numel = u.integer("numel", 0, INT64_MAX / 8);
+    unit.padded = u.integer("padded", unit.numel, INT64_MAX / 8);
+    if (unit.padded % m->shard_size != 0) {
+      throw u.error("padded", fmt::format("is not a multiple of {}", m->shard_size));
+    }
+    const json& tensors = u.array("tensors");
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const Checked c(tensors[t], origin, fmt::format("units[{}].tensors[{}].", i, t));
+      unit.tensors.push_back(parse_tensor(c, unit.numel, v1, m->tensor_parallel));
+    }
+    m->units.push_back(std::move(unit));
+  }
+}
+
+}  // namespace
+
 Manifest parse_manifest(const std::string& text, const std::string& origin) {
   const json j = parse_json(text);
   if (j.is_discarded() || !j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
@@ -191,72 +275,8 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   m.strategy = top.string("strategy");
   m.created = top.string("created");
   m.config_toml = top.string("config");
-  const int T = m.tensor_parallel, P = m.pipeline_parallel;
-  std::vector<bool> seen(static_cast<size_t>(P * T * m.shard_size), false);
-  const json& files = top.array("files");
-  for (size_t i = 0; i < files.size(); ++i) {
-    const Checked f(files[i], origin, fmt::format("files[{}].", i));
-    ManifestFile file;
-    file.name = f.string("name");
-    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
-      throw f.error("name", fmt::format("= \"{}\" is not a file name in the checkpoint directory", file.name));
-    }
-    file.pp_rank = v1 ? 0 : static_cast<int>(f.integer("pp_rank", 0, P - 1));
-    file.tp_rank = v1 ? 0 : static_cast<int>(f.integer("tp_rank", 0, T - 1));
-    file.shard_rank = static_cast<int>(f.integer("shard_rank", 0, m.shard_size - 1));
-    const auto index = static_cast<size_t>(file_number({file.pp_rank, file.tp_rank, file.shard_rank}, T, m.shard_size));
-    if (seen[index]) {
-      throw f.error("shard_rank", fmt::format("{} of tp rank {} of stage {} appears twice", file.shard_rank,
-                                              file.tp_rank, file.pp_rank));
-    }
-    seen[index] = true;
-    file.bytes = f.unsigned_integer("bytes");
-    file.xxh64 = f.hex("xxh64");
-    if (files[i].contains("object")) {
-      file.object = f.string("object");
-      file.object_offset = f.unsigned_integer("object_offset");
-    }
-    m.files.push_back(std::move(file));
-  }
-  for (size_t i = 0; i < seen.size(); ++i) {
-    if (!seen[i]) {
-      const FileCoord c = file_coord(static_cast<int>(i), T, m.shard_size);
-      throw top.error("files", fmt::format("has no file for shard rank {}{}{}", c.shard_rank,
-                                           T > 1 ? fmt::format(" of tp rank {}", c.tp_rank) : "",
-                                           P > 1 ? fmt::format(" of stage {}", c.pp_rank) : ""));
-    }
-  }
-  const json& units = top.array("units");
-  for (size_t i = 0; i < units.size(); ++i) {
-    const Checked u(units[i], origin, fmt::format("units[{}].", i));
-    ManifestUnit unit;
-    unit.name = u.string("name");
-    unit.pp_rank = v1 ? 0 : static_cast<int>(u.integer("pp_rank", 0, P - 1));
-    if (m.unit_index(unit.name) >= 0) throw u.error("name", fmt::format("\"{}\" appears twice", unit.name));
-    unit.numel = u.integer("numel", 0, INT64_MAX / 8);
-    unit.padded = u.integer("padded", unit.numel, INT64_MAX / 8);
-    if (unit.padded % m.shard_size != 0) throw u.error("padded", fmt::format("is not a multiple of {}", m.shard_size));
-    const json& tensors = u.array("tensors");
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const Checked c(tensors[t], origin, fmt::format("units[{}].tensors[{}].", i, t));
-      ManifestTensor tensor;
-      tensor.name = c.string("name");
-      int64_t n = 1;
-      for (const json& d : c.array("shape")) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > unit.numel) {
-          throw c.error("shape", "has a dimension that is negative or larger than the unit");
-        }
-        tensor.shape.push_back(d.get<int64_t>());
-        n = tensor.shape.back() == 0 ? 0 : n <= unit.numel / tensor.shape.back() ? n * tensor.shape.back() : -1;
-        if (n < 0) throw c.error("shape", "holds more elements than the unit");
-      }
-      tensor.offset = c.integer("offset", 0, unit.numel);
-      if (n > unit.numel - tensor.offset) throw c.error("offset", "puts the tensor beyond the end of its unit");
-      parse_split(c, v1, T, &tensor);
-      unit.tensors.push_back(std::move(tensor));
-    }
-    m.units.push_back(std::move(unit));
-  }
+  parse_files(top, top.array("files"), origin, v1, &m);
+  parse_units(top.array("units"), origin, v1, &m);
   return m;
 }
 

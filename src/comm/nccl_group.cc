@@ -614,80 +614,92 @@ bool nccl_available(std::string* why) {
   return true;
 }
 
-std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, int rank, int size, int device, Millis timeout) {
-  using detail::Clock;
-  using detail::cuda_message;
-  using detail::nccl_message;
-  CHECK(size >= 1 && rank >= 0 && rank < size && device >= 0);
-  const auto deadline = Clock::now() + timeout;
-  const std::string who = "rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                          " on CUDA device " + std::to_string(device);
+namespace {
+
+// The group's ncclUniqueId: rank 0 makes it and publishes it in the store, the others read it.
+// Each rank counts the groups it has built on this store; ranks build groups in the same order, so
+// they agree on a fresh key (under *prefix) and never read the id of an earlier group. One rank
+// needs no store.
+ncclUniqueId exchange_unique_id(Store& store, int rank, int size, Millis timeout, const std::string& who,
+                                std::string* prefix) {
   auto fail = [&](const std::string& what) { throw CollectiveError(who + " failed: " + what); };
-
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
-    fail("cudaSetDevice: " + cuda_message(e));
-
-  // Each rank counts the groups it has built on this store; ranks build groups in the same
-  // order, so they agree on a fresh key and never read the id of an earlier group. One rank
-  // needs no store.
   ncclUniqueId id;
-  std::string prefix;
-  if (size == 1) {
-    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) fail("ncclGetUniqueId: " + nccl_message(r));
-  } else {
+  if (size > 1) {
     const int64_t generation = store.add("nccl/generation/rank" + std::to_string(rank), 1);
-    prefix = "nccl/" + std::to_string(generation) + "/";
-    const std::string key = prefix + "unique_id";
-    if (rank == 0) {
-      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) fail("ncclGetUniqueId: " + nccl_message(r));
-      Bytes value(sizeof(id.internal));
-      std::memcpy(value.data(), id.internal, sizeof(id.internal));
-      store.set(key, value);
-    } else {
-      Bytes value;
-      try {
-        value = store.get(key, timeout);
-      } catch (const StoreError& e) {
-        throw StoreError(who + ": " + e.what());
-      }
-      if (value.size() != sizeof(id.internal))
-        fail("store key " + key + " holds " + std::to_string(value.size()) + " bytes, not an ncclUniqueId");
-      std::memcpy(id.internal, value.data(), sizeof(id.internal));
-    }
+    *prefix = "nccl/" + std::to_string(generation) + "/";
   }
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) fail("ncclGetUniqueId: " + detail::nccl_message(r));
+    if (size == 1) return id;
+    Bytes value(sizeof(id.internal));
+    std::memcpy(value.data(), id.internal, sizeof(id.internal));
+    store.set(*prefix + "unique_id", value);
+    return id;
+  }
+  const std::string key = *prefix + "unique_id";
+  Bytes value;
+  try {
+    value = store.get(key, timeout);
+  } catch (const StoreError& e) {
+    throw StoreError(who + ": " + e.what());
+  }
+  if (value.size() != sizeof(id.internal))
+    fail("store key " + key + " holds " + std::to_string(value.size()) + " bytes, not an ncclUniqueId");
+  std::memcpy(id.internal, value.data(), sizeof(id.internal));
+  return id;
+}
 
-  auto state = std::make_shared<detail::State>(rank, size, device);
-  std::unique_lock<std::mutex> lock(state->mu);
-  auto cleanup = [&] {
-    if (state->comm != nullptr) (void)ncclCommAbort(state->comm);
-    state->comm = nullptr;
-    if (state->barrier_buf != nullptr) (void)cudaFree(state->barrier_buf);
-    state->barrier_buf = nullptr;
-    if (state->stream != nullptr) (void)cudaStreamDestroy(state->stream);
-    state->stream = nullptr;
-  };
+// The rank's stream, barrier buffer and communicator (non-blocking, settled by the deadline): ""
+// or what failed, in which case what was made is released.
+std::string init_state(detail::State& state, std::unique_lock<std::mutex>& lock, const ncclUniqueId& id,
+                       detail::Clock::time_point deadline, Millis timeout) {
+  using detail::cuda_message;
   std::string why;
-  if (cudaError_t e = cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking); e != cudaSuccess) {
+  if (cudaError_t e = cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking); e != cudaSuccess) {
     why = "cudaStreamCreateWithFlags: " + cuda_message(e);
-  } else if (e = cudaMalloc(reinterpret_cast<void**>(&state->barrier_buf), sizeof(float)); e != cudaSuccess) {
+  } else if (e = cudaMalloc(reinterpret_cast<void**>(&state.barrier_buf), sizeof(float)); e != cudaSuccess) {
     why = "cudaMalloc: " + cuda_message(e);
-  } else if (e = cudaMemsetAsync(state->barrier_buf, 0, sizeof(float), state->stream); e != cudaSuccess) {
+  } else if (e = cudaMemsetAsync(state.barrier_buf, 0, sizeof(float), state.stream); e != cudaSuccess) {
     why = "cudaMemsetAsync: " + cuda_message(e);
   } else {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
+    ncclResult_t r = ncclCommInitRankConfig(&state.comm, state.size, id, state.rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
-      why = "ncclCommInitRankConfig: " + nccl_message(r);
-    } else if (state->comm == nullptr) {
+      why = "ncclCommInitRankConfig: " + detail::nccl_message(r);
+    } else if (state.comm == nullptr) {
       why = "ncclCommInitRankConfig returned no communicator";
     } else {
-      why = state->settle(lock, deadline, timeout, "ncclCommInitRankConfig");
+      why = state.settle(lock, deadline, timeout, "ncclCommInitRankConfig");
     }
   }
   if (!why.empty()) {
-    cleanup();
-    fail(why + (prefix.empty() ? "" : " (store prefix " + prefix + ")"));
+    if (state.comm != nullptr) (void)ncclCommAbort(state.comm);
+    state.comm = nullptr;
+    if (state.barrier_buf != nullptr) (void)cudaFree(state.barrier_buf);
+    state.barrier_buf = nullptr;
+    if (state.stream != nullptr) (void)cudaStreamDestroy(state.stream);
+    state.stream = nullptr;
+  }
+  return why;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, int rank, int size, int device, Millis timeout) {
+  CHECK(size >= 1 && rank >= 0 && rank < size && device >= 0);
+  const auto deadline = detail::Clock::now() + timeout;
+  const std::string who = "rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                          " on CUDA device " + std::to_string(device);
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    throw CollectiveError(who + " failed: cudaSetDevice: " + detail::cuda_message(e));
+  }
+  std::string prefix;
+  const ncclUniqueId id = exchange_unique_id(store, rank, size, timeout, who, &prefix);
+  auto state = std::make_shared<detail::State>(rank, size, device);
+  std::unique_lock<std::mutex> lock(state->mu);
+  if (std::string why = init_state(*state, lock, id, deadline, timeout); !why.empty()) {
+    throw CollectiveError(who + " failed: " + why + (prefix.empty() ? "" : " (store prefix " + prefix + ")"));
   }
   lock.unlock();
   return std::make_unique<detail::NcclGroup>(std::move(state), timeout);

@@ -377,10 +377,8 @@ std::vector<nlohmann::json> run_workers(const Plan& plan, const Tokenizer& tok, 
   return results;
 }
 
-}  // namespace
-
-PrepareStats prepare(const PrepareOptions& o) {
-  const double t0 = now_seconds();
+// The options' mistakes, before any work.
+void check_options(const PrepareOptions& o) {
   if (o.inputs.empty()) throw ConfigError("prepare needs at least one --input");
   if (o.out.empty()) throw ConfigError("prepare needs --out DIR");
   if (o.workers < 1 || o.workers > 4096)
@@ -389,7 +387,54 @@ PrepareStats prepare(const PrepareOptions& o) {
     throw ConfigError(fmt::format("--val-fraction {}: must be in [0, 1]", o.val_fraction));
   }
   if (o.shard_tokens < 1) throw ConfigError("--shard-tokens must be at least 1");
+}
 
+// Entropy in nats of the distribution the counts (of `total`) describe.
+double unigram_entropy(const std::vector<uint64_t>& counts, uint64_t total) {
+  double entropy = 0.0;
+  for (const uint64_t c : counts) {
+    if (c != 0) {
+      const double p = static_cast<double>(c) / static_cast<double>(total);
+      entropy -= p * std::log(p);
+    }
+  }
+  return entropy;
+}
+
+// The dataset's manifest from the workers' results, in worker order; their bytes and documents
+// into stats.
+DatasetManifest merge_results(const std::vector<nlohmann::json>& results, const Tokenizer& tok, const Plan& plan,
+                              PrepareStats* stats) {
+  DatasetManifest m;
+  m.tokenizer_file = kTokenizerFile;
+  m.tokenizer_hash = tok.hash();
+  m.vocab_size = tok.vocab_size();
+  m.eos_id = tok.eos_id();
+  m.inputs = plan.inputs;
+  std::vector<uint64_t> counts(static_cast<size_t>(tok.vocab_size()), 0);
+  for (const nlohmann::json& r : results) {
+    stats->bytes += r.at("bytes").get<uint64_t>();
+    stats->documents += r.at("documents").get<uint64_t>();
+    for (const auto& s : r.at("shards")) {
+      SplitManifest& split = s.at("split").get<std::string>() == "train" ? m.train : m.val;
+      ShardEntry e{s.at("file").get<std::string>(), s.at("tokens").get<uint64_t>(), s.at("documents").get<uint64_t>(),
+                   s.at("checksum").get<uint64_t>()};
+      split.tokens += e.tokens;
+      split.documents += e.documents;
+      split.shards.push_back(std::move(e));
+    }
+    const auto& c = r.at("train_counts");
+    for (size_t i = 0; i + 1 < c.size(); i += 2) counts.at(c[i].get<size_t>()) += c[i + 1].get<uint64_t>();
+  }
+  m.unigram_entropy = m.train.tokens > 0 ? unigram_entropy(counts, m.train.tokens) : 0.0;
+  return m;
+}
+
+}  // namespace
+
+PrepareStats prepare(const PrepareOptions& o) {
+  const double t0 = now_seconds();
+  check_options(o);
   std::vector<std::string> inputs = expand_inputs(o.inputs);
   for (const std::string& in : inputs) {
     // Fail before any work for the common mistake; workers check content (empty, UTF-8).
@@ -410,38 +455,8 @@ PrepareStats prepare(const PrepareOptions& o) {
   try {
     const Plan plan = make_plan(o, std::move(inputs));
     const std::vector<nlohmann::json> results = run_workers(plan, tok, o, out);
-
-    DatasetManifest m;
-    m.tokenizer_file = kTokenizerFile;
-    m.tokenizer_hash = tok.hash();
-    m.vocab_size = tok.vocab_size();
-    m.eos_id = tok.eos_id();
-    m.inputs = plan.inputs;
     PrepareStats stats;
-    std::vector<uint64_t> counts(static_cast<size_t>(tok.vocab_size()), 0);
-    for (const nlohmann::json& r : results) {
-      stats.bytes += r.at("bytes").get<uint64_t>();
-      stats.documents += r.at("documents").get<uint64_t>();
-      for (const auto& s : r.at("shards")) {
-        SplitManifest& split = s.at("split").get<std::string>() == "train" ? m.train : m.val;
-        ShardEntry e{s.at("file").get<std::string>(), s.at("tokens").get<uint64_t>(), s.at("documents").get<uint64_t>(),
-                     s.at("checksum").get<uint64_t>()};
-        split.tokens += e.tokens;
-        split.documents += e.documents;
-        split.shards.push_back(std::move(e));
-      }
-      const auto& c = r.at("train_counts");
-      for (size_t i = 0; i + 1 < c.size(); i += 2) counts.at(c[i].get<size_t>()) += c[i + 1].get<uint64_t>();
-    }
-    double entropy = 0.0;
-    if (m.train.tokens > 0) {
-      const double total = static_cast<double>(m.train.tokens);
-      for (const uint64_t c : counts) {
-        if (c != 0) entropy -= static_cast<double>(c) / total * std::log(static_cast<double>(c) / total);
-      }
-    }
-    m.unigram_entropy = entropy;
-
+    const DatasetManifest m = merge_results(results, tok, plan, &stats);
     out.set_wrote_tokenizer();
     write_file_atomic(out.file(kTokenizerFile), model_bytes);
     for (size_t w = 0; w < plan.workers.size(); ++w) ::unlink(out.file(result_name(static_cast<int>(w))).c_str());

@@ -149,6 +149,10 @@ class Agent {
   // Marks round r ended for good (best effort: a relaunch also detects a silent round).
   int end_round(int r, int exit_code);
   void start_workers(const Round& round, int restart_count);
+  // A worker's command line (the config checked for this world size first: exit 2 here) and
+  // environment (the agent's, with the TESSERA_* variables of the worker's place in the job).
+  std::vector<std::string> worker_args(int world) const;
+  std::vector<std::string> worker_environment(const Worker& w, const Round& round, int restart_count) const;
   // Watches the round's workers and the job until the round ends, one tick each
   // --monitor-interval; the parts of a tick follow.
   Outcome monitor(const Round& round);
@@ -237,8 +241,7 @@ int Agent::end_round(int r, int exit_code) {
   return exit_code;
 }
 
-void Agent::start_workers(const Round& round, int restart_count) {
-  const int world = round.nodes * o_.nproc_per_node;
+std::vector<std::string> Agent::worker_args(int world) const {
   // Validated for this world size before any worker starts: a bad config is exit 2 here.
   config::Overrides overrides = o_.overrides;
   overrides.emplace_back("parallel.nproc", std::to_string(world));
@@ -251,6 +254,35 @@ void Agent::start_workers(const Round& round, int restart_count) {
   if (!o_.config_path.empty()) args.push_back(o_.config_path);
   for (const auto& [k, v] : overrides) args.insert(args.end(), {"--set", k + "=" + v});
   args.insert(args.end(), {"--run-dir", o_.run_dir, "--resume", o_.resume});
+  return args;
+}
+
+std::vector<std::string> Agent::worker_environment(const Worker& w, const Round& round, int restart_count) const {
+  const std::vector<std::pair<std::string, std::string>> vars = {
+      {"TESSERA_RANK", std::to_string(w.rank)},
+      {"TESSERA_LOCAL_RANK", std::to_string(w.local_rank)},
+      {"TESSERA_LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
+      {"TESSERA_WORLD_SIZE", std::to_string(round.nodes * o_.nproc_per_node)},
+      {"TESSERA_NODE_RANK", std::to_string(round.node_rank)},
+      {"TESSERA_RDZV", o_.rdzv},
+      {"TESSERA_JOB_TOKEN", o_.job_token},
+      {"TESSERA_ROUND", fmt::format("{}.{}", o_.run_id, round.index)},
+      {"TESSERA_RESTART_COUNT", std::to_string(restart_count)},
+      {"TESSERA_HEARTBEAT", w.heartbeat},
+      {"TESSERA_HOST", o_.host}};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool replaced = false;
+    for (const auto& [k, v] : vars) replaced = replaced || entry.rfind(k + "=", 0) == 0;
+    if (!replaced) env.push_back(entry);
+  }
+  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+  return env;
+}
+
+void Agent::start_workers(const Round& round, int restart_count) {
+  std::vector<std::string> args = worker_args(round.nodes * o_.nproc_per_node);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -270,26 +302,7 @@ void Agent::start_workers(const Round& round, int restart_count) {
     w.watch = ProgressWatch(o_.hang_timeout_s, o_.gpu_idle_timeout_s);
     w.watch.observe("0\n", seconds_since(round_start_));
     // The environment is built before fork: the child may only call async-signal-safe functions.
-    const std::vector<std::pair<std::string, std::string>> vars = {
-        {"TESSERA_RANK", std::to_string(w.rank)},
-        {"TESSERA_LOCAL_RANK", std::to_string(local)},
-        {"TESSERA_LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
-        {"TESSERA_WORLD_SIZE", std::to_string(world)},
-        {"TESSERA_NODE_RANK", std::to_string(round.node_rank)},
-        {"TESSERA_RDZV", o_.rdzv},
-        {"TESSERA_JOB_TOKEN", o_.job_token},
-        {"TESSERA_ROUND", fmt::format("{}.{}", o_.run_id, round.index)},
-        {"TESSERA_RESTART_COUNT", std::to_string(restart_count)},
-        {"TESSERA_HEARTBEAT", w.heartbeat},
-        {"TESSERA_HOST", o_.host}};
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry = *e;
-      bool replaced = false;
-      for (const auto& [k, v] : vars) replaced = replaced || entry.rfind(k + "=", 0) == 0;
-      if (!replaced) env.push_back(entry);
-    }
-    for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+    std::vector<std::string> env = worker_environment(w, round, restart_count);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);

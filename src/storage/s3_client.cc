@@ -292,18 +292,65 @@ double jittered_pause_s(double backoff_ms, int attempt) {
   return std::uniform_real_distribution<double>(0.0, cap)(rng) / 1e3;
 }
 
+// The request's address, path-style on an endpoint, virtual-hosted on AWS; its query sorted by name
+// (SigV4's canonical order).
+std::string request_url(const S3Options& o, const ObjectUrl& object,
+                        std::vector<std::pair<std::string, std::string>>& query) {
+  std::string url =
+      o.endpoint.empty()
+          ? fmt::format("https://{}.s3.{}.amazonaws.com/{}", object.bucket, o.region, uri_encode(object.key, true))
+          : fmt::format("{}/{}/{}", o.endpoint, object.bucket, uri_encode(object.key, true));
+  std::sort(query.begin(), query.end());
+  for (size_t i = 0; i < query.size(); ++i) {
+    url += (i == 0 ? "?" : "&") + uri_encode(query[i].first, false) + "=" + uri_encode(query[i].second, false);
+  }
+  return url;
+}
+
+using HeaderList = std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)>;
+
+// The headers of every request (unsigned payload, no 100-continue, the session token), then its own.
+HeaderList request_headers(const S3Options& o, const std::vector<std::string>& own) {
+  curl_slist* headers = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  headers = curl_slist_append(headers, "Expect:");
+  if (!o.session_token.empty())
+    headers = curl_slist_append(headers, ("x-amz-security-token: " + o.session_token).c_str());
+  for (const std::string& h : own) headers = curl_slist_append(headers, h.c_str());
+  return HeaderList(headers, &curl_slist_free_all);
+}
+
+// One try's options on an easy handle: address, method, SigV4 signing, timeouts, and the transfer's
+// callbacks (a PUT or POST uploads t's body).
+void set_options(CURL* c, const S3Options& o, const char* method, const std::string& url, curl_slist* headers,
+                 Transfer* t) {
+  const std::string sigv4 = fmt::format("aws:amz:{}:s3", o.region);  // libcurl copies string options
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
+  curl_easy_setopt(c, CURLOPT_USERNAME, o.access_key.c_str());
+  curl_easy_setopt(c, CURLOPT_PASSWORD, o.secret_key.c_str());
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, o.connect_timeout_ms);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, o.request_timeout_ms);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, t);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, t);
+  if (std::strcmp(method, "HEAD") == 0) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  if (std::strcmp(method, "PUT") == 0 || std::strcmp(method, "POST") == 0) {
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(c, CURLOPT_READDATA, t);
+    curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(t->body_bytes));
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);  // CURLOPT_UPLOAD alone would send PUT
+  }
+}
+
 }  // namespace
 
 S3Client::Response S3Client::send(Request& r) {
-  std::string url =
-      options_.endpoint.empty()
-          ? fmt::format("https://{}.s3.{}.amazonaws.com/{}", r.url.bucket, options_.region, uri_encode(r.url.key, true))
-          : fmt::format("{}/{}/{}", options_.endpoint, r.url.bucket, uri_encode(r.url.key, true));
-  std::sort(r.query.begin(), r.query.end());
-  for (size_t i = 0; i < r.query.size(); ++i) {
-    url += (i == 0 ? "?" : "&") + uri_encode(r.query[i].first, false) + "=" + uri_encode(r.query[i].second, false);
-  }
-  const std::string sigv4 = fmt::format("aws:amz:{}:s3", options_.region);
+  const std::string url = request_url(options_, r.url, r.query);
   const std::string what = fmt::format("S3 {} {}", r.op, r.url.str());
   std::string last_error;
   long last_status = 0;
@@ -320,34 +367,8 @@ S3Client::Response S3Client::send(Request& r) {
     std::unique_ptr<void, std::function<void(void*)>> curl(take_handle(), [this](void* h) { give_back(h); });
     CURL* c = static_cast<CURL*>(curl.get());
     Transfer t{c, r.body, r.body_bytes, 0, r.out, r.out_bytes, r.max_body, &res.body, 0, false, &res.etag};
-    curl_slist* headers = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers = curl_slist_append(headers, "Expect:");
-    if (!options_.session_token.empty()) {
-      headers = curl_slist_append(headers, ("x-amz-security-token: " + options_.session_token).c_str());
-    }
-    for (const std::string& h : r.headers) headers = curl_slist_append(headers, h.c_str());
-    std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> header_list(headers, &curl_slist_free_all);
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method);
-    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(c, CURLOPT_USERNAME, options_.access_key.c_str());
-    curl_easy_setopt(c, CURLOPT_PASSWORD, options_.secret_key.c_str());
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, options_.connect_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, options_.request_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
-    if (std::strcmp(r.method, "HEAD") == 0) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-    if (std::strcmp(r.method, "PUT") == 0 || std::strcmp(r.method, "POST") == 0) {
-      curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
-      curl_easy_setopt(c, CURLOPT_READDATA, &t);
-      curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body_bytes));
-      curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method);  // CURLOPT_UPLOAD alone would send PUT
-    }
+    const HeaderList headers = request_headers(options_, r.headers);
+    set_options(c, options_, r.method, url, headers.get(), &t);
     char detail[CURL_ERROR_SIZE] = "";
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, detail);
     const CURLcode rc = curl_easy_perform(c);
@@ -406,6 +427,16 @@ void S3Client::upload(const ObjectUrl& url, const std::vector<FileSlice>& slices
 }
 
 void S3Client::upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& slices, uint64_t total) {
+  const std::string upload_id = create_multipart(url);
+  try {
+    complete_multipart(url, upload_id, put_parts(url, upload_id, slices, total));
+  } catch (...) {
+    abort_multipart(url, upload_id);  // nothing of a failed upload stays: its parts are dropped
+    throw;
+  }
+}
+
+std::string S3Client::create_multipart(const ObjectUrl& url) {
   Request create;
   create.method = "POST";
   create.op = "CreateMultipartUpload";
@@ -417,9 +448,14 @@ void S3Client::upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& 
   const std::string reply = send(create).body;
   doc.Parse(reply.data(), reply.size());
   const std::string upload_id = xml_child(doc.RootElement(), "UploadId");
-  if (upload_id.empty())
+  if (upload_id.empty()) {
     throw S3Error(fmt::format("S3 CreateMultipartUpload {}: no UploadId in the reply", url.str()), 200, "");
+  }
+  return upload_id;
+}
 
+std::vector<std::string> S3Client::put_parts(const ObjectUrl& url, const std::string& upload_id,
+                                             const std::vector<FileSlice>& slices, uint64_t total) {
   const uint64_t part = options_.part_bytes;
   const auto parts = static_cast<int>((total + part - 1) / part);
   std::vector<std::string> etags(static_cast<size_t>(parts));
@@ -454,31 +490,31 @@ void S3Client::upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& 
   std::vector<std::thread> threads;
   for (int k = 0; k < std::min(options_.parallelism, parts); ++k) threads.emplace_back(worker);
   for (std::thread& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+  return etags;
+}
 
-  if (!error) {
-    std::string xml = "<CompleteMultipartUpload>";
-    for (int i = 0; i < parts; ++i) {
-      xml +=
-          fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", i + 1, etags[static_cast<size_t>(i)]);
-    }
-    xml += "</CompleteMultipartUpload>";
-    Request complete;
-    complete.method = "POST";
-    complete.op = "CompleteMultipartUpload";
-    complete.url = url;
-    complete.query = {{"uploadId", upload_id}};
-    complete.body = xml.data();
-    complete.body_bytes = xml.size();
-    complete.headers = {"Content-Type: application/xml"};
-    complete.counter = &counters_.complete_multipart;
-    try {
-      send(complete);
-      return;
-    } catch (...) {
-      error = std::current_exception();
-    }
+void S3Client::complete_multipart(const ObjectUrl& url, const std::string& upload_id,
+                                  const std::vector<std::string>& etags) {
+  std::string xml = "<CompleteMultipartUpload>";
+  for (size_t i = 0; i < etags.size(); ++i) {
+    xml += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", i + 1, etags[i]);
   }
-  try {  // nothing of a failed upload stays: its parts are dropped
+  xml += "</CompleteMultipartUpload>";
+  Request complete;
+  complete.method = "POST";
+  complete.op = "CompleteMultipartUpload";
+  complete.url = url;
+  complete.query = {{"uploadId", upload_id}};
+  complete.body = xml.data();
+  complete.body_bytes = xml.size();
+  complete.headers = {"Content-Type: application/xml"};
+  complete.counter = &counters_.complete_multipart;
+  send(complete);
+}
+
+void S3Client::abort_multipart(const ObjectUrl& url, const std::string& upload_id) {
+  try {
     Request abort;
     abort.method = "DELETE";
     abort.op = "AbortMultipartUpload";
@@ -489,7 +525,6 @@ void S3Client::upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& 
   } catch (const Error& e) {
     log::warn("{} (its parts stay until the bucket's lifecycle rule removes them)", e.what());
   }
-  std::rethrow_exception(error);
 }
 
 std::string S3Client::get(const ObjectUrl& url, uint64_t max_bytes) {

@@ -103,7 +103,14 @@ class S3Client {
   struct Request;
   struct Response;
   Response send(Request& request);  // with retries; throws S3Error
+  // A multipart upload: created, its parts put (options_.parallelism at a time), completed; aborted
+  // on any failure, whose error it rethrows.
   void upload_parts(const ObjectUrl& url, const std::vector<FileSlice>& slices, uint64_t total);
+  std::string create_multipart(const ObjectUrl& url);  // the upload id
+  std::vector<std::string> put_parts(const ObjectUrl& url, const std::string& upload_id,
+                                     const std::vector<FileSlice>& slices, uint64_t total);  // their ETags
+  void complete_multipart(const ObjectUrl& url, const std::string& upload_id, const std::vector<std::string>& etags);
+  void abort_multipart(const ObjectUrl& url, const std::string& upload_id);  // logs a failure, never throws
 
   // Easy handles kept between requests, so their connections are reused (keep-alive: no new
   // TCP or TLS handshake per request, no socket per part left in TIME_WAIT).
