@@ -2,7 +2,9 @@
 // milliseconds a call (median of the timed calls, each bracketed by CUDA events) and TFLOP/s by
 // FlashAttention's count of causal attention's products (forward 2 products, backward 5, each 2 B H
 // D T(T+1)/2 multiply-adds' worth of FLOPs; Tessera's backward computes two of them twice).
-// bench/attention_gpu.sh runs it beside PyTorch's scaled_dot_product_attention on the same shape.
+// In bf16 it also times the forward at each of its tilings (attention.h: 16 or 32 query rows per
+// warp; forward_ms is the default's). bench/attention_gpu.sh runs it beside PyTorch's
+// scaled_dot_product_attention on the same shape.
 //
 //   tessera_attention_bench [--batch 8] [--seq 2048] [--heads 16] [--kv-heads 8] [--head-dim 128]
 //                           [--iters 20] [--precision bf16|fp32]
@@ -119,8 +121,17 @@ int main(int argc, char** argv) {
   CUDA_CHECK(
       cudaMalloc(&work, static_cast<size_t>(attention_backward_workspace_floats(o.B, o.T, o.H)) * sizeof(float)));
 
-  const double forward_ms =
-      median_ms(o.iters, [&] { attention_forward(out, lse, qkv, o.B, o.T, o.H, o.Hkv, o.D, o.bf16, nullptr); });
+  // The default tiling, then (bf16) each of the forward's two: 16 and 32 query rows per warp.
+  auto forward_ms_with = [&](int rows_per_warp) {
+    return median_ms(
+        o.iters, [&] { attention_forward(out, lse, qkv, o.B, o.T, o.H, o.Hkv, o.D, o.bf16, nullptr, rows_per_warp); });
+  };
+  const double forward_ms = forward_ms_with(0);
+  std::string tilings;
+  if (o.bf16) {
+    for (int rows : {16, 32})
+      tilings += ", \"forward_ms_rows" + std::to_string(rows) + "\": " + std::to_string(forward_ms_with(rows));
+  }
   const double backward_ms = median_ms(o.iters, [&] {
     attention_backward(dqkv, dout, qkv, out, lse, o.B, o.T, o.H, o.Hkv, o.D, o.bf16, work, nullptr);
   });
@@ -132,10 +143,10 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"impl\": \"tessera\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
       "\"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
-      "\"forward_tflops\": %.2f, \"backward_tflops\": %.2f}\n",
+      "\"forward_tflops\": %.2f, \"backward_tflops\": %.2f%s}\n",
       prop.name, o.bf16 ? "bf16" : "fp32", static_cast<long long>(o.B), static_cast<long long>(o.T),
       static_cast<long long>(o.H), static_cast<long long>(o.Hkv), static_cast<long long>(o.D), forward_ms, backward_ms,
-      2 * product_flops / forward_ms * 1e-9, 5 * product_flops / backward_ms * 1e-9);
+      2 * product_flops / forward_ms * 1e-9, 5 * product_flops / backward_ms * 1e-9, tilings.c_str());
   for (float* p : {qkv, dout, out, lse, dqkv, work}) CUDA_CHECK(cudaFree(p));
   return 0;
 }

@@ -414,13 +414,13 @@ void row_dots(float* drow, const float* dout, const float* out, int64_t B, int64
 int64_t attention_backward_workspace_floats(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, bool bf16, cudaStream_t stream) {
+                       int64_t D, bool bf16, cudaStream_t stream, int bf16_rows_per_warp) {
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const Dims dims = make_dims(B, T, H, Hkv, D);
     check_aligned(qkv, "attention_forward: qkv must be 16-byte aligned");
     if (B == 0 || T == 0 || H == 0) return;
-    if (bf16) return forward_bf16(out, lse, qkv, dims, B, D, stream);
+    if (bf16) return forward_bf16(out, lse, qkv, dims, B, D, bf16_rows_per_warp, stream);
     const size_t smem = forward_smem_floats<kD>() * sizeof(float);
     allow_smem(forward_kernel<kD>, smem);
     const dim3 grid(static_cast<unsigned>(dims.tiles), static_cast<unsigned>(H), static_cast<unsigned>(B));

@@ -19,8 +19,12 @@ namespace tessera::kernels::cuda {
 int64_t attention_backward_workspace_floats(int64_t B, int64_t T, int64_t H);
 
 // out (B, T, H*D), lse (B, H, T); qkv (B, T, (H + 2*Hkv) * D). out may not alias qkv.
+// bf16_rows_per_warp: the bf16 forward's query rows per warp. 32: 128-row tiles, each K and V
+// fragment read from shared memory feeding two products (FlashAttention-2's tiles); 16: 64-row
+// tiles, half the registers; 0: the default, 32 for D < 128 (where either gives the same bits) and
+// 16 for D = 128 (where 32 spills registers: ptxas -v). For the benchmark that compares them.
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, bool bf16, cudaStream_t stream);
+                       int64_t D, bool bf16, cudaStream_t stream, int bf16_rows_per_warp = 0);
 // dqkv (B, T, (H + 2*Hkv) * D) overwritten, aliasing no input; dout and out (B, T, H*D) and lse
 // (B, H, T) as the forward left them. No atomics: gradients sum in a fixed order, so the same
 // inputs give the same bits.

@@ -112,7 +112,7 @@ void row_dots(float* drow, const float* dout, const float* out, int64_t B, int64
 
 // The tensor-core kernels (attention_bf16.cu), for attention.h's entry points: the same contracts,
 // checks done by the caller, B, T and H nonzero.
-void forward_bf16(float* out, float* lse, const float* qkv, const Dims& dims, int64_t B, int64_t D,
+void forward_bf16(float* out, float* lse, const float* qkv, const Dims& dims, int64_t B, int64_t D, int rows_per_warp,
                   cudaStream_t stream);
 void backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow,
                    const Dims& dims, int64_t B, int64_t D, cudaStream_t stream);

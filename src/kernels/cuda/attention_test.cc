@@ -112,6 +112,31 @@ TEST_P(CudaAttention, Bf16MatchesRef) {
   EXPECT_TRUE(all_close(got.dqkv, want.dqkv, 5e-2f, 5e-2f)) << "dqkv";
 }
 
+// The bf16 forward's two tilings (attention.h: 16 or 32 query rows per warp; Bf16MatchesRef runs
+// the default) within the bounds above, and bit for bit the same where both take the softmax 64 keys
+// at a time (D < 128): a group of 16 rows computes the same operations in either.
+TEST_P(CudaAttention, Bf16ForwardTilings) {
+  REQUIRE_CUDA_DEVICE();
+  const Shape s = GetParam();
+  const auto qkv = random_floats(static_cast<size_t>(s.qkv_floats()), 11);
+  Outputs want{std::vector<float>(s.out_floats()), std::vector<float>(s.lse_floats()), {}};
+  ref::attention_forward(want.out.data(), want.lse.data(), qkv.data(), s.B, s.T, s.H, s.Hkv, s.D);
+  DeviceBuffer<float> d_qkv(qkv);
+  Outputs got[2];
+  for (int k = 0; k < 2; ++k) {
+    const int rows_per_warp = 16 * (k + 1);
+    DeviceBuffer<float> out(std::vector<float>(s.out_floats(), NAN)), lse(std::vector<float>(s.lse_floats(), NAN));
+    attention_forward(out.get(), lse.get(), d_qkv.get(), s.B, s.T, s.H, s.Hkv, s.D, true, nullptr, rows_per_warp);
+    got[k] = Outputs{out.download(), lse.download(), {}};
+    EXPECT_TRUE(all_close(got[k].out, want.out, 2e-2f, 2e-2f)) << "out, rows per warp " << rows_per_warp;
+    EXPECT_TRUE(all_close(got[k].lse, want.lse, 2e-2f, 2e-2f)) << "lse, rows per warp " << rows_per_warp;
+  }
+  if (s.D < 128) {
+    EXPECT_TRUE(same_bits(got[0].out, got[1].out)) << "out";
+    EXPECT_TRUE(same_bits(got[0].lse, got[1].lse)) << "lse";
+  }
+}
+
 // Every head dim meets every sequence length: one row (T = 1), a part tile (7), one whole tile
 // (64), a ragged second tile (100) and a ragged fifth (257); the (H, Hkv) and B choices rotate so
 // each head dim also sees GQA with groups of 4 and 6, plain MHA, and B of 1 and 2.
@@ -158,6 +183,14 @@ TEST(CudaAttentionDeathTest, UnsupportedHeadDim) {
         attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 1, 256, bf16, nullptr, nullptr),
         "supports head dims");
   }
+}
+
+// The bf16 forward has two tilings (16 or 32 rows per warp, 0 for the default); any other is refused
+// before a launch.
+TEST(CudaAttentionDeathTest, UnsupportedRowsPerWarp) {
+  REQUIRE_CUDA_DEVICE();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(attention_forward(nullptr, nullptr, nullptr, 1, 8, 2, 1, 64, true, nullptr, 24), "rows per warp");
 }
 
 }  // namespace
