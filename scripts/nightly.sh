@@ -8,7 +8,7 @@
 #     (timing, ports, races);
 #   - the 3D equivalence matrix (tests/fsdp_equivalence_test.cc, nightly_matrix: every layout of
 #     tensor {1,2,4} x pipeline {1,2,4} x data {1,2} up to 8 ranks, every strategy, schedule,
-#     sequence parallelism, recompute and tied embeddings against one process), about 6 minutes;
+#     sequence parallelism, recompute and tied embeddings against one process), about 3 minutes;
 #   - tests/plan_vs_bench_test.py on the `tiny` and `bench` presets (`tessera plan --hardware cpu`
 #     beside `tessera bench`, every strategy at 1 and 2 processes), about 4 minutes;
 #   - tools/cuda_emu/run.sh: the CUDA kernels, the model, the decoder and the trainer on the CUDA
@@ -16,13 +16,14 @@
 #     CUDA subset they use (no GPU here), about 5 minutes (scripts/test.sh runs it too);
 #   - the shell suites that CI's sanitizer pass leaves out (ctest preset asan-nightly: parallel_cli,
 #     e2e_train, launch_3d and metrics tests under ASan + UBSan), after scripts/build.sh asan,
-#     about 12 minutes with the build;
+#     about 18 minutes with the build;
 #   - scripts/fuzz.sh: every file parser's libFuzzer target for TESSERA_NIGHTLY_FUZZ_SECONDS
 #     (default 120) each, where scripts/test.sh gives them 10 s.
 # Every test runs to the end even after a failure; each one's output goes to
 # TESSERA_NIGHTLY_LOGS/NAME.log (default build/nightly/UTC-TIMESTAMP/), and a summary follows.
 # Exit status: 0 when every run passed, 1 otherwise. TESSERA_NIGHTLY_SKIP_BUILD=1 uses the
-# existing build/release as it is. Each 30-kill loop takes about 25 s on two cores.
+# existing build/release as it is. Each 30-kill loop takes about 2.5 minutes on two cores; the whole
+# run about 70 minutes (fuzzing 30 s a target: about 55).
 # usage: scripts/nightly.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
