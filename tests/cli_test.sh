@@ -37,6 +37,14 @@ if ! "$tessera" info | grep -q "^cuda device 0:"; then
   expect_exit 2 'config key train.device = "cuda": (no usable CUDA device|this tessera was built without CUDA)' -- \
     bench --preset tiny --steps 3 --set train.device=cuda
 fi
+# cuBLASLt is opened by the first GPU GEMM plan, never linked: loading it costs every process that
+# links it 0.3 s of CPU, CPU runs and `--help` included (kernels/cuda/cublaslt.h).
+if readelf -d "$tessera" | grep -q 'NEEDED.*libcublasLt'; then
+  echo "FAIL: tessera links libcublasLt (kernels/cuda/cublaslt.h opens it at the first GPU GEMM instead)"
+  failures=$((failures + 1))
+else
+  echo "ok: tessera does not link libcublasLt"
+fi
 expect_exit 2 "--device gpu: choose one of auto, cpu, cuda" -- generate --checkpoint "$dir/none" --prompt x --device gpu
 # bench's breakdown of a step by op (attention's backward among them, wherever its time puts it).
 expect_exit 0 '"ops":\{("[a-z_0-9]+":\{[^}]*\},)*"attention_backward":\{"calls":[0-9.]+,"seconds":[0-9.e-]+,"share":[0-9.e-]+\}' -- \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds tessera's CUDA sources (src/kernels/cuda/*.cu via transform.py, matmul.cc, backend.cc)
+# Builds tessera's CUDA sources (src/kernels/cuda/*.cu via transform.py, matmul.cc, cublaslt.cc, backend.cc)
 # against the CPU emulation (emu_device.h, emu_runtime.cc; NCCL: emu_nccl.cc), links them with the
 # repo's CPU/ref kernels and model (the release build's static libraries) and runs the CUDA test
 # files (kernels, model, decoder, trainer, health, several GPUs over NCCL, the NCCL process group).
@@ -55,7 +55,7 @@ for k in vector swiglu rope rms_norm embedding cross_entropy adamw attention att
   compile "$OUT/$k.cu.cc" "$OUT/$k.cu.o" &
   objs+=("$OUT/$k.cu.o")
 done
-for f in kernels/cuda/matmul kernels/cuda/backend; do
+for f in kernels/cuda/matmul kernels/cuda/cublaslt kernels/cuda/backend; do
   compile "$REPO/src/$f.cc" "$OUT/$(basename $f).o" &
   objs+=("$OUT/$(basename $f).o")
 done
@@ -85,9 +85,10 @@ mapfile -t TRAIN_LIBS < <(train_libs)
 # test is one OS thread, fibers, so two of them share two cores without slowing each other).
 njobs=${EMU_JOBS:-$(nproc)}
 throttle() { while (($(jobs -rp | wc -l) >= njobs)); do wait -n || true; done; }
+# The emulated cuBLASLt is exported from each test, where cublaslt.cc looks first (the process's own).
 build_test() {  # build_test SOURCE NAME
   compile "$REPO/src/$1.cc" "$OUT/$2.o" &&
-    g++ "${LDFLAGS[@]}" -fopenmp -o "$OUT/$2" "$OUT/$2.o" "${objs[@]}" \
+    g++ "${LDFLAGS[@]}" -fopenmp -Wl,--export-dynamic-symbol='cublasLt*' -o "$OUT/$2" "$OUT/$2.o" "${objs[@]}" \
       -Wl,--start-group "${TRAIN_LIBS[@]}" -Wl,--end-group -lgtest_main -lgtest -ldnnl -lfmt -lpthread
 }
 tests=()

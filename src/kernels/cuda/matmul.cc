@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cublaslt.h"
 
 namespace tessera::kernels::cuda {
 
@@ -21,25 +22,26 @@ int alignment(const void* p) {
 cudaDataType_t data_type(GemmInput input) { return input == GemmInput::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 template <typename T>
-void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, T value) {
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+void set_pref(const CublasLt& lt, cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, T value) {
+  CUBLAS_CHECK(lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
 }
 }  // namespace
 
-Blas::Blas(bool allow_tf32, size_t workspace_bytes) : allow_tf32_(allow_tf32), workspace_bytes_(workspace_bytes) {
-  CUBLAS_CHECK(cublasLtCreate(&handle_));
+Blas::Blas(bool allow_tf32, size_t workspace_bytes)
+    : lt_(cublaslt()), allow_tf32_(allow_tf32), workspace_bytes_(workspace_bytes) {
+  CUBLAS_CHECK(lt_.cublasLtCreate(&handle_));
   CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
 Blas::~Blas() {
   for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
+    lt_.cublasLtMatrixLayoutDestroy(p.a);
+    lt_.cublasLtMatrixLayoutDestroy(p.b);
+    lt_.cublasLtMatrixLayoutDestroy(p.c);
+    lt_.cublasLtMatmulDescDestroy(p.desc);
   }
   cudaFree(workspace_);
-  cublasLtDestroy(handle_);
+  lt_.cublasLtDestroy(handle_);
 }
 
 Blas::Plan& Blas::plan(const Key& key) {
@@ -51,30 +53,30 @@ Blas::Plan& Blas::plan(const Key& key) {
   Plan p;
   const cublasComputeType_t compute =
       input == GemmInput::kF32 && allow_tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   // Column-major: the library's A is our B and its B our A (the file's comment).
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(lt_.cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   // Stored shapes, column-major: our B is (K,N) row-major = (N,K) column-major, or its transpose.
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, trans_b ? K : N, trans_b ? N : K, ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, trans_a ? M : K, trans_a ? K : M, lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, ldc));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.a, type, trans_b ? K : N, trans_b ? N : K, ldb));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.b, type, trans_a ? M : K, trans_a ? K : M, lda));
+  CUBLAS_CHECK(lt_.cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, ldc));
 
   cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes_));
+  CUBLAS_CHECK(lt_.cublasLtMatmulPreferenceCreate(&pref));
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes_));
   // Split-K parts summed in place in the output would make the sum's order (and bits) vary.
-  set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
            static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_INPLACE));
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(align_b));
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_a));
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_c));
-  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_c));
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(align_b));
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_a));
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_c));
+  set_pref(lt_, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
-  cublasLtMatmulPreferenceDestroy(pref);
+  CUBLAS_CHECK(lt_.cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  lt_.cublasLtMatmulPreferenceDestroy(pref);
   CHECK_MSG(found > 0, "cuBLASLt has no algorithm for a GEMM shape");
   p.algo = result.algo;
   (void)has_beta;  // beta's zeroness is in the key: a heuristic may choose differently for it
@@ -99,8 +101,8 @@ void Blas::gemm(GemmInput input, bool trans_a, bool trans_b, int64_t M, int64_t 
                 alignment(C),
                 beta != 0.0f};
   const Plan& p = plan(key);
-  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
-                              workspace_bytes_, stream));
+  CUBLAS_CHECK(lt_.cublasLtMatmul(handle_, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
+                                  workspace_bytes_, stream));
 }
 
 void linear_forward(Blas& blas, float* y, const float* x, const float* w, int64_t M, int64_t N, int64_t K, float beta,

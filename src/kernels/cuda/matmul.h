@@ -2,12 +2,13 @@
 // accumulation and output. Device pointers, work queued on the given stream.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <map>
 #include <tuple>
+
+#include "kernels/cuda/cublaslt.h"
 
 namespace tessera::kernels::cuda {
 
@@ -42,6 +43,7 @@ class Blas {
   using Key = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, bool>;
   Plan& plan(const Key& key);
 
+  const CublasLt& lt_;  // cuBLASLt's entry points (cublaslt.h)
   bool allow_tf32_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
