@@ -217,6 +217,11 @@ bool Checkpointer::take_failure() {
   return failed;
 }
 
+bool Checkpointer::failure_pending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
 Checkpointer::Asks Checkpointer::asks() {
   const config::CheckpointConfig& c = config_.checkpoint;
   Asks a;
@@ -235,6 +240,13 @@ double Checkpointer::maybe_save(const RankShards& shards, const TrainingState& s
                     : last && c.enabled()                                        ? "end"
                                                                                  : nullptr;
   if (why == nullptr) return 0.0;
+  // A save can fail in the background after this step's asks(), so no rank has acted on it yet.
+  // Once it is done every rank knows its outcome: with on_failure = stop all skip this save alike,
+  // and the run ends on the failure (train/loop.cc takes it after the last step).
+  if (c.on_failure == config::OnFailure::kStop) {
+    wait();
+    if (failure_pending()) return 0.0;
+  }
   if (stop_requested) log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", state.step);
   const double stall = save(shards, state);
   log::info("checkpoint step {} ({}): step loop stalled {:.1f} ms; writing in the background", state.step, why,

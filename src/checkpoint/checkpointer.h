@@ -68,7 +68,8 @@ class Checkpointer {
   // After step state.step, with the job's OR of the asks and of stop requests: saves when a stop
   // was requested, the time or step interval came, or `last` is the run's last step (checkpointing
   // on); never once a save failed with on_failure = stop (the run then ends on its last committed
-  // one). Returns the seconds the step loop stalled, 0 when nothing was saved.
+  // one), whether the job has been told of the failure or it came after this step's asks(). Returns the seconds the
+  // step loop stalled, 0 when nothing was saved.
   double maybe_save(const RankShards& shards, const TrainingState& state, const Asks& job, bool stop_requested,
                     bool last);
   // The step of the newest save this process started, or -1.
@@ -86,6 +87,7 @@ class Checkpointer {
     checkpoint::Manifest manifest;  // everything but the files
     std::string refused;            // why this rank will not write it (a non-finite value); "" to write
   };
+  bool failure_pending();  // a save failed since take_failure(), which stays to be taken
   // On the training thread: the shards into the pinned host buffer (device-to-host where the
   // backend is a GPU), and what the save's manifest says of the run.
   void copy_to_host(const RankShards& shards);

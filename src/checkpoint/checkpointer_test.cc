@@ -137,5 +137,28 @@ TEST(Checkpointer, MaybeSaveFollowsThePolicy) {
   EXPECT_TRUE(checkpointer.wait());
 }
 
+// A save fails on the writer thread, after the last step's asks() (checkpoint_test.sh saw it: the
+// save of step 8 failing while steps 9-12 ran). With on_failure = stop no later save is made and the
+// failure waits to be taken at the end of the run (train/loop.cc); with continue the next is made.
+TEST(Checkpointer, AFailureNoStepAskedAboutStopsLaterSavesUnderStop) {
+  for (const char* policy : {"stop", "continue"}) {
+    SCOPED_TRACE(policy);
+    comm::test_util::TempDir dir;
+    const std::string root = dir.path + "/checkpoints";
+    const config::Config c = tiny_config({{"checkpoint.interval_steps", "4"}, {"checkpoint.on_failure", policy}});
+    OwnedShards shards(c, 1, 0, true);
+    parallel::Distributed old_attempt, new_attempt;
+    old_attempt.attempt = "0123456789abcdef";
+    new_attempt.attempt = "fedcba9876543210";
+    Checkpointer early(c, root, old_attempt);
+    Checkpointer later(c, root, new_attempt);  // takes the directory: every save of `early` fails
+    early.maybe_save(shards.view, {4, 0, 0, 4}, {}, false, false);
+    early.maybe_save(shards.view, {8, 0, 0, 8}, {}, false, true);  // the last step, no asks() between
+    EXPECT_EQ(early.last_saved_step(), policy == std::string("stop") ? 4 : 8);
+    early.wait();
+    EXPECT_TRUE(early.take_failure());
+  }
+}
+
 }  // namespace
 }  // namespace tessera::checkpoint

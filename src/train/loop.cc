@@ -66,9 +66,14 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
       break;
     }
   }
-  if (checkpointer != nullptr && !checkpointer->wait() &&
-      (end.stopped || config.checkpoint.on_failure == config::OnFailure::kStop)) {
-    throw IoError("the last checkpoint save failed (see above); the previous committed checkpoint is intact");
+  if (checkpointer != nullptr) {
+    const bool last_ok = checkpointer->wait();
+    // With on_failure = stop, a save that failed after the last step's asks() (saves finish in the
+    // background) ends the run too; once wait() returns, every rank knows every outcome.
+    const bool stop_on_failure = config.checkpoint.on_failure == config::OnFailure::kStop;
+    if ((!last_ok && end.stopped) || (stop_on_failure && (checkpointer->take_failure() || !last_ok))) {
+      throw IoError("a checkpoint save failed (see above); the last committed checkpoint is intact");
+    }
   }
   return end;
 }
