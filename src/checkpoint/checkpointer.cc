@@ -213,13 +213,13 @@ bool Checkpointer::wait() {
 bool Checkpointer::take_failure() {
   std::lock_guard<std::mutex> lock(mu_);
   const bool failed = failed_;
-  failed_ = false;
+  failed_ = save_failed_ = false;
   return failed;
 }
 
-bool Checkpointer::failure_pending() {
+bool Checkpointer::save_failure_pending() {
   std::lock_guard<std::mutex> lock(mu_);
-  return failed_;
+  return save_failed_;
 }
 
 Checkpointer::Asks Checkpointer::asks() {
@@ -242,10 +242,10 @@ double Checkpointer::maybe_save(const RankShards& shards, const TrainingState& s
   if (why == nullptr) return 0.0;
   // A save can fail in the background after this step's asks(), so no rank has acted on it yet.
   // Once it is done every rank knows its outcome: with on_failure = stop all skip this save alike,
-  // and the run ends on the failure (train/loop.cc takes it after the last step).
+  // and the run ends on the failure (train/loop.cc asks after the last step).
   if (c.on_failure == config::OnFailure::kStop) {
     wait();
-    if (failure_pending()) return 0.0;
+    if (save_failure_pending()) return 0.0;
   }
   if (stop_requested) log::warn("stop requested (signal) at step {}: saving a checkpoint and exiting", state.step);
   const double stall = save(shards, state);
@@ -275,6 +275,7 @@ void Checkpointer::writer_loop() {
       job_.step = -1;
       outcome_ = ok;
       failed_ = failed_ || !ok;
+      save_failed_ = save_failed_ || !ok;
       if (ok && mirror_.joinable()) mirror_queue_.push_back(job.step);
     }
     cv_.notify_all();

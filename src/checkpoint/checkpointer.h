@@ -54,8 +54,12 @@ class Checkpointer {
   double save(const RankShards& shards, const TrainingState& state);
   // Waits for the save in flight, if any; true when it committed (all ranks get the same answer).
   bool wait();
-  // Whether a save has failed since the last call (all ranks learn it, not at the same step).
+  // Whether a save or (rank 0) an upload to the object-store tier has failed since the last call
+  // (all ranks learn a save's outcome, not at the same step; only rank 0 an upload's).
   bool take_failure();
+  // Whether a save has failed since take_failure(), without taking it. Every rank gives the same
+  // answer after wait() (a save's outcome is the job's), unless some rank has taken it since.
+  bool save_failure_pending();
 
   // The save policy (checkpoint.interval_minutes, interval_steps, on_failure), decided alike on
   // every rank. Before a step each rank says what it asks of the job; the step's all-reduce ORs
@@ -87,7 +91,6 @@ class Checkpointer {
     checkpoint::Manifest manifest;  // everything but the files
     std::string refused;            // why this rank will not write it (a non-finite value); "" to write
   };
-  bool failure_pending();  // a save failed since take_failure(), which stays to be taken
   // On the training thread: the shards into the pinned host buffer (device-to-host where the
   // backend is a GPU), and what the save's manifest says of the run.
   void copy_to_host(const RankShards& shards);
@@ -143,7 +146,8 @@ class Checkpointer {
   Pending job_;          // the save in flight (step -1: none)
   bool busy_ = false;    // job_ is being written
   bool outcome_ = true;  // of the last finished save
-  bool failed_ = false;  // a save failed since take_failure()
+  bool failed_ = false;  // a save or an upload failed since take_failure()
+  bool save_failed_ = false;  // a save failed since take_failure()
   bool stop_ = false;
   std::deque<int64_t> mirror_queue_;
   std::atomic<int64_t> uploading_{-1};  // the step the mirror thread copies (or copied last)

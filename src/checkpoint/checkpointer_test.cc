@@ -156,7 +156,7 @@ TEST(Checkpointer, AFailureNoStepAskedAboutStopsLaterSavesUnderStop) {
     early.maybe_save(shards.view, {8, 0, 0, 8}, {}, false, true);  // the last step, no asks() between
     EXPECT_EQ(early.last_saved_step(), policy == std::string("stop") ? 4 : 8);
     early.wait();
-    EXPECT_TRUE(early.take_failure());
+    EXPECT_TRUE(early.save_failure_pending());
   }
 }
 

@@ -69,9 +69,9 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
   if (checkpointer != nullptr) {
     const bool last_ok = checkpointer->wait();
     // With on_failure = stop, a save that failed after the last step's asks() (saves finish in the
-    // background) ends the run too; once wait() returns, every rank knows every outcome.
+    // background) ends the run too; once wait() returns, every rank gives the same answer.
     const bool stop_on_failure = config.checkpoint.on_failure == config::OnFailure::kStop;
-    if ((!last_ok && end.stopped) || (stop_on_failure && (checkpointer->take_failure() || !last_ok))) {
+    if ((!last_ok && end.stopped) || (stop_on_failure && checkpointer->save_failure_pending())) {
       throw IoError("a checkpoint save failed (see above); the last committed checkpoint is intact");
     }
   }
