@@ -72,8 +72,8 @@ class Checkpointer {
   // After step state.step, with the job's OR of the asks and of stop requests: saves when a stop
   // was requested, the time or step interval came, or `last` is the run's last step (checkpointing
   // on); never once a save failed with on_failure = stop (the run then ends on its last committed
-  // one), whether the job has been told of the failure or it came after this step's asks(). Returns the seconds the
-  // step loop stalled, 0 when nothing was saved.
+  // one), whether the job was told of the failure or it came after this step's asks(). Returns the
+  // seconds the step loop stalled, 0 when nothing was saved.
   double maybe_save(const RankShards& shards, const TrainingState& state, const Asks& job, bool stop_requested,
                     bool last);
   // The step of the newest save this process started, or -1.
