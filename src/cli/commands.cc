@@ -37,6 +37,7 @@
 #include "train/step_log.h"
 #include "train/trainer.h"
 #if TESSERA_CUDA
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/device.h"
 #include "metrics/mfu.h"
 #endif
@@ -168,6 +169,15 @@ int cmd_info(const Args& args) {
     fmt::print("cuda device {}: {}\n", d.index,
                peak ? fmt::format("MFU peak (datasheet, dense bf16) {:.1f} TFLOP/s", *peak / 1e12)
                     : std::string("not in the MFU peak table: set metrics.peak_flops for MFU"));
+  }
+  if (!devices.empty()) {  // opened only where a GPU is: loading it costs 0.3 s (kernels/cuda/cublaslt.h)
+    std::string lt;
+    try {
+      lt = kernels::cuda::cublaslt_description();
+    } catch (const std::runtime_error& e) {
+      lt = fmt::format("cannot be loaded: {}", e.what());
+    }
+    fmt::print("cublaslt:     {}\n", lt);
   }
 #else
   fmt::print("cuda:         not built (configure with -DTESSERA_CUDA=ON where nvcc exists)\n");

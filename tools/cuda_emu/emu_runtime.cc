@@ -1024,6 +1024,8 @@ cublasStatus_t check_problem(const DescData& d, const LayoutData& a, const Layou
 
 extern "C" {
 
+size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
   if (h == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *h = new cublasLtContext;

@@ -54,4 +54,12 @@ const CublasLt& cublaslt() {
   return lt;
 }
 
+std::string cublaslt_description() {
+  const CublasLt& lt = cublaslt();
+  const size_t v = lt.cublasLtGetVersion();  // major * 10000 + minor * 100 + patch, as CUBLAS_VERSION
+  Dl_info info{};
+  const bool found = dladdr(reinterpret_cast<void*>(lt.cublasLtMatmul), &info) != 0 && info.dli_fname != nullptr;
+  return fmt::format("{}.{}.{} ({})", v / 10000, v / 100 % 100, v % 100, found ? info.dli_fname : "file unknown");
+}
+
 }  // namespace tessera::kernels::cuda

@@ -6,10 +6,13 @@
 
 #include <cublasLt.h>
 
+#include <string>
+
 namespace tessera::kernels::cuda {
 
 // The entry points the GEMMs use, one place: the table's members and what is resolved.
 #define TESSERA_CUBLASLT_FUNCTIONS(X)     \
+  X(cublasLtGetVersion)                   \
   X(cublasLtCreate)                       \
   X(cublasLtDestroy)                      \
   X(cublasLtMatmulDescCreate)             \
@@ -36,5 +39,9 @@ struct CublasLt {
 // cache, the binary's run path). Throws std::runtime_error naming the library and the loader's
 // reason when it cannot be opened or lacks an entry point; the next call tries again.
 const CublasLt& cublaslt();
+
+// What `tessera info` prints of it, e.g. "13.1.0 (/usr/local/cuda/lib/libcublasLt.so.13)": the
+// version the library reports and the file it was resolved from. Opens it; throws as cublaslt().
+std::string cublaslt_description();
 
 }  // namespace tessera::kernels::cuda

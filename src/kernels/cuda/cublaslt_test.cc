@@ -27,5 +27,12 @@ TEST(CublasLt, EveryEntryPointResolvesFromTheLibrary) {
   EXPECT_EQ(&cublaslt(), &lt);  // resolved once
 }
 
+// `tessera info`'s line: the version the library reports (this build's headers are 13.x) and its file.
+TEST(CublasLt, DescriptionNamesVersionAndFile) {
+  const std::string d = cublaslt_description();
+  EXPECT_EQ(d.rfind(std::to_string(CUBLAS_VER_MAJOR) + ".", 0), 0u) << d;
+  EXPECT_NE(d.find("/libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR) + ")"), std::string::npos) << d;
+}
+
 }  // namespace
 }  // namespace tessera::kernels::cuda
