@@ -323,7 +323,7 @@ run_check() {
 
   # The CUDA libraries from the image (the driver's libcuda too, when ldconfig does not know it).
   nvidia_py_dir=$(timeout 30 python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
-  # libcublasLt.so.13 although ldd does not show it: the first GEMM opens it (kernels/cuda/cublaslt.h).
+  # libcublasLt.so.13 although ldd does not show it: the CUDA backend opens it (kernels/cuda/cublaslt.h).
   local soname cuda_sonames=(libcudart.so.13 libcublasLt.so.13 libnccl.so.2)
   [[ -s $bundle/cuda_libs.txt ]] && mapfile -t -O 3 cuda_sonames <"$bundle/cuda_libs.txt"
   for soname in $(printf '%s\n' "${cuda_sonames[@]}" | awk '!seen[$0]++'); do

@@ -1,7 +1,8 @@
-// cuBLASLt, opened when the first GEMM plan is made rather than linked. Loading libcublasLt runs
-// its static initialisation: 0.3 to 0.4 s of CPU on the build machines, paid by every process
-// that links it whether it uses a GPU or not (each CPU run and worker, twice for cli/main.cc's
-// re-exec; each of the ~600 test processes). The GEMMs (matmul.cc) call it through this table.
+// cuBLASLt, opened when the CUDA backend makes its GEMM handle (Blas) rather than linked. Loading
+// libcublasLt runs its static initialisation: 0.3 to 0.4 s of CPU on the build machines, paid by
+// every process that links it whether it uses a GPU or not (each CPU run and worker, twice for
+// cli/main.cc's re-exec; each of the ~600 test processes). The GEMMs (matmul.cc) call it through
+// this table.
 #pragma once
 
 #include <cublasLt.h>
