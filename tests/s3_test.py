@@ -8,7 +8,8 @@ installed by scripts/setup.sh into build/tools):
    `tessera checkpoint verify` and `export` read the bucket;
 2. the server killed mid-upload and restarted: the run goes on, a later upload completes, every
    manifest in the bucket has its objects (verify), `latest` names the last step;
-3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10;
+3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10; the last checkpoint's
+   upload failing after the last step ends it with exit 10 too, and the restarted run uploads it;
 4. every request's AWS Signature V4 checked by a proxy with its own implementation of the spec
    (s3rver checks only the access key): mirror, prune and resume pass, a wrong secret is refused;
 5. wrong credentials and a missing bucket: exit 10 naming the bucket, never the secret; another
@@ -296,6 +297,23 @@ def main():
         rc = proc.wait(timeout=120)
         server.start()
         check(rc == 10 and "on_failure = stop" in out, f"on_failure = stop ends the run at a failed upload (exit {rc})")
+        # The last checkpoint's upload fails after the last step (an injected fault, first attempt
+        # only): every rank ends with exit 10 rather than 0, the agent restarts them, and the
+        # resumed run (no steps left) uploads step 4 before it exits 0.
+        last_env = dict(env, TESSERA_JOB_TOKEN="s3-test-token-last-upload", TESSERA_FAULT="0:4:checkpoint.upload:io")
+        rc, out = run(tessera, ["launch", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv", f"file://{work}/rdzv-last", "--run-id",
+                                "last", "--run-dir", "runs/last", "--rdzv-timeout", "60", "--last-call", "0.5", config,
+                                "--set", "checkpoint.interval_steps=2", "--set", "train.max_steps=4", "--set",
+                                f"checkpoint.mirror_dir=s3://{BUCKET}/last", "--set", "checkpoint.on_failure=stop"]
+                      + common, last_env, work, timeout=240)
+        log0 = (work / "runs/last/logs/rank_0.log").read_text()
+        latest = server.dir / BUCKET / "last/last/latest._S3rver_object"
+        check(rc == 0 and "checkpoint step 4 could not be uploaded" in log0
+              and "checkpoint step_00000004 is committed on local disk but not in" in out
+              and "restart 1/" in out and "checkpoint step 4 uploaded to" in log0 and "the tier lacked it" in log0
+              and latest.exists() and latest.read_text().strip() == "4",
+              f"the last upload failed after the last step: exit 10, restarted, the resumed run uploaded it (exit {rc})"
+              + ("" if rc == 0 else out[-2000:]))
 
         # 4. Signatures checked (s3rver checks only the access key): mirror and resume through a
         # proxy that verifies every request's SigV4 by AWS's spec; a wrong secret is refused.

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/object_tier.h"
 #include "core/check.h"
@@ -115,6 +116,10 @@ Checkpointer::~Checkpointer() {
   if (upload_failures_ > 0) {
     log::warn("{} checkpoint upload(s) to {} failed during the run", upload_failures_, mirror_root_);
   }
+  if (storage::is_s3(mirror_root_) && dist_.rank() == 0 && newest_commit_ > newest_in_tier_) {
+    log::warn("checkpoint {} is not in {}: a run resumed from it (--resume auto) uploads it",
+              step_dir_name(newest_commit_), mirror_root_);
+  }
 }
 
 double Checkpointer::save(const RankShards& shards, const TrainingState& state) {
@@ -212,8 +217,8 @@ bool Checkpointer::wait() {
 
 bool Checkpointer::take_failure() {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool failed = failed_;
-  failed_ = save_failed_ = false;
+  const bool failed = save_failed_ || upload_failed_;
+  save_failed_ = upload_failed_ = false;
   return failed;
 }
 
@@ -274,9 +279,9 @@ void Checkpointer::writer_loop() {
       busy_ = false;
       job_.step = -1;
       outcome_ = ok;
-      failed_ = failed_ || !ok;
       save_failed_ = save_failed_ || !ok;
-      if (ok && mirror_.joinable()) mirror_queue_.push_back(job.step);
+      if (ok) newest_commit_ = std::max(newest_commit_, job.step);
+      if (ok && dist_.rank() == 0 && mirror_.joinable()) mirror_queue_.push_back(job.step);
     }
     cv_.notify_all();
   }
@@ -468,37 +473,30 @@ void Checkpointer::abandon(int64_t step, const std::string& dir, const std::stri
 void Checkpointer::mirror_loop() {
   for (;;) {
     int64_t step = -1;
+    bool resumed = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !mirror_queue_.empty(); });
-      if (mirror_queue_.empty()) break;  // stopping with nothing left to copy
-      step = mirror_queue_.back();       // a newer commit supersedes older ones still queued
-      mirror_queue_.clear();
-      uploading_ = step;  // the writer's prune leaves it until it is copied
-    }
-    const double t0 = now_seconds();
-    const int keep = static_cast<int>(config_.checkpoint.keep);
-    if (!storage::is_s3(mirror_root_)) {
-      try {
-        mirror_checkpoint(root_, step, mirror_root_, keep);
-        log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
-      } catch (const Error& e) {
-        log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+      cv_.wait(lock, [this] { return stop_ || !mirror_queue_.empty() || resumed_upload_ >= 0; });
+      if (!mirror_queue_.empty()) {
+        step = mirror_queue_.back();  // a newer commit supersedes older ones still queued, and the resumed one
+        mirror_queue_.clear();
+        resumed_upload_ = -1;
+      } else if (resumed_upload_ >= 0) {
+        step = std::exchange(resumed_upload_, -1);
+        resumed = true;
+      } else {
+        break;  // stopping with nothing left to copy
       }
-      continue;
+      uploading_ = step;  // the writer's prune leaves it until it is copied
+      mirroring_ = true;
     }
-    try {
-      const TierUploadStats sent = upload_to_tier(step);
-      log::info("checkpoint step {} uploaded to {} in {:.2f}s: {} node object(s), {} bytes, {} PUT request(s)", step,
-                mirror_root_, now_seconds() - t0, sent.objects, sent.bytes, sent.puts);
-    } catch (const Error& e) {
-      // The durable tier lacks this step: with on_failure = stop every rank learns it before its
-      // next step (asks()), and the run ends with exit 10; the next commit is uploaded otherwise.
-      log::error("checkpoint step {} could not be uploaded to {}: {}", step, mirror_root_, e.what());
+    const bool held = mirror_step(step, resumed);
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      ++upload_failures_;
-      failed_ = true;
+      mirroring_ = false;
+      if (held) newest_in_tier_ = std::max(newest_in_tier_, step);
     }
+    cv_.notify_all();
   }
   if (nodes_ > 1) {  // the node uploaders stop after the last job
     try {
@@ -506,6 +504,91 @@ void Checkpointer::mirror_loop() {
     } catch (const Error& e) {
       log::warn("cannot tell the node uploaders to stop: {}", e.what());
     }
+  }
+}
+
+bool Checkpointer::mirror_step(int64_t step, bool resumed) {
+  const double t0 = now_seconds();
+  const int keep = static_cast<int>(config_.checkpoint.keep);
+  if (!storage::is_s3(mirror_root_)) {
+    try {
+      mirror_checkpoint(root_, step, mirror_root_, keep);
+      log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
+      return true;
+    } catch (const Error& e) {
+      log::warn("checkpoint step {} could not be mirrored: {}", step, e.what());
+      return false;
+    }
+  }
+  try {
+    if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
+      throw IoError(fmt::format("cannot upload checkpoint step {} (injected fault)", step));
+    }
+    TierUploadStats sent;
+    if (resumed) {
+      storage::S3Client& s3 = storage::default_s3_client();
+      const std::vector<int64_t> held = tier_committed_steps(s3, mirror_root_);
+      if (!held.empty() && held.back() >= step) {
+        log::info("checkpoint step {}, resumed from, is in {}{}", step, mirror_root_,
+                  held.back() > step ? fmt::format(" with newer step {}", held.back()) : std::string(""));
+        return true;
+      }
+      // Its files may come from another world size: rank 0 sends them all, as one node object.
+      sent = upload_checkpoint(s3, root_, step, mirror_root_,
+                               {keep, static_cast<int>(config_.checkpoint.s3_prefixes), {}});
+    } else {
+      sent = upload_to_tier(step);
+    }
+    log::info("checkpoint step {} uploaded to {} in {:.2f}s: {} node object(s), {} bytes, {} PUT request(s){}", step,
+              mirror_root_, now_seconds() - t0, sent.objects, sent.bytes, sent.puts,
+              resumed ? " (the run resumed from it; the tier lacked it)" : "");
+    return true;
+  } catch (const Error& e) {
+    // The durable tier lacks this step: with on_failure = stop every rank learns it before its
+    // next step (asks()), or at the end of the run (step_missing_from_tier), and the run ends
+    // with exit 10; the next commit is uploaded otherwise.
+    log::error("checkpoint step {} could not be uploaded to {}: {}", step, mirror_root_, e.what());
+    std::lock_guard<std::mutex> lock(mu_);
+    ++upload_failures_;
+    upload_failed_ = true;
+    return false;
+  }
+}
+
+void Checkpointer::upload_if_missing(int64_t step) {
+  if (dist_.rank() != 0 || !storage::is_s3(mirror_root_)) return;
+  std::error_code ec;
+  if (!fs::exists(root_ + "/" + step_dir_name(step) + "/manifest.json", ec)) return;  // resumed from the tier itself
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resumed_upload_ = step;
+    newest_commit_ = std::max(newest_commit_, step);
+  }
+  cv_.notify_all();
+}
+
+int64_t Checkpointer::step_missing_from_tier() {
+  if (!storage::is_s3(mirror_root_)) return -1;
+  wait();                                        // the last save's commit queues its upload
+  const std::string what = "missing_from_tier";  // under the last save's step: the same on every rank
+  if (dist_.rank() == 0) {
+    int64_t missing = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return mirror_queue_.empty() && resumed_upload_ < 0 && !mirroring_; });
+      if (newest_commit_ > newest_in_tier_) missing = newest_commit_;
+    }
+    publish(last_started_, what, std::to_string(missing));
+    return missing;
+  }
+  CHECK(dist_.store != nullptr);  // ranks other than 0 are in a job with a store
+  // Rank 0 may still be uploading the last checkpoint: as long as another node's object may take.
+  const auto limit = comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
+  try {
+    return std::stoll(string_of(dist_.store->get(store_key(last_started_, what), limit)));
+  } catch (const std::exception& e) {
+    throw IoError(
+        fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
   }
 }
 

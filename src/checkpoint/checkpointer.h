@@ -76,9 +76,20 @@ class Checkpointer {
   // seconds the step loop stalled, 0 when nothing was saved.
   double maybe_save(const RankShards& shards, const TrainingState& state, const Asks& job, bool stop_requested,
                     bool last);
+  // Rank 0, with an object-store tier: the run resumed from its own committed step `step`. When
+  // the tier holds neither it nor a newer step (its upload failed, or the last run ended before
+  // it landed), it is uploaded in the background, by rank 0 alone as one node object, unless a
+  // newer commit comes first. Does nothing on other ranks or without a tier.
+  void upload_if_missing(int64_t step);
+  // With an object-store tier: waits until rank 0's uploads of every commit so far (and of the
+  // step the run resumed from) have ended, and returns the newest committed step the tier lacks,
+  // or -1. Every rank calls it at the end of the run and gets rank 0's answer (through the
+  // store). -1 at once without a tier.
+  int64_t step_missing_from_tier();
   // The step of the newest save this process started, or -1.
   int64_t last_saved_step() const { return last_started_; }
   const std::string& root() const { return root_; }
+  const std::string& mirror() const { return mirror_root_; }  // "" without checkpoint.mirror_dir
   // Uploads to the object-store tier that failed for good (rank 0; 0 elsewhere).
   int64_t upload_failures() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -122,6 +133,9 @@ class Checkpointer {
   std::string fence_path() const;             // ROOT/.attempt: the attempt that owns the directory
   std::string fenced() const;                 // why this attempt may not commit or delete; "" if it may
   void mirror_loop();
+  // On the mirror thread: copies committed step `step` to the mirror (resumed: the step the run
+  // resumed from, uploaded only where the tier lacks it); true when the mirror holds it.
+  bool mirror_step(int64_t step, bool resumed);
   // The object-store tier over several nodes (checkpoint/object_tier.h): rank 0 numbers each
   // upload (a job) in the tier store, sends node 0's object, awaits the other nodes' reports and
   // commits; node k's first rank sends node k's object for each job and reports.
@@ -146,10 +160,15 @@ class Checkpointer {
   Pending job_;          // the save in flight (step -1: none)
   bool busy_ = false;    // job_ is being written
   bool outcome_ = true;  // of the last finished save
-  bool failed_ = false;  // a save or an upload failed since take_failure()
-  bool save_failed_ = false;  // a save failed since take_failure()
+  bool save_failed_ = false;    // a save failed since take_failure()
+  bool upload_failed_ = false;  // (rank 0) an upload to the object-store tier failed since take_failure()
   bool stop_ = false;
+  // Rank 0's mirror thread: the commits to copy, the step the run resumed from (-1: none), whether
+  // it is copying one; the newest step committed or resumed from, the newest the tier holds.
   std::deque<int64_t> mirror_queue_;
+  int64_t resumed_upload_ = -1;
+  bool mirroring_ = false;
+  int64_t newest_commit_ = -1, newest_in_tier_ = -1;
   std::atomic<int64_t> uploading_{-1};  // the step the mirror thread copies (or copied last)
   std::vector<int> node_of_file_;  // by shard file number: the node of the rank that writes it
   int nodes_ = 1;                  // nodes with an uploader of their own (1: rank 0 sends every object)

@@ -1,5 +1,6 @@
 // The checkpointer on its own (no trainer): a save round-trips exactly, a save refuses non-finite
-// values (RELIABILITY.md row 14) on every rank, and an earlier attempt is fenced off.
+// values (RELIABILITY.md row 14) on every rank, an earlier attempt is fenced off, the save policy,
+// and the object-store tier's last upload (agreed on every rank, caught up by a resumed run).
 #include "checkpoint/checkpointer.h"
 
 #include <gtest/gtest.h>
@@ -9,9 +10,11 @@
 #include <limits>
 
 #include "checkpoint/directory.h"
+#include "checkpoint/object_tier.h"
 #include "checkpoint/resume.h"
 #include "comm/test_util.h"
 #include "parallel/job.h"
+#include "storage/s3rver_test_util.h"
 
 namespace tessera::checkpoint {
 namespace {
@@ -158,6 +161,57 @@ TEST(Checkpointer, AFailureNoStepAskedAboutStopsLaterSavesUnderStop) {
     early.wait();
     EXPECT_TRUE(early.save_failure_pending());
   }
+}
+
+// The last checkpoint's upload to the object-store tier fails (the server is down), after the
+// run's last asks(): every rank learns from rank 0 which step the tier lacks. A run resumed from
+// that step, at another world size, uploads it; once the tier holds it, a resumed run sends
+// nothing.
+TEST(Checkpointer, TheTierLacksTheLastStepOnEveryRankUntilAResumedRunUploadsIt) {
+  storage::test_util::S3rver server;  // started only once the first run is over
+  ::setenv("AWS_ACCESS_KEY_ID", storage::test_util::S3rver::kAccessKey, 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", storage::test_util::S3rver::kSecretKey, 1);
+  ::setenv("AWS_ENDPOINT_URL", server.endpoint().c_str(), 1);
+  ::setenv("TESSERA_S3_ATTEMPTS", "1", 1);
+  comm::test_util::TempDir dir;
+  const std::string root = dir.path + "/run/checkpoints";
+  const config::Config c = tiny_config({{"parallel.nproc", "2"},
+                                        {"parallel.timeout_ms", "20000"},
+                                        {"checkpoint.mirror_dir", "s3://tessera-test/tier"},
+                                        {"checkpoint.on_failure", "stop"}});
+  const std::string mirror = mirror_root(c.checkpoint.mirror_dir, root);
+  // Exit codes: 0 as expected, 1 the save failed, 2 the wrong step said missing.
+  const std::vector<int> status = comm::test_util::run_ranks(
+      2,
+      [&](int rank) {
+        const parallel::Job job({dir.path + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
+                                comm::Millis(20000));
+        OwnedShards shards(c, 2, rank, true);
+        Checkpointer checkpointer(c, root, job.view());
+        checkpointer.save(shards.view, {4, 0, 0, 4});
+        if (!checkpointer.wait()) return 1;
+        return checkpointer.step_missing_from_tier() == 4 ? 0 : 2;
+      },
+      60);
+  comm::test_util::expect_all_ok(status);
+  EXPECT_EQ(read_latest(root), 4);
+
+  ASSERT_EQ(server.start(), "");
+  storage::S3Client& s3 = storage::default_s3_client();
+  {
+    Checkpointer resumed(c, root, {});  // one process now: the two shard files in one node object
+    resumed.upload_if_missing(4);
+    EXPECT_EQ(resumed.step_missing_from_tier(), -1);
+  }
+  EXPECT_EQ(tier_committed_steps(s3, mirror), std::vector<int64_t>{4});
+  EXPECT_EQ(tier_read_latest(s3, mirror), 4);
+  const int64_t puts = s3.counts().puts();
+  {
+    Checkpointer again(c, root, {});
+    again.upload_if_missing(4);
+    EXPECT_EQ(again.step_missing_from_tier(), -1);
+  }
+  EXPECT_EQ(s3.counts().puts(), puts) << "a step the tier holds was sent again";
 }
 
 }  // namespace

@@ -74,6 +74,14 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
     if ((!last_ok && end.stopped) || (stop_on_failure && checkpointer->save_failure_pending())) {
       throw IoError("a checkpoint save failed (see above); the last committed checkpoint is intact");
     }
+    // So does an upload to the object-store tier that failed after the last step's asks(): the
+    // run's last checkpoint would be on local disk only.
+    if (const int64_t missing = stop_on_failure ? checkpointer->step_missing_from_tier() : -1; missing >= 0) {
+      throw IoError(
+          fmt::format("checkpoint {} is committed on local disk but not in {}: its upload failed (see above) and "
+                      "checkpoint.on_failure = stop; a run resumed from it (--resume auto) uploads it",
+                      checkpoint::step_dir_name(missing), checkpointer->mirror()));
+    }
   }
   return end;
 }

@@ -332,6 +332,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   if (!resume.empty()) candidates = checkpoint::agreed_resume_candidates(config, root, resume, dist);
   checkpoint::Checkpointer checkpointer(config, root, dist);
   resume_trainer(trainer, root, resume, candidates);
+  if (!candidates.empty()) checkpointer.upload_if_missing(trainer.steps_done());  // the last run's may have failed
   if (leader) write_file_atomic(run_dir + "/run.json", dump_json(run_info, 2) + "\n");
 
   StepLog step_log(config, run_dir, dist, peak, trainer.steps_done(), device);
