@@ -196,6 +196,12 @@ for p in "${pids[@]}"; do wait "$p" || { cat "$dir/slurm.0.log" "$dir/slurm.1.lo
 same_run "$dir/ref" "$dir/slurm" "slurm-style workers"
 ! grep -i "CPU binding" "$dir/slurm.0.log" "$dir/slurm.1.log" || fail "slurm-style workers: bound by Tessera, not by srun"
 echo "ok: two workers started with Slurm's variables (no agent) train together; bitwise equal to the launched run"
+# --- a worker's heartbeat file (what an agent's watchdog reads): its steps done, it says so, and
+# the GPU idle rule stops applying while it writes its last checkpoint and final weights
+RANK=0 WORLD_SIZE=1 TESSERA_RDZV="file://$dir/rdzv-beat" TESSERA_HEARTBEAT="$dir/beat" \
+  "$tessera" train "${train_args[@]}" --run-dir "$dir/beat-run" 2>"$dir/beat.log" || { tail "$dir/beat.log"; fail "heartbeat: the worker failed"; }
+[[ $(head -1 "$dir/beat") == "$steps finishing"* ]] || fail "heartbeat: ends with '$(head -1 "$dir/beat")', not '$steps finishing'"
+echo "ok: a worker's heartbeat ends '$steps finishing' once its steps are done"
 
 # --- workers started torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rank
 # 0 serves a TCP store there; the result equals the 2-worker reference

@@ -28,7 +28,7 @@ constexpr const char* kLaunchUsage =
     "  --hang-timeout: seconds without a new step before a worker gets SIGTERM (default 1800), then\n"
     "  SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same after this many\n"
     "  seconds without a new step once the worker has made one, if its GPU showed 0% utilization all\n"
-    "  that while (default 600; 0: off; CPU workers report no utilization).\n"
+    "  that while, unless its steps are done (default 600; 0: off; CPU workers report no utilization).\n"
     "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
     "  SIGTERM or SIGINT: the workers checkpoint and exit 0; the agent exits 128 + the signal (143 or\n"
     "  130: not finished, launch again to resume). Exit 0: training finished.\n";

@@ -13,6 +13,8 @@ Beat parse_beat(const std::string& text) {
   const size_t eol = text.find('\n');
   b.step = text.substr(0, eol);
   b.step.erase(b.step.find_last_not_of(' ') + 1);  // the line is padded to a fixed width
+  constexpr std::string_view kFinishing = " finishing";
+  b.finishing = b.step.size() > kFinishing.size() && b.step.ends_with(kFinishing);
   if (eol == std::string::npos) return b;
   // "gpu_util PCT" padded with spaces, then a newline: a line caught half-written does not count.
   const std::string line = text.substr(eol + 1);
@@ -42,7 +44,7 @@ std::string ProgressWatch::observe(const std::string& heartbeat, double now) {
   if (b.gpu_util_pct && *b.gpu_util_pct > 0) busy_at_ = now;
   const double stalled = now - progress_at_, idle = now - busy_at_;
   if (stalled > hang_timeout_s_) return fmt::format("made no progress for {:.0f} s (--hang-timeout)", stalled);
-  if (gpu_idle_timeout_s_ > 0 && b.gpu_util_pct && moved_ && stalled > gpu_idle_timeout_s_ &&
+  if (gpu_idle_timeout_s_ > 0 && b.gpu_util_pct && moved_ && !b.finishing && stalled > gpu_idle_timeout_s_ &&
       idle > gpu_idle_timeout_s_) {
     return fmt::format(
         "made no progress for {:.0f} s with its GPU idle (0% utilization) all that while "

@@ -4,6 +4,8 @@
 // makes no new step for hang_timeout, or, the seeds' GPU signal, when it has made a step since it
 // started, makes none for gpu_idle_timeout and its GPU has shown 0% utilization all that while: a rank
 // stuck outside its kernels (a lost peer, a deadlock) idles its GPU, while a slow step keeps it busy.
+// Once its steps are done the worker writes "STEP finishing": its last checkpoint, upload and
+// final files keep it busy off the GPU, so from then on only hang_timeout applies.
 #pragma once
 
 #include <optional>
@@ -13,6 +15,7 @@ namespace tessera::launch {
 
 struct Beat {
   std::string step;                    // the first line as written ("" before the first step)
+  bool finishing = false;              // it says "STEP finishing": the steps are done
   std::optional<double> gpu_util_pct;  // the second line's figure, when there is one whole
 };
 Beat parse_beat(const std::string& text);

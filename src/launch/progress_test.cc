@@ -52,6 +52,20 @@ TEST(ProgressWatch, ABusyGpuWaitsForTheHangTimeout) {
   EXPECT_NE(w.observe(beat(7, 100), 1802).find("made no progress for 1802 s (--hang-timeout)"), std::string::npos);
 }
 
+TEST(ProgressWatch, AFinishingWorkerIdlesItsGpuUnderTheHangTimeoutOnly) {
+  // After the last step: the last checkpoint written and uploaded, the final weights, all off the GPU.
+  const std::string finishing = fmt::format("{:<20}\ngpu_util {:<8.1f}\n", "7 finishing", 0.0);
+  EXPECT_TRUE(parse_beat(finishing).finishing);
+  EXPECT_EQ(parse_beat(finishing).step, "7 finishing");
+  EXPECT_FALSE(parse_beat(beat(7, 0)).finishing);
+  EXPECT_FALSE(parse_beat(" finishing\n").finishing);
+  ProgressWatch w(1800, 300);
+  w.observe(beat(0), 0);
+  w.observe(beat(7, 95), 0);
+  for (int t = 2; t <= 1800; t += 2) EXPECT_EQ(w.observe(finishing, t), "") << t;
+  EXPECT_NE(w.observe(finishing, 1804).find("made no progress for 1802 s (--hang-timeout)"), std::string::npos);
+}
+
 TEST(ProgressWatch, TheGpuRuleNeedsAStepAndAGpuLine) {
   // Start-up (loading, resuming) idles the GPU before the first step: not a hang by the GPU rule.
   ProgressWatch startup(1800, 300);

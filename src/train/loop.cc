@@ -66,6 +66,7 @@ LoopEnd run_steps(Trainer& trainer, checkpoint::Checkpointer* checkpointer, cons
       break;
     }
   }
+  if (hooks.finishing) hooks.finishing(trainer.steps_done());
   if (checkpointer != nullptr) {
     const bool last_ok = checkpointer->wait();
     // With on_failure = stop, a save that failed after the last step's asks() (saves finish in the

@@ -36,6 +36,7 @@ struct LoopEnd {
 struct LoopHooks {
   std::function<void(int64_t step)> stepped;  // right after each step, before evaluation and saving
   std::function<void(const StepStats&, const StepLog::Extra&)> observe;  // after each step's evaluation and save
+  std::function<void(int64_t step)> finishing;  // once the steps are done, before the last checkpoint is awaited
 };
 
 // Steps until train.max_steps (or train.max_tokens) or a stop request (SIGTERM, SIGINT: that step

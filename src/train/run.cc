@@ -101,9 +101,10 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
 namespace {
 
 // The step a worker has reached, for its agent's hang watchdog (launch/progress.h): "STEP\n"
-// rewritten in place after every step and, on a GPU, once a step is made, "gpu_util PCT\n" below
-// it every 2 s from a thread of its own, steps or not (no fsync: the agent reads it through the
-// page cache). Inert without a path.
+// rewritten in place after every step ("STEP finishing\n" once the steps are done: the last
+// checkpoint and final files idle the GPU) and, on a GPU, once a step is made, "gpu_util PCT\n"
+// below it every 2 s from a thread of its own, steps or not (no fsync: the agent reads it through
+// the page cache). Inert without a path.
 class Heartbeat {
  public:
   Heartbeat(const std::string& path, const ComputeDevice& device) : device_(device) {
@@ -125,6 +126,9 @@ class Heartbeat {
     write(0, fmt::format("{:<20}\n", step));
     std::lock_guard lock(mutex_);
     stepped_ = true;
+  }
+  void finishing(int64_t step) {
+    if (fd_ >= 0) write(0, fmt::format("{:<20}\n", fmt::format("{} finishing", step)));
   }
 
  private:
@@ -339,6 +343,7 @@ void train_worker(const config::Config& config, const std::string& dataset, cons
   const double start = now_seconds();
   LoopHooks hooks;
   hooks.stepped = [&](int64_t step) { heartbeat.beat(step); };
+  hooks.finishing = [&](int64_t step) { heartbeat.finishing(step); };
   hooks.observe = [&](const StepStats& s, const StepLog::Extra& extra) {
     step_log.record(trainer, s, extra);
     if (nccl != nullptr) nccl->log_once();
