@@ -527,10 +527,10 @@ bool Checkpointer::mirror_step(int64_t step, bool resumed) {
     TierUploadStats sent;
     if (resumed) {
       storage::S3Client& s3 = storage::default_s3_client();
-      const std::vector<int64_t> held = tier_committed_steps(s3, mirror_root_);
-      if (!held.empty() && held.back() >= step) {
+      const std::vector<int64_t> in_tier = tier_committed_steps(s3, mirror_root_);
+      if (!in_tier.empty() && in_tier.back() >= step) {
         log::info("checkpoint step {}, resumed from, is in {}{}", step, mirror_root_,
-                  held.back() > step ? fmt::format(" with newer step {}", held.back()) : std::string(""));
+                  in_tier.back() > step ? fmt::format(" with newer step {}", in_tier.back()) : std::string(""));
         return true;
       }
       // Its files may come from another world size: rank 0 sends them all, as one node object.
