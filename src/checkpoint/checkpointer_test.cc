@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 
 #include "checkpoint/directory.h"
@@ -52,6 +53,22 @@ struct OwnedShards {
   }
 };
 
+// Runs `body` in 2 ranks of a job with a store under `dir`, each with its half of the shards and a
+// checkpointer of `root`; what each rank's body returned.
+std::vector<int> on_two_ranks(const std::string& dir, const config::Config& c, const std::string& root,
+                              const std::function<int(int rank, Checkpointer&, OwnedShards&)>& body) {
+  return comm::test_util::run_ranks(
+      2,
+      [&](int rank) {
+        const parallel::Job job({dir + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
+                                comm::Millis(20000));
+        OwnedShards shards(c, 2, rank, true);
+        Checkpointer checkpointer(c, root, job.view());
+        return body(rank, checkpointer, shards);
+      },
+      60);
+}
+
 TEST(Checkpointer, SaveLoadsBackExactlyWithItsState) {
   comm::test_util::TempDir dir;
   const std::string root = dir.path + "/checkpoints";
@@ -77,20 +94,14 @@ TEST(Checkpointer, RefusesNonFiniteValuesOnEveryRank) {
   const std::string root = dir.path + "/checkpoints";
   const config::Config c = tiny_config({{"parallel.nproc", "2"}, {"parallel.timeout_ms", "20000"}});
   // Exit codes: 0 as expected, 1 the good save failed, 2 the poisoned save succeeded.
-  const std::vector<int> status = comm::test_util::run_ranks(
-      2,
-      [&](int rank) {
-        const parallel::Job job({dir.path + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
-                                comm::Millis(20000));
-        OwnedShards shards(c, 2, rank, true);
-        Checkpointer checkpointer(c, root, job.view());
+  const std::vector<int> status =
+      on_two_ranks(dir.path, c, root, [](int rank, Checkpointer& checkpointer, OwnedShards& shards) {
         checkpointer.save(shards.view, {1, 0, 0, 1});
         if (!checkpointer.wait()) return 1;
         if (rank == 1) shards.view.units[1].exp_avg_sq[3] = std::numeric_limits<float>::infinity();
         checkpointer.save(shards.view, {2, 0, 0, 2});
         return checkpointer.wait() ? 2 : 0;
-      },
-      60);
+      });
   comm::test_util::expect_all_ok(status);
   EXPECT_EQ(read_latest(root), 1);
   EXPECT_FALSE(std::filesystem::exists(root + "/" + step_dir_name(2)));
@@ -181,18 +192,12 @@ TEST(Checkpointer, TheTierLacksTheLastStepOnEveryRankUntilAResumedRunUploadsIt) 
                                         {"checkpoint.on_failure", "stop"}});
   const std::string mirror = mirror_root(c.checkpoint.mirror_dir, root);
   // Exit codes: 0 as expected, 1 the save failed, 2 the wrong step said missing.
-  const std::vector<int> status = comm::test_util::run_ranks(
-      2,
-      [&](int rank) {
-        const parallel::Job job({dir.path + "/store", "job", "0", rank, 2}, parallel::ParallelDims{1, 1, 2, 1},
-                                comm::Millis(20000));
-        OwnedShards shards(c, 2, rank, true);
-        Checkpointer checkpointer(c, root, job.view());
+  const std::vector<int> status =
+      on_two_ranks(dir.path, c, root, [](int, Checkpointer& checkpointer, OwnedShards& shards) {
         checkpointer.save(shards.view, {4, 0, 0, 4});
         if (!checkpointer.wait()) return 1;
         return checkpointer.step_missing_from_tier() == 4 ? 0 : 2;
-      },
-      60);
+      });
   comm::test_util::expect_all_ok(status);
   EXPECT_EQ(read_latest(root), 4);
 
