@@ -177,7 +177,8 @@ TEST(Checkpointer, AFailureNoStepAskedAboutStopsLaterSavesUnderStop) {
 // The last checkpoint's upload to the object-store tier fails (the server is down), after the
 // run's last asks(): every rank learns from rank 0 which step the tier lacks. A run resumed from
 // that step, at another world size, uploads it; once the tier holds it, a resumed run sends
-// nothing.
+// nothing. (The process's S3 client reads the environment at its first use: ctest runs each test
+// in a process of its own.)
 TEST(Checkpointer, TheTierLacksTheLastStepOnEveryRankUntilAResumedRunUploadsIt) {
   storage::test_util::S3rver server;  // started only once the first run is over
   ::setenv("AWS_ACCESS_KEY_ID", storage::test_util::S3rver::kAccessKey, 1);
