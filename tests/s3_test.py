@@ -376,6 +376,24 @@ def main():
                   f"step {step}: 2 node objects, {puts} PUTs = the plan {planned} (node 1: {p1})")
         rc, out = run(tessera, ["checkpoint", "verify", f"s3://{BUCKET}/multi/n2"], env, work)
         check(rc == 0 and out.count("ok ") == 1, f"the two-node checkpoint verifies from the bucket (exit {rc})")
+        # With on_failure = stop, node 1's upload of the last step fails: rank 0 says so to both
+        # ranks at the end (exit 10), the agents restart them, and rank 0 uploads step 10 alone.
+        stop_env = dict(launch_env, TESSERA_JOB_TOKEN="s3-test-token-n2-stop", TESSERA_FAULT="1:10:checkpoint.upload:io")
+        agents = [spawn([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
+                         f"file://{work}/rdzv-n2s", "--run-id", "n2s", "--run-dir", "runs/n2s",
+                         "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
+                         "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
+                         f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.on_failure=stop"]
+                        + common, env=stop_env, cwd=work) for _ in range(2)]
+        codes = [a.wait(timeout=240) for a in agents]
+        out = "".join(a.stdout.read() for a in agents)
+        log0 = (work / "runs/n2s/logs/rank_0.log").read_text()
+        latest = server.dir / BUCKET / "multi/n2s/latest._S3rver_object"
+        check(codes == [0, 0] and out.count("exit code 10 after step 10 (its last: finishing the run)") >= 2
+              and "checkpoint step 10 could not be uploaded" in log0 and "the tier lacked it" in log0
+              and latest.exists() and latest.read_text().strip() == "10",
+              f"2 nodes, on_failure = stop: node 1's last upload failed, both ranks exited 10, the restarted run "
+              f"uploaded step 10 ({codes})")
 
         # 7. A dataset on the object store.
         prep = ["prepare", "--input", str(ROOT / "data/kjv.txt.zst"), "--tokenizer", "tok.model", "--val-fraction",

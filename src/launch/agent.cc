@@ -325,11 +325,11 @@ void Agent::start_workers(const Round& round, int restart_count) {
 }
 
 std::string Agent::worker_summary(const Worker& w, const Round& round) const {
-  std::string step = try_read_file(w.heartbeat).bytes;  // empty before the first beat
-  while (!step.empty() && (step.back() == '\n' || step.back() == ' ')) step.pop_back();
-  return fmt::format("rank {} (node {}, local rank {}, pid {}): {} after step {}, {} ({:.1f} s into round {})", w.rank,
-                     round.node_rank, w.local_rank, w.pid, describe_status(w.status), step, utc_now(),
-                     seconds_since(round_start_), round.index);
+  const Beat beat = parse_beat(try_read_file(w.heartbeat).bytes);  // step "" before the first beat
+  return fmt::format("rank {} (node {}, local rank {}, pid {}): {} after step {}{}, {} ({:.1f} s into round {})",
+                     w.rank, round.node_rank, w.local_rank, w.pid, describe_status(w.status), beat.step,
+                     beat.finishing ? " (its last: finishing the run)" : "", utc_now(), seconds_since(round_start_),
+                     round.index);
 }
 
 void Agent::record_failure(const Worker& w, const Round& round) {

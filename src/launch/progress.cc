@@ -15,6 +15,7 @@ Beat parse_beat(const std::string& text) {
   b.step.erase(b.step.find_last_not_of(' ') + 1);  // the line is padded to a fixed width
   constexpr std::string_view kFinishing = " finishing";
   b.finishing = b.step.size() > kFinishing.size() && b.step.ends_with(kFinishing);
+  if (b.finishing) b.step.resize(b.step.size() - kFinishing.size());
   if (eol == std::string::npos) return b;
   // "gpu_util PCT" padded with spaces, then a newline: a line caught half-written does not count.
   const std::string line = text.substr(eol + 1);

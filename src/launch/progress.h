@@ -14,8 +14,8 @@
 namespace tessera::launch {
 
 struct Beat {
-  std::string step;                    // the first line as written ("" before the first step)
-  bool finishing = false;              // it says "STEP finishing": the steps are done
+  std::string step;                    // the first line's step as written ("" before the first step)
+  bool finishing = false;              // the line says "STEP finishing": the steps are done
   std::optional<double> gpu_util_pct;  // the second line's figure, when there is one whole
 };
 Beat parse_beat(const std::string& text);
