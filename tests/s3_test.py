@@ -5,7 +5,8 @@ installed by scripts/setup.sh into build/tools):
 1. mirror to the bucket at 2 ranks on one node (their 2 shard files gathered in one node object,
    multipart), PUTs per checkpoint equal to the plan; delete the local checkpoints; resume from the bucket alone
    at 1 rank: the final checkpoint bitwise equal to a resume from the same step on local disk;
-   `tessera checkpoint verify` and `export` read the bucket;
+   `tessera checkpoint verify` and `export` read the bucket; `checkpoint upload` sends a local
+   checkpoint there by hand, checked first;
 2. the server killed mid-upload and restarted: the run goes on, a later upload completes, every
    manifest in the bucket has its objects (verify), `latest` names the last step;
 3. with checkpoint.on_failure = stop, a lost server stops the run with exit 10; the last checkpoint's
@@ -239,6 +240,27 @@ def main():
         check(rc == 0 and out.count("ok ") == 3, f"checkpoint verify reads the bucket's 3 checkpoints (exit {rc})")
         rc, out = run(tessera, ["checkpoint", "export", "--format", "hf", f"{mirror}/a", "hf"], env, work)
         check(rc == 0 and (work / "hf/model.safetensors").exists(), f"checkpoint export from the bucket (exit {rc})")
+        # `tessera checkpoint upload`: a local checkpoint into the tier by hand, its checksums
+        # checked first; once there, not sent again; an older step than the tier's refused.
+        manual = f"s3://{BUCKET}/manual/twin"
+        rc, out = run(tessera, ["checkpoint", "upload", "runs/twin", manual], env, work)
+        rc2, out2 = run(tessera, ["checkpoint", "upload", "runs/twin/checkpoints/step_00000020/", manual], env, work)
+        rc3, out3 = run(tessera, ["checkpoint", "verify", manual], env, work)
+        rc4, out4 = run(tessera, ["checkpoint", "upload", "runs/twin/checkpoints/step_00000015", manual], env, work)
+        check(rc == 0 and "uploaded step 20 of runs/twin/checkpoints/step_00000020" in out
+              and rc2 == 0 and "holds step 20 already: nothing sent" in out2
+              and rc3 == 0 and out3.count("ok ") == 1 and rc4 == 2 and "newer than" in out4,
+              f"checkpoint upload: step 20 sent, then not again, verified from the bucket; step 15 refused "
+              f"(exit {rc}, {rc2}, {rc3}, {rc4}){'' if rc == 0 else out[-600:]}")
+        shutil.copytree(work / "runs/twin/checkpoints/step_00000015", work / "damaged/step_00000015")
+        shard = sorted((work / "damaged/step_00000015").glob("*.bin"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        rc, out = run(tessera, ["checkpoint", "upload", "damaged/step_00000015", f"s3://{BUCKET}/manual/damaged"], env, work)
+        sent = list((server.dir / BUCKET / "manual/damaged").rglob("*")) if (server.dir / BUCKET / "manual/damaged").exists() else []
+        check(rc == 3 and shard.name in out and "not uploaded" in out and not sent,
+              f"checkpoint upload of a damaged copy: exit {rc} naming {shard.name}, nothing sent ({len(sent)} object(s))")
 
         # 2. The server killed mid-upload and restarted: the run goes on, a later upload lands.
         # The run (20000 steps at most) is stopped by SIGTERM (finish the step, save, exit 0) once an

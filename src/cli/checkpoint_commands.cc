@@ -1,10 +1,12 @@
-// `tessera checkpoint SUBCOMMAND`: converting, verifying and resharding saved weights.
+// `tessera checkpoint SUBCOMMAND`: converting, verifying, resharding and uploading saved weights.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 
 #include "checkpoint/directory.h"
 #include "checkpoint/hf.h"
@@ -17,6 +19,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
+#include "core/timer.h"
 #include "data/tokenizer.h"
 #include "storage/s3_client.h"
 #include "train/run.h"
@@ -51,6 +54,15 @@ constexpr const char* kReshardUsage =
     "                                  [--set parallel.shard_group_size=G]\n"
     "  writes checkpoint SRC (a step directory, or a root with `latest`) re-cut for N ranks into the\n"
     "  checkpoint root DST, parameters and optimizer state exactly.\n";
+
+constexpr const char* kUploadUsage =
+    "usage: tessera checkpoint upload SRC MIRROR [--keep K]\n"
+    "  uploads checkpoint SRC (a step directory, or a checkpoint root or run directory: the one\n"
+    "  `latest` names) to the object-store tier at MIRROR, s3://BUCKET/PREFIX/RUN (a run's\n"
+    "  checkpoint.mirror_dir and its run directory's name: where it mirrors and resumes from), after\n"
+    "  checking its checksums (exit 3 when damaged); then MIRROR's `latest` names it. Nothing is sent\n"
+    "  when MIRROR holds that step; a newer one there is refused (exit 2). --keep K: then remove the\n"
+    "  oldest committed checkpoints there so that K remain (default: none removed).\n";
 
 struct Subcommand {
   const char* name;
@@ -183,6 +195,48 @@ int verify_command(const ParsedArgs& a) {
   return bad == 0 ? kExitOk : kExitData;
 }
 
+int upload_command(const ParsedArgs& a) {
+  if (a.positional.size() != 2) throw ConfigError(fmt::format("upload expects SRC MIRROR\n{}", kUploadUsage));
+  const std::string& mirror = a.positional[1];
+  if (!storage::is_s3(mirror)) throw ConfigError(fmt::format("upload: MIRROR {} is not an s3:// URL", mirror));
+  storage::parse_s3(mirror, "MIRROR");  // ConfigError naming what is wrong with it
+  if (storage::is_s3(a.positional[0])) throw ConfigError("upload: SRC must be a checkpoint on this machine's disks");
+  std::string src = checkpoint::checkpoint_in(a.positional[0]);
+  if (src.empty()) src = step_dirs(a.positional[0]).back();
+  const long long keep = a.get_int("--keep", std::numeric_limits<int>::max());  // default: none removed
+  if (keep < 1 || keep > std::numeric_limits<int>::max()) {
+    throw ConfigError(fmt::format("--keep {}: expected a whole number of checkpoints, at least 1", keep));
+  }
+  if (const std::vector<std::string> problems = checkpoint::verify(src); !problems.empty()) {
+    for (const std::string& p : problems) log::error("{}", p);
+    throw DataError(fmt::format("{} is damaged ({} problem(s) above): not uploaded", src, problems.size()));
+  }
+  const int64_t step = checkpoint::read_manifest(src).step;
+  fs::path dir = fs::path(src).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  if (dir.filename() != checkpoint::step_dir_name(step)) {  // the tier names the step by its directory
+    throw ConfigError(
+        fmt::format("{} holds step {}: name its directory {}", src, step, checkpoint::step_dir_name(step)));
+  }
+  storage::S3Client& s3 = storage::default_s3_client();
+  const std::vector<int64_t> held = checkpoint::tier_committed_steps(s3, mirror);
+  if (std::find(held.begin(), held.end(), step) != held.end()) {
+    fmt::print("{} holds step {} already: nothing sent\n", mirror, step);
+    return kExitOk;
+  }
+  if (!held.empty() && held.back() > step) {
+    throw ConfigError(fmt::format("{} holds step {}, newer than {}'s {}: uploading it would take `latest` back", mirror,
+                                  held.back(), src, step));
+  }
+  const double t0 = now_seconds();
+  // The step's files in one node object, whatever the nodes that wrote them.
+  const checkpoint::TierUploadStats sent =
+      checkpoint::upload_checkpoint(s3, dir.parent_path().string(), step, mirror, {static_cast<int>(keep), 1, {}});
+  fmt::print("uploaded step {} of {} to {} in {:.2f}s: {} node object(s), {} bytes, {} PUT request(s)\n", step, src,
+             mirror, now_seconds() - t0, sent.objects, sent.bytes, sent.puts);
+  return kExitOk;
+}
+
 int reshard_command(const ParsedArgs& a) {
   if (a.positional.size() != 2 || !a.flags.count("--nproc")) {
     throw ConfigError(fmt::format("reshard expects SRC DST --nproc N\n{}", kReshardUsage));
@@ -213,6 +267,7 @@ const std::vector<Subcommand>& subcommands() {
       {"import", kImportUsage, import_command, {"--format"}},
       {"verify", kVerifyUsage, verify_command, {}},
       {"reshard", kReshardUsage, reshard_command, {"--nproc"}},
+      {"upload", kUploadUsage, upload_command, {"--keep"}},
   };
   return table;
 }
