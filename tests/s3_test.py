@@ -170,6 +170,17 @@ def spawn(args, **kw):
     return proc
 
 
+def two_node_job(tessera, config, work, run_id, env, args):
+    """A 10-step job of two nodes (two agents of `tessera launch`, one worker each), saving every
+    5 steps, `args` after; the agents' exit codes and their output."""
+    agents = [spawn([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
+                     f"file://{work}/rdzv-{run_id}", "--run-id", run_id, "--run-dir", f"runs/{run_id}",
+                     "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set", "checkpoint.interval_steps=5",
+                     "--set", "train.max_steps=10"] + args, env=env, cwd=work) for _ in range(2)]
+    codes = [a.wait(timeout=240) for a in agents]
+    return codes, "".join(a.stdout.read() for a in agents)
+
+
 def shard_bytes(step_dir):
     return sum(f.stat().st_size for f in Path(step_dir).glob("*.bin"))
 
@@ -374,13 +385,9 @@ def main():
         # node's object, rank 0 commits after both.
         # Node 1's upload of step 5 fails (an injected fault): step 5 is dropped, step 10 commits.
         launch_env = dict(env, TESSERA_JOB_TOKEN="s3-test-token-0123456789", TESSERA_FAULT="1:5:checkpoint.upload:io")
-        agents = [spawn([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
-                         f"file://{work}/rdzv-n2", "--run-id", "n2", "--run-dir", "runs/n2",
-                         "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
-                         "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
-                         f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.s3_prefixes=4"]
-                        + common, env=launch_env, cwd=work) for _ in range(2)]
-        codes = [a.wait(timeout=240) for a in agents]
+        codes, _ = two_node_job(tessera, config, work, "n2", launch_env,
+                                ["--set", f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set",
+                                 "checkpoint.s3_prefixes=4"] + common)
         logs = {r: (work / f"runs/n2/logs/rank_{r}.log").read_text() for r in (0, 1)}
         ups = uploads(logs[0])
         node1 = re.findall(r"step (\d+): node 1's object uploaded \((\d+) bytes, (\d+) PUT", logs[1])
@@ -401,14 +408,9 @@ def main():
         # With on_failure = stop, node 1's upload of the last step fails: rank 0 says so to both
         # ranks at the end (exit 10), the agents restart them, and rank 0 uploads step 10 alone.
         stop_env = dict(launch_env, TESSERA_JOB_TOKEN="s3-test-token-n2-stop", TESSERA_FAULT="1:10:checkpoint.upload:io")
-        agents = [spawn([tessera, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv",
-                         f"file://{work}/rdzv-n2s", "--run-id", "n2s", "--run-dir", "runs/n2s",
-                         "--rdzv-timeout", "60", "--last-call", "0.5", config, "--set",
-                         "checkpoint.interval_steps=5", "--set", "train.max_steps=10", "--set",
-                         f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set", "checkpoint.on_failure=stop"]
-                        + common, env=stop_env, cwd=work) for _ in range(2)]
-        codes = [a.wait(timeout=240) for a in agents]
-        out = "".join(a.stdout.read() for a in agents)
+        codes, out = two_node_job(tessera, config, work, "n2s", stop_env,
+                                  ["--set", f"checkpoint.mirror_dir=s3://{BUCKET}/multi", "--set",
+                                   "checkpoint.on_failure=stop"] + common)
         log0 = (work / "runs/n2s/logs/rank_0.log").read_text()
         latest = server.dir / BUCKET / "multi/n2s/latest._S3rver_object"
         check(codes == [0, 0] and out.count("exit code 10 after step 10 (its last: finishing the run)") >= 2
