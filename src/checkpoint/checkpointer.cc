@@ -29,8 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-comm::Bytes bytes_of(const std::string& s) { return comm::Bytes(s.begin(), s.end()); }
-std::string string_of(const comm::Bytes& b) { return std::string(b.begin(), b.end()); }
+using comm::bytes_of;
+using comm::string_of;
 
 IoError injected(const std::string& what) {
   return IoError(fmt::format("cannot write {}: No space left on device (injected fault)", what));

@@ -24,8 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-comm::Bytes bytes_of(const std::string& s) { return comm::Bytes(s.begin(), s.end()); }
-std::string string_of(const comm::Bytes& b) { return std::string(b.begin(), b.end()); }
+using comm::bytes_of;
+using comm::string_of;
 
 // Copies a committed checkpoint to mirror_root and verifies the copy before committing it there.
 void mirror_checkpoint(const std::string& root, int64_t step, const std::string& mirror_root, int keep) {

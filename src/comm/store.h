@@ -14,6 +14,10 @@ namespace tessera::comm {
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
 
+// A value's text as the store holds it, and back.
+inline Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
+inline std::string string_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
 class Store {
  public:
   virtual ~Store() = default;
