@@ -143,6 +143,10 @@ class Checkpointer {
   void node_upload_loop(int node);
   std::string tier_key(int64_t job, const std::string& what) const;
   static constexpr int64_t kNodeUploadWaitMs = 30 * 60 * 1000;  // for another node's object, at least
+  // How long to wait for an upload another process makes (a node's object, rank 0's last upload).
+  comm::Millis upload_wait() const;
+  // checkpoint.keep and s3_prefixes, with the node of each shard file (empty: all on node 0).
+  TierUpload tier_upload(std::vector<int> node_of_file) const;
 
   config::Config config_;
   std::string root_;

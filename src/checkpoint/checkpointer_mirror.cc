@@ -96,10 +96,9 @@ void Checkpointer::mirror_loop() {
 
 bool Checkpointer::mirror_step(int64_t step, bool resumed) {
   const double t0 = now_seconds();
-  const int keep = static_cast<int>(config_.checkpoint.keep);
   if (!storage::is_s3(mirror_root_)) {
     try {
-      mirror_checkpoint(root_, step, mirror_root_, keep);
+      mirror_checkpoint(root_, step, mirror_root_, static_cast<int>(config_.checkpoint.keep));
       log::info("checkpoint step {} mirrored to {} and verified in {:.2f}s", step, mirror_root_, now_seconds() - t0);
       return true;
     } catch (const Error& e) {
@@ -121,8 +120,7 @@ bool Checkpointer::mirror_step(int64_t step, bool resumed) {
         return true;
       }
       // Its files may come from another world size: rank 0 sends them all, as one node object.
-      sent = upload_checkpoint(s3, root_, step, mirror_root_,
-                               {keep, static_cast<int>(config_.checkpoint.s3_prefixes), {}});
+      sent = upload_checkpoint(s3, root_, step, mirror_root_, tier_upload({}));
     } else {
       sent = upload_to_tier(step);
     }
@@ -170,13 +168,21 @@ int64_t Checkpointer::step_missing_from_tier() {
   }
   CHECK(dist_.store != nullptr);  // ranks other than 0 are in a job with a store
   // Rank 0 may still be uploading the last checkpoint: as long as another node's object may take.
-  const auto limit = comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
   try {
-    return std::stoll(string_of(dist_.store->get(store_key(last_started_, what), limit)));
+    return std::stoll(string_of(dist_.store->get(store_key(last_started_, what), upload_wait())));
   } catch (const std::exception& e) {
     throw IoError(
         fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
   }
+}
+
+comm::Millis Checkpointer::upload_wait() const {
+  return comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
+}
+
+TierUpload Checkpointer::tier_upload(std::vector<int> node_of_file) const {
+  return {static_cast<int>(config_.checkpoint.keep), static_cast<int>(config_.checkpoint.s3_prefixes),
+          std::move(node_of_file)};
 }
 
 std::string Checkpointer::tier_key(int64_t job, const std::string& what) const {
@@ -185,8 +191,7 @@ std::string Checkpointer::tier_key(int64_t job, const std::string& what) const {
 
 TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   storage::S3Client& s3 = storage::default_s3_client();
-  const TierUpload how{static_cast<int>(config_.checkpoint.keep), static_cast<int>(config_.checkpoint.s3_prefixes),
-                       node_of_file_};
+  const TierUpload how = tier_upload(node_of_file_);
   if (nodes_ == 1) return upload_checkpoint(s3, root_, step, mirror_root_, how);
   // Every node's uploader sends its object of this step; rank 0 (node 0's) commits once all have.
   const int64_t job = next_job_;
@@ -199,7 +204,7 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   } catch (const Error& e) {
     failure = fmt::format("node 0: {}", e.what());
   }
-  const auto wait = comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
+  const comm::Millis wait = upload_wait();
   for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
     std::string report;
     try {
@@ -232,8 +237,7 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
 
 void Checkpointer::node_upload_loop(int node) {
   storage::S3Client* s3 = nullptr;
-  const TierUpload how{static_cast<int>(config_.checkpoint.keep), static_cast<int>(config_.checkpoint.s3_prefixes),
-                       node_of_file_};
+  const TierUpload how = tier_upload(node_of_file_);
   double stopping_since = -1;
   for (int64_t job = 0;;) {
     std::string value;
