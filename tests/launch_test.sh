@@ -201,7 +201,9 @@ echo "ok: two workers started with Slurm's variables (no agent) train together; 
 RANK=0 WORLD_SIZE=1 TESSERA_RDZV="file://$dir/rdzv-beat" TESSERA_HEARTBEAT="$dir/beat" \
   "$tessera" train "${train_args[@]}" --run-dir "$dir/beat-run" 2>"$dir/beat.log" || { tail "$dir/beat.log"; fail "heartbeat: the worker failed"; }
 [[ $(head -1 "$dir/beat") == "$steps finishing"* ]] || fail "heartbeat: ends with '$(head -1 "$dir/beat")', not '$steps finishing'"
-echo "ok: a worker's heartbeat ends '$steps finishing' once its steps are done"
+io=$(sed -n 2p "$dir/beat")  # "io BYTES": its checkpoints' bytes, a sign of life outside the steps
+[[ $io =~ ^io\ ([0-9]+)\ *$ ]] && (( BASH_REMATCH[1] > 0 )) || fail "heartbeat: its second line is '$io', not 'io BYTES' with BYTES > 0"
+echo "ok: a worker's heartbeat ends '$steps finishing' once its steps are done, 'io ${BASH_REMATCH[1]}' moved through its checkpoints"
 
 # --- workers started torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): rank
 # 0 serves a TCP store there; the result equals the 2-worker reference

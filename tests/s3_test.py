@@ -18,7 +18,10 @@ installed by scripts/setup.sh into build/tools):
 6. two nodes (two launch agents): each node's first rank uploads its node's object, rank 0 commits;
 7. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
    of the same dataset on local disk; every shard fetched once per node in ranged GETs of the
-   planned count (none per sample), a second run from the cache fetches nothing.
+   planned count (none per sample), a second run from the cache fetches nothing;
+8. a slow link (every request 0.5 s late) and `tessera launch --hang-timeout 4`: the last upload
+   after the last step and a restore from the bucket before the first step each outlast the
+   timeout, and the job finishes: the bytes they move are progress to the agent's watchdog.
 
 usage: s3_test.py TESSERA"""
 import hashlib
@@ -90,10 +93,11 @@ def canonical_query(query):
 class SigV4Proxy(http.server.ThreadingHTTPServer):
     """Checks every request's AWS Signature V4 (s3rver checks only the access key) with an
     implementation of AWS's spec of its own, then passes it on to s3rver; 403
-    SignatureDoesNotMatch when the signature is wrong."""
+    SignatureDoesNotMatch when the signature is wrong. `delay`: seconds each request waits first
+    (a slow link)."""
 
-    def __init__(self, upstream_port, secret):
-        self.upstream_port, self.secret, self.checked = upstream_port, secret, 0
+    def __init__(self, upstream_port, secret, delay=0.0):
+        self.upstream_port, self.secret, self.checked, self.delay = upstream_port, secret, 0, delay
         super().__init__(("127.0.0.1", 0), SigV4Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -136,6 +140,7 @@ class SigV4Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(reply)
             return
         self.server.checked += 1
+        time.sleep(self.server.delay)  # a slow link: every request answered this late
         up = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
         up.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
         r = up.getresponse()
@@ -450,6 +455,37 @@ def main():
         rank_logs = "".join(f.read_text() for f in sorted((work / "runs/ds2/logs").glob("rank_*.log")))
         check(rc == 0 and "data: fetched" not in rank_logs and losses(work / "runs/ds2", 0) == losses(work / "runs/ds", 0),
               "a second run reads the cache: nothing fetched, the same losses")
+
+        # 8. A slow link to the bucket (every request answered 0.5 s late) and --hang-timeout 4 s:
+        # the last checkpoint's upload after the last step, and a restore from the bucket alone
+        # before the first step, each take longer than that. The bytes they move keep the workers
+        # alive; rank 1, waiting for rank 0's verdict on the upload, moves none but its peer's count.
+        slow = SigV4Proxy(server.port, "S3RVER", delay=0.5)
+        slow_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{slow.server_address[1]}",
+                        TESSERA_JOB_TOKEN="s3-test-token-slow-link")
+        launch = ["launch", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv", f"file://{work}/rdzv-slow", "--run-id",
+                  "slow", "--run-dir", "runs/slow", "--rdzv-timeout", "60", "--last-call", "0.5", "--max-restarts",
+                  "0", "--hang-timeout", "4", "--monitor-interval", "0.2", config, "--set",
+                  "checkpoint.interval_steps=4", "--set", f"checkpoint.mirror_dir=s3://{BUCKET}/slow", "--set",
+                  "checkpoint.on_failure=stop"] + common  # stop: every rank waits for the last upload's verdict
+        latest = server.dir / BUCKET / "slow/slow/latest._S3rver_object"
+        t0 = time.time()
+        rc, out = run(tessera, launch + ["--set", "train.max_steps=4"], slow_env, work, timeout=240)
+        log0 = (work / "runs/slow/logs/rank_0.log").read_text()
+        upload_s = re.findall(r"checkpoint step 4 uploaded to \S+ in ([\d.]+)s", log0)
+        check(rc == 0 and latest.exists() and latest.read_text().strip() == "4" and upload_s and float(upload_s[0]) > 4,
+              f"a slow link: the last upload ({upload_s} s) outlasted --hang-timeout 4 s, and the job finished "
+              f"(exit {rc}, {time.time() - t0:.1f} s)" + ("" if rc == 0 else out[-2000:]))
+        shutil.rmtree(work / "runs/slow/checkpoints")
+        t0 = time.time()
+        rc, out = run(tessera, launch + ["--set", "train.max_steps=6"], slow_env, work, timeout=240)
+        log0 = (work / "runs/slow/logs/rank_0.log").read_text()
+        restore_s = re.findall(r"resumed from s3://\S+ in ([\d.]+)s", log0)
+        check(rc == 0 and "resuming from the mirror s3://" in log0 and restore_s and float(restore_s[0]) > 4
+              and latest.read_text().strip() == "6",
+              f"a slow link: the restore from the bucket alone ({restore_s} s) outlasted --hang-timeout 4 s before "
+              f"the first step, and the job finished (exit {rc}, {time.time() - t0:.1f} s)" + ("" if rc == 0 else out[-2000:]))
+        slow.shutdown()
     finally:
         for child in CHILDREN:
             if child.poll() is None:

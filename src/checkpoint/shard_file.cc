@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/io_progress.h"
 #include "core/json.h"
 
 namespace tessera::checkpoint {
@@ -60,6 +61,7 @@ class LocalFile : public storage::ReadableFile {
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) throw IoError(fmt::format("cannot read checkpoint shard {}: {}", path_, std::strerror(errno)));
       if (r == 0) return false;
+      io_progress::add(static_cast<uint64_t>(r));
       p += r;
       n -= static_cast<uint64_t>(r);
       offset += static_cast<uint64_t>(r);
@@ -118,6 +120,7 @@ FileDigest write_shard_file(const std::string& path, const std::vector<TensorVie
   uint64_t written = 0;
   auto put = [&](const void* p, uint64_t n) {
     write_all(fd, p, n, path);
+    io_progress::add(n);
     file_hash.add(p, n);
     written += n;
   };
@@ -246,6 +249,7 @@ FileDigest digest_file(const std::string& path) {
     if (r == 0) break;
     h.add(buffer.get(), static_cast<size_t>(r));
     d.bytes += static_cast<uint64_t>(r);
+    io_progress::add(static_cast<uint64_t>(r));
   }
   ::close(fd);
   d.xxh64 = h.digest();

@@ -27,6 +27,7 @@
 #include "comm/store.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/heartbeat.h"
 #include "core/host.h"
 #include "core/log.h"
 #include "core/run_lock.h"
@@ -295,12 +296,13 @@ void Agent::start_workers(const Round& round, int restart_count) {
     w.rank = round.node_rank * o_.nproc_per_node + local;
     w.heartbeat = fmt::format("{}/rank{}", heartbeat_dir_, w.rank);
     const int fd = ::open(w.heartbeat.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    const bool written = fd >= 0 && ::write(fd, "0\n", 2) == 2;
+    const std::string first = heartbeat::step_line(0);  // no step yet: the worker's own first line
+    const bool written = fd >= 0 && ::write(fd, first.data(), first.size()) == static_cast<ssize_t>(first.size());
     if (fd >= 0) ::close(fd);
     if (!written)
       throw IoError(fmt::format("cannot write the heartbeat file {}: {}", w.heartbeat, std::strerror(errno)));
     w.watch = ProgressWatch(o_.hang_timeout_s, o_.gpu_idle_timeout_s);
-    w.watch.observe("0\n", seconds_since(round_start_));
+    w.watch.read(first, seconds_since(round_start_));
     // The environment is built before fork: the child may only call async-signal-safe functions.
     std::vector<std::string> env = worker_environment(w, round, restart_count);
     std::vector<char*> envp;
@@ -325,7 +327,7 @@ void Agent::start_workers(const Round& round, int restart_count) {
 }
 
 std::string Agent::worker_summary(const Worker& w, const Round& round) const {
-  const Beat beat = parse_beat(try_read_file(w.heartbeat).bytes);  // step "" before the first beat
+  const heartbeat::Beat beat = heartbeat::parse(try_read_file(w.heartbeat).bytes);
   return fmt::format("rank {} (node {}, local rank {}, pid {}): {} after step {}{}, {} ({:.1f} s into round {})",
                      w.rank, round.node_rank, w.local_rank, w.pid, describe_status(w.status), beat.step,
                      beat.finishing ? " (its last: finishing the run)" : "", utc_now(), seconds_since(round_start_),
@@ -446,10 +448,21 @@ Agent::Outcome Agent::fail_round(const Worker& failed, const Round& round) {
 }
 
 void Agent::watch_heartbeats(int r) {
+  const double now = seconds_since(round_start_);
+  bool io_moved = false;
   for (Worker& w : workers_) {
     if (w.exited) continue;
-    const std::string beat = try_read_file(w.heartbeat).bytes;
-    const std::string why = w.watch.observe(beat, seconds_since(round_start_));
+    w.watch.read(try_read_file(w.heartbeat).bytes, now);
+    io_moved = io_moved || w.watch.io_moved();
+  }
+  // The ranks that wait, outside their steps, for a peer moving the bytes (rank 0's verdict on the
+  // run's last upload; a node's uploader) move none themselves.
+  if (io_moved) {
+    for (Worker& w : workers_) w.watch.peer_io(now);
+  }
+  for (Worker& w : workers_) {
+    if (w.exited) continue;
+    const std::string why = w.watch.verdict(now);
     if (!w.term_sent && !why.empty()) {
       log::error("round {}: rank {} (pid {}) {}: SIGTERM", r, w.rank, w.pid, why);
       kill(w.pid, SIGTERM);

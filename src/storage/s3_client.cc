@@ -22,6 +22,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/io_progress.h"
 #include "core/log.h"
 #include "core/text.h"
 
@@ -246,6 +247,7 @@ struct Transfer {
 size_t on_write(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const uint64_t bytes = size * n;
+  io_progress::add(bytes);
   long status = 0;
   curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
   if (status >= 300) {  // an error reply: its XML goes to the text, never into the caller's buffer
@@ -271,11 +273,13 @@ size_t on_read(char* buffer, size_t size, size_t n, void* user) {
   const uint64_t take = std::min<uint64_t>(size * n, t->body_bytes - t->sent);
   std::memcpy(buffer, t->body + t->sent, take);
   t->sent += take;
+  io_progress::add(take);
   return take;
 }
 
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
+  io_progress::add(size * n);  // a reply's headers: every reply counts, a HEAD's and a PUT's too
   const std::string line(data, size * n);
   if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0) {
     std::string v = line.substr(5);

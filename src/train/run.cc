@@ -24,7 +24,9 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/heartbeat.h"
 #include "core/host.h"
+#include "core/io_progress.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/run_lock.h"
@@ -100,17 +102,18 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
 
 namespace {
 
-// The step a worker has reached, for its agent's hang watchdog (launch/progress.h): "STEP\n"
-// rewritten in place after every step ("STEP finishing\n" once the steps are done: the last
-// checkpoint and final files idle the GPU) and, on a GPU, once a step is made, "gpu_util PCT\n"
-// below it every 2 s from a thread of its own, steps or not (no fsync: the agent reads it through
-// the page cache). Inert without a path.
+// A worker's heartbeat file, for its agent's hang watchdog (core/heartbeat.h): the step line
+// rewritten after every step ("STEP finishing" once the steps are done) and, from a thread of its
+// own every second, the bytes moved through storage and, on a GPU once a step is made, its
+// utilization. Inert without a path.
 class Heartbeat {
  public:
   Heartbeat(const std::string& path, const ComputeDevice& device) : device_(device) {
     if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!path.empty() && fd_ < 0) log::warn("cannot write the heartbeat file {}: {}", path, std::strerror(errno));
-    if (fd_ >= 0 && device.gpu_reading()) pulse_ = std::thread([this] { pulse(); });
+    if (fd_ < 0) return;
+    write(0, heartbeat::step_line(0));  // as the agent wrote it; a file of its own starts empty
+    pulse_ = std::thread([this] { pulse(); });
   }
   ~Heartbeat() {
     {
@@ -123,25 +126,28 @@ class Heartbeat {
   }
   void beat(int64_t step) {
     if (fd_ < 0) return;
-    write(0, fmt::format("{:<20}\n", step));
+    write(0, heartbeat::step_line(step));
     std::lock_guard lock(mutex_);
     stepped_ = true;
   }
   void finishing(int64_t step) {
-    if (fd_ >= 0) write(0, fmt::format("{:<20}\n", fmt::format("{} finishing", step)));
+    if (fd_ >= 0) write(0, heartbeat::step_line(step, /*finishing=*/true));
   }
 
  private:
-  static constexpr int64_t kGpuLineAt = 21;  // after the step line
   void write(int64_t at, const std::string& text) {
     if (::pwrite(fd_, text.data(), text.size(), at) < 0) log::debug("heartbeat write failed: {}", std::strerror(errno));
   }
-  void pulse() {
+  void pulse() {  // once more as the worker ends: the file's last figures are its last
     std::unique_lock lock(mutex_);
-    while (!wake_.wait_for(lock, std::chrono::seconds(2), [this] { return stop_; })) {
-      if (!stepped_) continue;  // the agent's "0" stands until the first step
-      const std::optional<metrics::GpuReading> gpu = device_.gpu_reading();
-      if (gpu && gpu->gpu_util_pct) write(kGpuLineAt, fmt::format("gpu_util {:<8.1f}\n", *gpu->gpu_util_pct));
+    for (bool last = false;; last = wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
+      std::optional<double> gpu_util;
+      if (stepped_) {  // start-up idles the GPU; the agent's GPU rule waits for a step anyway
+        const std::optional<metrics::GpuReading> gpu = device_.gpu_reading();
+        if (gpu) gpu_util = gpu->gpu_util_pct;
+      }
+      write(heartbeat::kPulseAt, heartbeat::pulse_lines(io_progress::bytes(), gpu_util));
+      if (last) return;
     }
   }
   const ComputeDevice& device_;
