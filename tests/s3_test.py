@@ -19,7 +19,7 @@ installed by scripts/setup.sh into build/tools):
 7. `tessera prepare --out s3://...`, then training on the s3:// dataset at 2 ranks gives the losses
    of the same dataset on local disk; every shard fetched once per node in ranged GETs of the
    planned count (none per sample), a second run from the cache fetches nothing;
-8. a slow link (every request 0.5 s late) and `tessera launch --hang-timeout 4`: the last upload
+8. a slow link (every request 0.65 s late) and `tessera launch --hang-timeout 5`: the last upload
    after the last step and a restore from the bucket before the first step each outlast the
    timeout, and the job finishes: the bytes they move are progress to the agent's watchdog.
 
@@ -456,16 +456,16 @@ def main():
         check(rc == 0 and "data: fetched" not in rank_logs and losses(work / "runs/ds2", 0) == losses(work / "runs/ds", 0),
               "a second run reads the cache: nothing fetched, the same losses")
 
-        # 8. A slow link to the bucket (every request answered 0.5 s late) and --hang-timeout 4 s:
+        # 8. A slow link to the bucket (every request answered 0.65 s late) and --hang-timeout 5 s:
         # the last checkpoint's upload after the last step, and a restore from the bucket alone
         # before the first step, each take longer than that. The bytes they move keep the workers
         # alive; rank 1, waiting for rank 0's verdict on the upload, moves none but its peer's count.
-        slow = SigV4Proxy(server.port, "S3RVER", delay=0.5)
+        slow = SigV4Proxy(server.port, "S3RVER", delay=0.65)
         slow_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{slow.server_address[1]}",
                         TESSERA_JOB_TOKEN="s3-test-token-slow-link")
         launch = ["launch", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv", f"file://{work}/rdzv-slow", "--run-id",
                   "slow", "--run-dir", "runs/slow", "--rdzv-timeout", "60", "--last-call", "0.5", "--max-restarts",
-                  "0", "--hang-timeout", "4", "--monitor-interval", "0.2", config, "--set",
+                  "0", "--hang-timeout", "5", "--monitor-interval", "0.2", config, "--set",
                   "checkpoint.interval_steps=4", "--set", f"checkpoint.mirror_dir=s3://{BUCKET}/slow", "--set",
                   "checkpoint.on_failure=stop"] + common  # stop: every rank waits for the last upload's verdict
         latest = server.dir / BUCKET / "slow/slow/latest._S3rver_object"
@@ -473,17 +473,17 @@ def main():
         rc, out = run(tessera, launch + ["--set", "train.max_steps=4"], slow_env, work, timeout=240)
         log0 = (work / "runs/slow/logs/rank_0.log").read_text()
         upload_s = re.findall(r"checkpoint step 4 uploaded to \S+ in ([\d.]+)s", log0)
-        check(rc == 0 and latest.exists() and latest.read_text().strip() == "4" and upload_s and float(upload_s[0]) > 4,
-              f"a slow link: the last upload ({upload_s} s) outlasted --hang-timeout 4 s, and the job finished "
+        check(rc == 0 and latest.exists() and latest.read_text().strip() == "4" and upload_s and float(upload_s[0]) > 5,
+              f"a slow link: the last upload ({upload_s} s) outlasted --hang-timeout 5 s, and the job finished "
               f"(exit {rc}, {time.time() - t0:.1f} s)" + ("" if rc == 0 else out[-2000:]))
         shutil.rmtree(work / "runs/slow/checkpoints")
         t0 = time.time()
         rc, out = run(tessera, launch + ["--set", "train.max_steps=6"], slow_env, work, timeout=240)
         log0 = (work / "runs/slow/logs/rank_0.log").read_text()
         restore_s = re.findall(r"resumed from s3://\S+ in ([\d.]+)s", log0)
-        check(rc == 0 and "resuming from the mirror s3://" in log0 and restore_s and float(restore_s[0]) > 4
+        check(rc == 0 and "resuming from the mirror s3://" in log0 and restore_s and float(restore_s[0]) > 5
               and latest.read_text().strip() == "6",
-              f"a slow link: the restore from the bucket alone ({restore_s} s) outlasted --hang-timeout 4 s before "
+              f"a slow link: the restore from the bucket alone ({restore_s} s) outlasted --hang-timeout 5 s before "
               f"the first step, and the job finished (exit {rc}, {time.time() - t0:.1f} s)" + ("" if rc == 0 else out[-2000:]))
         slow.shutdown()
     finally:
