@@ -30,6 +30,17 @@ expect_exit 2 "usage" --
 expect_exit 2 "did you mean train.lr" -- train --set train.lrr=1
 expect_exit 2 "model.dim = 100: must be divisible by model.n_heads = 8" -- train --set model.dim=100
 expect_exit 2 "unknown option --bogus" -- train --bogus
+# tessera launch's numbers: each named with its value; NaN and infinity refused (NaN passed every
+# comparison: --monitor-interval nan ran a job).
+launch_flags=(launch --nnodes 1 --nproc-per-node 1 --rdzv "file://$dir/rdzv-flags" --run-id flags --run-dir "$dir/flags")
+export TESSERA_JOB_TOKEN=cli-test-token
+expect_exit 2 '--monitor-interval expects a finite number, got "nan"' -- "${launch_flags[@]}" --monitor-interval nan
+expect_exit 2 '--hang-timeout expects a finite number, got "inf"' -- "${launch_flags[@]}" --hang-timeout inf
+expect_exit 2 "--hang-timeout -1: expected seconds > 0" -- "${launch_flags[@]}" --hang-timeout -1
+expect_exit 2 "--kill-grace -2: expected seconds >= 0 \(0: SIGKILL at once\)" -- "${launch_flags[@]}" --kill-grace -2
+expect_exit 2 "--max-restarts -1: expected >= 0" -- "${launch_flags[@]}" --max-restarts -1
+unset TESSERA_JOB_TOKEN
+[[ ! -e $dir/flags ]] || { echo "FAIL: a refused launch wrote $dir/flags"; failures=$((failures + 1)); }
 expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml
 expect_exit 2 "train.batch_size = 6" -- config --set train.batch_size=6 --set train.micro_batch_size=4
 # train.device = cuda where no GPU can be used (CI): a config error naming the key and the reason.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -34,8 +35,8 @@ double ParsedArgs::get_double(const std::string& flag, double fallback) const {
   double v = 0;
   const std::string& s = it->second;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size()) {
-    throw ConfigError(fmt::format("{} expects a number, got \"{}\"", flag, s));
+  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v)) {
+    throw ConfigError(fmt::format("{} expects a finite number, got \"{}\"", flag, s));
   }
   return v;
 }

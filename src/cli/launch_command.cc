@@ -25,8 +25,9 @@ constexpr const char* kLaunchUsage =
     "  or etcd://HOST:PORT/PREFIX), --run-id and TESSERA_JOB_TOKEN (environment).\n"
     "  Workers train CONFIG into --run-dir (default runs/ID; on a file system all\n"
     "  nodes see), resuming from its latest checkpoint after a failure, up to R restarts (default 3).\n"
-    "  --hang-timeout: seconds without a new step before a worker gets SIGTERM (default 1800), then\n"
-    "  SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same after this many\n"
+    "  --hang-timeout: seconds without a new step (before the first and after the last: without bytes\n"
+    "  moved through checkpoints or the object store either) before a worker gets SIGTERM (default\n"
+    "  1800), then SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same after this many\n"
     "  seconds without a new step once the worker has made one, if its GPU showed 0% utilization all\n"
     "  that while, unless its steps are done (default 600; 0: off; CPU workers report no utilization).\n"
     "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
@@ -90,16 +91,22 @@ int cmd_launch(const Args& args) {
     throw ConfigError("TESSERA_JOB_TOKEN: use 1 to 128 of [A-Za-z0-9_.-]");
   }
   o.max_restarts = static_cast<int>(a.get_int("--max-restarts", 3));
-  o.monitor_interval_s = a.get_double("--monitor-interval", 1.0);
-  o.hang_timeout_s = a.get_double("--hang-timeout", 1800);
-  o.gpu_idle_timeout_s = a.get_double("--gpu-idle-timeout", 600);
-  o.rdzv_timeout_s = a.get_double("--rdzv-timeout", 600);
-  o.last_call_s = a.get_double("--last-call", 2);
-  o.kill_grace_s = a.get_double("--kill-grace", 10);
-  if (o.max_restarts < 0 || o.monitor_interval_s <= 0 || o.hang_timeout_s <= 0 || o.rdzv_timeout_s <= 0 ||
-      o.last_call_s < 0 || o.kill_grace_s < 0 || o.gpu_idle_timeout_s < 0) {
-    throw ConfigError("--max-restarts must be >= 0 and the intervals and timeouts > 0 (--gpu-idle-timeout 0: off)");
-  }
+  if (o.max_restarts < 0) throw ConfigError(fmt::format("--max-restarts {}: expected >= 0", o.max_restarts));
+  // Seconds; zero_means: what 0 does, where 0 is allowed.
+  auto seconds = [&](const char* flag, double fallback, const char* zero_means = nullptr) {
+    const double v = a.get_double(flag, fallback);
+    if (v < 0 || (v == 0 && zero_means == nullptr)) {
+      throw ConfigError(fmt::format("{} {}: expected seconds {}", flag, a.get(flag, ""),
+                                    zero_means != nullptr ? fmt::format(">= 0 (0: {})", zero_means) : "> 0"));
+    }
+    return v;
+  };
+  o.monitor_interval_s = seconds("--monitor-interval", 1.0);
+  o.hang_timeout_s = seconds("--hang-timeout", 1800);
+  o.gpu_idle_timeout_s = seconds("--gpu-idle-timeout", 600, "off");
+  o.rdzv_timeout_s = seconds("--rdzv-timeout", 600);
+  o.last_call_s = seconds("--last-call", 2, "no wait for late nodes");
+  o.kill_grace_s = seconds("--kill-grace", 10, "SIGKILL at once");
   o.host = a.get("--host", "127.0.0.1");
   o.run_dir = a.get("--run-dir", "runs/" + o.run_id);
   o.config_path = a.positional.empty() ? "" : a.positional[0];
