@@ -27,9 +27,10 @@ constexpr const char* kLaunchUsage =
     "  nodes see), resuming from its latest checkpoint after a failure, up to R restarts (default 3).\n"
     "  --hang-timeout: seconds without a new step (before the first and after the last: without bytes\n"
     "  moved through checkpoints or the object store either) before a worker gets SIGTERM (default\n"
-    "  1800), then SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same after this many\n"
-    "  seconds without a new step once the worker has made one, if its GPU showed 0% utilization all\n"
-    "  that while, unless its steps are done (default 600; 0: off; CPU workers report no utilization).\n"
+    "  1800), then SIGKILL after --kill-grace seconds (default 10). --gpu-idle-timeout: the same\n"
+    "  after this many seconds without a new step once the worker has made one, if its GPU showed 0%\n"
+    "  utilization all that while, unless its steps are done (default 600; 0: off; CPU workers report\n"
+    "  no utilization).\n"
     "  --host: this node's address for the workers' connections (default 127.0.0.1).\n"
     "  SIGTERM or SIGINT: the workers checkpoint and exit 0; the agent exits 128 + the signal (143 or\n"
     "  130: not finished, launch again to resume). Exit 0: training finished.\n";
