@@ -40,6 +40,9 @@ expect_exit 2 "--hang-timeout -1: expected seconds > 0" -- "${launch_flags[@]}" 
 expect_exit 2 "--kill-grace -2: expected seconds >= 0 \(0: SIGKILL at once\)" -- "${launch_flags[@]}" --kill-grace -2
 expect_exit 2 "--max-restarts -1: expected >= 0" -- "${launch_flags[@]}" --max-restarts -1
 unset TESSERA_JOB_TOKEN
+expect_exit 2 "--nproc 0: need at least 1" -- bench --preset tiny --steps 3 --nproc 0
+expect_exit 2 "--top-k -1: must be >= 0" -- generate --checkpoint "$dir/none" --prompt x --top-k -1
+expect_exit 2 '--temperature expects a finite number, got "nan"' -- generate --checkpoint "$dir/none" --prompt x --temperature nan
 [[ ! -e $dir/flags ]] || { echo "FAIL: a refused launch wrote $dir/flags"; failures=$((failures + 1)); }
 expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml
 expect_exit 2 "train.batch_size = 6" -- config --set train.batch_size=6 --set train.micro_batch_size=4

@@ -405,6 +405,7 @@ int cmd_bench(const Args& args) {
   const long long steps = a.get_int("--steps", 12);
   if (steps < 3) throw ConfigError(fmt::format("--steps {}: need at least 3 (the median skips the first 2)", steps));
   const long long nproc = a.get_int("--nproc", 1);
+  if (nproc < 1) throw ConfigError(fmt::format("--nproc {}: need at least 1", nproc));
   // BENCHMARKS.md: the preset's micro-batch per rank, AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0.
   const std::string preset = a.get("--preset", "bench");
   const int64_t micro_batch = model::bench_micro_batch(preset);

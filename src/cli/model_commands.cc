@@ -157,8 +157,10 @@ int cmd_generate(const Args& args) {
   options.seed = static_cast<uint64_t>(a.get_int("--seed", 0));
   options.kv_cache = a.flags.count("--no-kv-cache") == 0;
   options.bf16 = a.flags.count("--bf16") != 0;
-  if (options.max_tokens < 0 || options.temperature < 0 || options.top_k < 0) {
-    throw ConfigError("--max-tokens, --temperature and --top-k must be >= 0");
+  for (const auto& [flag, negative] :
+       {std::pair{"--max-tokens", options.max_tokens < 0}, std::pair{"--temperature", options.temperature < 0},
+        std::pair{"--top-k", options.top_k < 0}}) {
+    if (negative) throw ConfigError(fmt::format("{} {}: must be >= 0", flag, a.get(flag, "")));
   }
   const config::Device asked = config::parse_device(a.get("--device", options.kv_cache ? "auto" : "cpu"), "--device");
   if (!options.kv_cache && asked == config::Device::kCuda) {
