@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -152,15 +153,16 @@ S3Options s3_options_from_environment() {
   // Tessera's own knobs: the multipart part size (S3 requires 5 MiB or more but for the last
   // part) and the tries of one request.
   if (const std::string part = env("TESSERA_S3_PART_MIB"); !part.empty()) {
-    const double mib = std::strtod(part.c_str(), nullptr);
-    if (!(mib > 0 && mib <= 5 * 1024))
-      throw ConfigError(fmt::format("TESSERA_S3_PART_MIB = \"{}\" is not in (0, 5120]", part));
+    double mib = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), mib);
+    if (ec != std::errc() || end != part.data() + part.size() || !(mib > 0 && mib <= 5 * 1024))
+      throw ConfigError(fmt::format("TESSERA_S3_PART_MIB = \"{}\": expected a number of MiB in (0, 5120]", part));
     o.part_bytes = static_cast<uint64_t>(mib * (1 << 20));
   }
   if (const std::string tries = env("TESSERA_S3_ATTEMPTS"); !tries.empty()) {
-    o.attempts = std::atoi(tries.c_str());
-    if (o.attempts < 1 || o.attempts > 100)
-      throw ConfigError(fmt::format("TESSERA_S3_ATTEMPTS = \"{}\" is not in [1, 100]", tries));
+    const auto [end, ec] = std::from_chars(tries.data(), tries.data() + tries.size(), o.attempts);
+    if (ec != std::errc() || end != tries.data() + tries.size() || o.attempts < 1 || o.attempts > 100)
+      throw ConfigError(fmt::format("TESSERA_S3_ATTEMPTS = \"{}\": expected a whole number in [1, 100]", tries));
   }
   o.endpoint = !env("AWS_ENDPOINT_URL_S3").empty() ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
   while (!o.endpoint.empty() && o.endpoint.back() == '/') o.endpoint.pop_back();

@@ -240,5 +240,32 @@ TEST(S3Options, FromEnvironmentAndProfileFile) {
   for (const char* v : vars) ::unsetenv(v);
 }
 
+TEST(S3Options, TesserasKnobsAreReadWhole) {
+  ::setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+  ::setenv("TESSERA_S3_PART_MIB", "0.5", 1);
+  ::setenv("TESSERA_S3_ATTEMPTS", "3", 1);
+  const S3Options o = s3_options_from_environment();
+  EXPECT_EQ(o.part_bytes, 512u << 10);
+  EXPECT_EQ(o.attempts, 3);
+  // A trailing unit or typo was read as its leading number ("8x" as 8).
+  for (const auto& [var, value] : {std::pair{"TESSERA_S3_PART_MIB", "8x"}, std::pair{"TESSERA_S3_PART_MIB", "nan"},
+                                   std::pair{"TESSERA_S3_PART_MIB", "0"}, std::pair{"TESSERA_S3_ATTEMPTS", "3x"},
+                                   std::pair{"TESSERA_S3_ATTEMPTS", "0"}, std::pair{"TESSERA_S3_ATTEMPTS", "1.5"}}) {
+    ::setenv("TESSERA_S3_PART_MIB", "0.5", 1);
+    ::setenv("TESSERA_S3_ATTEMPTS", "3", 1);
+    ::setenv(var, value, 1);
+    try {
+      s3_options_from_environment();
+      ADD_FAILURE() << var << "=" << value << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(var) + " = \"" + value + "\""), std::string::npos) << e.what();
+    }
+  }
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "TESSERA_S3_PART_MIB", "TESSERA_S3_ATTEMPTS"}) {
+    ::unsetenv(v);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::storage
