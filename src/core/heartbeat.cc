@@ -7,16 +7,12 @@
 #include <cmath>
 #include <string_view>
 
+#include "core/text.h"
+
 namespace tessera::heartbeat {
 namespace {
 
 constexpr std::string_view kFinishing = " finishing";
-
-std::string_view trim_spaces(std::string_view s) {
-  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
-  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
-  return s;
-}
 
 // The whole of `text` as a number, else nullopt.
 template <typename T>
@@ -32,7 +28,7 @@ std::optional<T> number(std::string_view text) {
 Beat parse(const std::string& text) {
   Beat b;
   const size_t eol = text.find('\n');
-  b.step = trim_spaces(std::string_view(text).substr(0, eol));
+  b.step = trim(std::string_view(text).substr(0, eol));
   b.finishing = b.step.size() > kFinishing.size() && b.step.ends_with(kFinishing);
   if (b.finishing) b.step.resize(b.step.size() - kFinishing.size());
   // Then "KEY VALUE" lines, each padded with spaces and whole only with its newline.
@@ -43,7 +39,7 @@ Beat parse(const std::string& text) {
     at = end;
     const size_t space = line.find(' ');
     if (space == std::string_view::npos) continue;
-    const std::string_view key = line.substr(0, space), value = trim_spaces(line.substr(space));
+    const std::string_view key = line.substr(0, space), value = trim(line.substr(space));
     if (key == "io") {
       b.io_bytes = number<uint64_t>(value);
     } else if (key == "gpu_util") {
@@ -55,7 +51,8 @@ Beat parse(const std::string& text) {
 }
 
 std::string step_line(int64_t step, bool finishing) {
-  return fmt::format("{:<20}\n", finishing ? fmt::format("{}{}", step, kFinishing) : fmt::to_string(step));
+  return fmt::format("{:<{}}\n", finishing ? fmt::format("{}{}", step, kFinishing) : fmt::to_string(step),
+                     kStepColumns);
 }
 
 std::string pulse_lines(uint64_t io_bytes, std::optional<double> gpu_util_pct) {

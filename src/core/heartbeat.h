@@ -26,11 +26,12 @@ struct Beat {
 };
 Beat parse(const std::string& text);
 
-// The first line, written at offset 0.
+// The first line, written at offset 0: kStepColumns wide, then its newline.
+inline constexpr int kStepColumns = 20;
 std::string step_line(int64_t step, bool finishing = false);
 
 // The io line and, when given, the gpu_util line: one write at offset kPulseAt.
-inline constexpr int64_t kPulseAt = 21;
+inline constexpr int64_t kPulseAt = kStepColumns + 1;
 std::string pulse_lines(uint64_t io_bytes, std::optional<double> gpu_util_pct);
 
 }  // namespace tessera::heartbeat
