@@ -94,10 +94,10 @@ class SigV4Proxy(http.server.ThreadingHTTPServer):
     """Checks every request's AWS Signature V4 (s3rver checks only the access key) with an
     implementation of AWS's spec of its own, then passes it on to s3rver; 403
     SignatureDoesNotMatch when the signature is wrong. `delay`: seconds each request waits first
-    (a slow link)."""
+    (a slow link); only those whose path holds `only`, when given."""
 
-    def __init__(self, upstream_port, secret, delay=0.0):
-        self.upstream_port, self.secret, self.checked, self.delay = upstream_port, secret, 0, delay
+    def __init__(self, upstream_port, secret, delay=0.0, only=""):
+        self.upstream_port, self.secret, self.checked, self.delay, self.only = upstream_port, secret, 0, delay, only
         super().__init__(("127.0.0.1", 0), SigV4Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -140,7 +140,8 @@ class SigV4Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(reply)
             return
         self.server.checked += 1
-        time.sleep(self.server.delay)  # a slow link: every request answered this late
+        if self.server.only in self.path:
+            time.sleep(self.server.delay)  # a slow link: every request answered this late
         up = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
         up.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
         r = up.getresponse()
@@ -486,6 +487,25 @@ def main():
               f"a slow link: the restore from the bucket alone ({restore_s} s) outlasted --hang-timeout 5 s before "
               f"the first step, and the job finished (exit {rc}, {time.time() - t0:.1f} s)" + ("" if rc == 0 else out[-2000:]))
         slow.shutdown()
+        # Across nodes, no agent sees the other node's bytes: they go through the job's store. One
+        # node's object of the last step comes slowly, the other's at once; the ranks that wait
+        # (node 1's for rank 0's verdict; rank 0 for node 1's report) outlast --hang-timeout 5 s.
+        for node in (0, 1):
+            slow = SigV4Proxy(server.port, "S3RVER", delay=1.2, only=f"node_{node:05d}.bin")
+            node_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{slow.server_address[1]}",
+                            TESSERA_JOB_TOKEN=f"s3-test-token-slow-node{node}")
+            t0 = time.time()
+            codes, out = two_node_job(tessera, config, work, f"slow{node}", node_env, [
+                "--hang-timeout", "5", "--monitor-interval", "0.2", "--max-restarts", "0", "--set",
+                f"checkpoint.mirror_dir=s3://{BUCKET}/slow", "--set", "checkpoint.on_failure=stop", "--set",
+                "checkpoint.interval_steps=4", "--set", "train.max_steps=4"] + common)
+            log0 = (work / f"runs/slow{node}/logs/rank_0.log").read_text()
+            upload_s = re.findall(r"checkpoint step 4 uploaded to \S+ in ([\d.]+)s", log0)
+            check(codes == [0, 0] and upload_s and float(upload_s[0]) > 5,
+                  f"2 nodes, node {node}'s object slow: the last upload ({upload_s} s) outlasted --hang-timeout 5 s "
+                  f"on the other node too, and the job finished ({codes}, {time.time() - t0:.1f} s)"
+                  + ("" if codes == [0, 0] else out[-3000:]))
+            slow.shutdown()
     finally:
         for child in CHILDREN:
             if child.poll() is None:

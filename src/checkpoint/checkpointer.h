@@ -142,8 +142,11 @@ class Checkpointer {
   TierUploadStats upload_to_tier(int64_t step);
   void node_upload_loop(int node);
   std::string tier_key(int64_t job, const std::string& what) const;
+  // The job's count of bytes its uploaders moved (checkpoint/upload_progress.h), in the tier store.
+  std::string moved_key() const;
   static constexpr int64_t kNodeUploadWaitMs = 30 * 60 * 1000;  // for another node's object, at least
-  // How long to wait for an upload another process makes (a node's object, rank 0's last upload).
+  // How long to wait for an upload another process makes (a node's object, rank 0's last upload)
+  // once the uploads have stopped moving bytes.
   comm::Millis upload_wait() const;
   // checkpoint.keep and s3_prefixes, with the node of each shard file (empty: all on node 0).
   TierUpload tier_upload(std::vector<int> node_of_file) const;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/object_tier.h"
+#include "checkpoint/upload_progress.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -106,6 +107,7 @@ bool Checkpointer::mirror_step(int64_t step, bool resumed) {
       return false;
     }
   }
+  const PublishedProgress published(dist_.tier_store, moved_key());  // for the ranks that await this upload
   try {
     if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
       throw IoError(fmt::format("cannot upload checkpoint step {} (injected fault)", step));
@@ -166,10 +168,13 @@ int64_t Checkpointer::step_missing_from_tier() {
     publish(last_started_, what, std::to_string(missing));
     return missing;
   }
-  CHECK(dist_.store != nullptr);  // ranks other than 0 are in a job with a store
-  // Rank 0 may still be uploading the last checkpoint: as long as another node's object may take.
+  CHECK(dist_.store != nullptr && dist_.tier_store != nullptr);  // ranks other than 0 are in a job with stores
+  // Rank 0 may still be uploading the last checkpoint, or awaiting another node's object: for as
+  // long as the uploads move bytes.
   try {
-    return std::stoll(string_of(dist_.store->get(store_key(last_started_, what), upload_wait())));
+    return std::stoll(
+        string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), *dist_.tier_store, moved_key(),
+                                          upload_wait(), "verdict of rank 0 on the last upload")));
   } catch (const std::exception& e) {
     throw IoError(
         fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
@@ -188,6 +193,8 @@ TierUpload Checkpointer::tier_upload(std::vector<int> node_of_file) const {
 std::string Checkpointer::tier_key(int64_t job, const std::string& what) const {
   return fmt::format("tier.{}.{}{}", dist_.attempt, job, what.empty() ? "" : "." + what);
 }
+
+std::string Checkpointer::moved_key() const { return fmt::format("tier.{}.moved", dist_.attempt); }
 
 TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   storage::S3Client& s3 = storage::default_s3_client();
@@ -208,7 +215,9 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
     std::string report;
     try {
-      report = string_of(dist_.tier_store->get(tier_key(job, fmt::format("node{}", node)), wait));
+      report = string_of(await_while_progressing(*dist_.tier_store, tier_key(job, fmt::format("node{}", node)),
+                                                 *dist_.tier_store, moved_key(), wait,
+                                                 fmt::format("report of node {}'s upload", node)));
     } catch (const Error& e) {
       report = fmt::format("error no report: {}", e.what());
     }
@@ -257,6 +266,7 @@ void Checkpointer::node_upload_loop(int node) {
       if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
         throw IoError(fmt::format("cannot upload node {}'s object (injected fault)", node));
       }
+      const PublishedProgress published(dist_.tier_store, moved_key());  // for rank 0 and the waiting ranks
       const TierUploadStats sent = upload_node_object(*s3, root_, step, mirror_root_, how, node);
       report = fmt::format("ok {} {} {}", sent.objects, sent.bytes, sent.puts);
       log::info("checkpoint step {}: node {}'s object uploaded ({} bytes, {} PUT request(s))", step, node, sent.bytes,

@@ -18,6 +18,8 @@ using Millis = std::chrono::milliseconds;
 inline Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string string_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
+// Every store is safe to use from several threads: a waiting get() or wait() polls, and holds its
+// connection for one request at a time.
 class Store {
  public:
   virtual ~Store() = default;

@@ -5,7 +5,7 @@
 //   STEP[ finishing]   at 0: the last step made ("0" before the first, as the agent writes it when
 //                      it starts the worker); " finishing" once the steps are done (the last
 //                      checkpoint, its upload and the final files, all off the GPU)
-//   io BYTES           then: io_progress::bytes() (core/io_progress.h), from the worker's pulse
+//   io BYTES           then: io_progress::seen() (core/io_progress.h), from the worker's pulse
 //                      thread every second
 //   gpu_util PCT       then, on a GPU once a step is made: its utilization, from the same thread
 //

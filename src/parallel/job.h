@@ -39,7 +39,9 @@ struct JobAddress {
 struct Distributed {
   const Mesh* mesh = &Mesh::single();
   comm::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
-  comm::Store* tier_store = nullptr;  // the same for the object-store uploaders (a connection of their own)
+  // The same for the object-store uploaders (a connection of their own), and the count of the bytes
+  // they move, which the ranks awaiting them read (checkpoint/upload_progress.h).
+  comm::Store* tier_store = nullptr;
   // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm
   // requeue or a torchrun restart reuses the store round) can neither commit nor delete.
@@ -71,7 +73,7 @@ class Job {
  private:
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<comm::Store> checkpoint_store_;  // used by the checkpoint writer thread only
-  std::unique_ptr<comm::Store> tier_store_;        // used by the checkpoint uploader thread only
+  std::unique_ptr<comm::Store> tier_store_;        // the uploaders' (Distributed::tier_store)
   std::string attempt_;                            // Distributed::attempt
   int ranks_per_node_ = 0;
 };

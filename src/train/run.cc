@@ -146,7 +146,7 @@ class Heartbeat {
         const std::optional<metrics::GpuReading> gpu = device_.gpu_reading();
         if (gpu) gpu_util = gpu->gpu_util_pct;
       }
-      write(heartbeat::kPulseAt, heartbeat::pulse_lines(io_progress::bytes(), gpu_util));
+      write(heartbeat::kPulseAt, heartbeat::pulse_lines(io_progress::seen(), gpu_util));
       if (last) return;
     }
   }

@@ -1,0 +1,95 @@
+// Relaying the uploads' progress through the job's store (checkpoint/upload_progress.h).
+#include "checkpoint/upload_progress.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <utility>
+
+#include "comm/process_group.h"
+#include "core/error.h"
+#include "core/io_progress.h"
+#include "core/log.h"
+
+namespace tessera::checkpoint {
+namespace {
+
+// The counter at `key` as Store::add keeps it (decimal text), read without a write (on etcd an
+// add of 0 is a write): 0 while it is absent.
+int64_t read_count(comm::Store& store, const std::string& key) {
+  if (!store.check({key})) return 0;
+  const std::string text = comm::string_of(store.get(key, comm::Millis(0)));
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw comm::StoreError(fmt::format("the store's key {} holds \"{}\", not a count", key, text));
+  }
+  return value;
+}
+
+}  // namespace
+
+PublishedProgress::PublishedProgress(comm::Store* store, std::string key, comm::Millis period)
+    : store_(store), key_(std::move(key)), published_(io_progress::moved()) {
+  if (store_ == nullptr) return;
+  thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (bool last = false; store_ != nullptr;) {
+      last = wake_.wait_for(lock, period, [this] { return stop_; });
+      publish();
+      if (last) return;
+    }
+  });
+}
+
+PublishedProgress::~PublishedProgress() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void PublishedProgress::publish() {
+  const uint64_t now = io_progress::moved();
+  if (now == published_) return;
+  try {
+    store_->add(key_, static_cast<int64_t>(now - published_));
+    published_ = now;
+  } catch (const Error& e) {
+    log::warn("cannot publish the upload's progress ({}): {}; other nodes' watchdogs may take their wait for a hang",
+              key_, e.what());
+    store_ = nullptr;
+  }
+}
+
+comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, comm::Store& progress_store,
+                                    const std::string& progress_key, comm::Millis quiet, const std::string& what,
+                                    comm::Millis poll) {
+  using Clock = std::chrono::steady_clock;
+  int64_t seen = read_count(progress_store, progress_key);
+  Clock::time_point moved_at = Clock::now();
+  for (;;) {
+    const auto left = std::chrono::duration_cast<comm::Millis>(moved_at + quiet - Clock::now());
+    try {
+      return store.get(key, std::clamp(left, comm::Millis(0), poll));
+    } catch (const comm::StoreError&) {
+      if (store.check({key})) continue;  // set just after the wait; a store that is gone throws here
+    }
+    const int64_t now = read_count(progress_store, progress_key);
+    if (now > seen) {
+      io_progress::relay(static_cast<uint64_t>(now - seen));
+      seen = now;
+      moved_at = Clock::now();
+    } else if (Clock::now() >= moved_at + quiet) {
+      throw comm::StoreError(
+          fmt::format("no {} ({}) within {} ms of the uploads' last byte", what, key, quiet.count()));
+    }
+  }
+}
+
+}  // namespace tessera::checkpoint
