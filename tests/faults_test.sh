@@ -4,7 +4,8 @@
 # rank is named, exit 4), row 14 (a NaN gradient on one rank: stop with exit 11 on both ranks,
 # or skip the step leaving parameters and moments bitwise unchanged, no checkpoint holding a
 # non-finite value), and the fault kinds at the step's phases (kill: prompt exit naming the
-# dead worker; hang: the peer's collective times out naming the operation; exit).
+# dead worker; hang: the peer's collective times out naming the operation; exit), and a resume
+# whose load is slow or fails on one rank.
 # usage: faults_test.sh TESSERA_BINARY
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -182,4 +183,14 @@ assert all(len(r["rank_busy_s"]) == 2 for r in slow)
 assert not any("stragglers" in r for r in healthy), "a healthy run flagged a straggler"
 PY
 echo "ok: row 17, a rank 2 s slower per step flagged as a straggler at step 2 (K = 2); the healthy run flags nobody"
+# --- a slow load: rank 1 takes 2 s longer than rank 0 to load the checkpoint it resumes from,
+# past parallel.timeout_ms (1.5 s); rank 0 waits for it as for slow storage (at least 30 min), not
+# as for a collective
+TESSERA_FAULT='1:0:checkpoint.load:slow' run slow-load 0 --resume "$dir/ref/checkpoints" --set train.max_steps=7 \
+  --set parallel.timeout_ms=1500
+has slow-load 'resumed from .*step_00000006'
+echo "ok: a rank's load 2 s slower than its peer's, past parallel.timeout_ms = 1.5 s: resumed and trained on (${secs}s)"
+TESSERA_FAULT='1:0:checkpoint.load:io' run load-io 10 --resume "$dir/ref/checkpoints" --set train.max_steps=7
+has load-io "cannot read the checkpoint .*step_00000006 .* after 4 attempts; stopping without falling back"
+echo "ok: rank 1's reads of the checkpoint fail (EIO): every rank exits 10 without falling back (${secs}s)"
 echo "PASS"

@@ -38,6 +38,11 @@ IoError injected(const std::string& what) {
 
 }  // namespace
 
+comm::Millis storage_wait(const config::Config& config) {
+  constexpr int64_t kAtLeastMs = 30 * 60 * 1000;
+  return comm::Millis(std::max<int64_t>(config.parallel.timeout_ms, kAtLeastMs));
+}
+
 Checkpointer::Checkpointer(const config::Config& config, const std::string& root, const parallel::Distributed& dist)
     : config_(config),
       root_(root),

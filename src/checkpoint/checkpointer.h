@@ -39,6 +39,13 @@
 
 namespace tessera::checkpoint {
 
+// How long a rank waits for another that reads or writes slow storage (loads a checkpoint, lists
+// the object-store tier, uploads): parallel.timeout_ms, but at least 30 minutes, since a rank's
+// load or upload may take that much longer than its peers' (an object store throttling some
+// prefixes, a slower node) where no collective would. A hung rank is the launch agent's to find:
+// --hang-timeout counts the bytes a worker moves.
+comm::Millis storage_wait(const config::Config& config);
+
 class Checkpointer {
  public:
   // root: the checkpoint directory (RUN/checkpoints), created if missing. Rank 0 removes the
@@ -144,10 +151,6 @@ class Checkpointer {
   std::string tier_key(int64_t job, const std::string& what) const;
   // The job's count of bytes its uploaders moved (checkpoint/upload_progress.h), in the tier store.
   std::string moved_key() const;
-  static constexpr int64_t kNodeUploadWaitMs = 30 * 60 * 1000;  // for another node's object, at least
-  // How long to wait for an upload another process makes (a node's object, rank 0's last upload)
-  // once the uploads have stopped moving bytes.
-  comm::Millis upload_wait() const;
   // checkpoint.keep and s3_prefixes, with the node of each shard file (empty: all on node 0).
   TierUpload tier_upload(std::vector<int> node_of_file) const;
 

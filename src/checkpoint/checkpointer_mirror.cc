@@ -174,15 +174,11 @@ int64_t Checkpointer::step_missing_from_tier() {
   try {
     return std::stoll(
         string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), *dist_.tier_store, moved_key(),
-                                          upload_wait(), "verdict of rank 0 on the last upload")));
+                                          storage_wait(config_), "verdict of rank 0 on the last upload")));
   } catch (const std::exception& e) {
     throw IoError(
         fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
   }
-}
-
-comm::Millis Checkpointer::upload_wait() const {
-  return comm::Millis(std::max<int64_t>(config_.parallel.timeout_ms, kNodeUploadWaitMs));
 }
 
 TierUpload Checkpointer::tier_upload(std::vector<int> node_of_file) const {
@@ -211,7 +207,7 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   } catch (const Error& e) {
     failure = fmt::format("node 0: {}", e.what());
   }
-  const comm::Millis wait = upload_wait();
+  const comm::Millis wait = storage_wait(config_);  // once the uploads stop moving bytes
   for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
     std::string report;
     try {

@@ -14,6 +14,7 @@
 
 #include "checkpoint/object_tier.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -119,7 +120,7 @@ std::vector<std::string> agreed_resume_candidates(const config::Config& config, 
       text = std::string("\x01") + e.what();
     }
   }
-  text = comm::broadcast_string(*dist.world(), text, 0, {comm::Millis(config.parallel.timeout_ms)});
+  text = comm::broadcast_string(*dist.world(), text, 0, {storage_wait(config)});  // rank 0 lists the tier
   if (!text.empty() && text[0] == '\x01') throw DataError(text.substr(1));
   std::vector<std::string> out;
   std::istringstream lines(text);
@@ -135,6 +136,9 @@ std::string resume_from(const RankShards& into, const config::Config& config, co
     float outcome[2] = {0.0f, 0.0f};  // ranks that found it damaged, ranks that could not read it
     for (int attempt = 1;; ++attempt) {
       try {
+        if (fault::point("checkpoint.load", dist.rank(), 0) == fault::Kind::kIo) {
+          throw IoError(fmt::format("cannot read {}: Input/output error (injected fault)", candidates[i]));
+        }
         *state = load_checkpoint(candidates[i], into, config);
         error.clear();
         outcome[1] = 0.0f;
@@ -153,7 +157,8 @@ std::string resume_from(const RankShards& into, const config::Config& config, co
       }
     }
     if (dist.world() != nullptr) {
-      dist.world()->all_reduce(outcome, 2, comm::DType::kF32, {comm::Millis(config.parallel.timeout_ms)})->wait();
+      // Every rank's load awaited: one may take much longer than the others (a slower node).
+      dist.world()->all_reduce(outcome, 2, comm::DType::kF32, {storage_wait(config)})->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
     if (!error.empty()) log::error("{}", error);

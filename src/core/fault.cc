@@ -33,6 +33,7 @@ constexpr const char* kPhases[] = {"health",
                                    "checkpoint.manifest",
                                    "checkpoint.commit",
                                    "checkpoint.upload",
+                                   "checkpoint.load",
                                    "shm.attach"};
 
 bool parse_int(const std::string& s, int64_t* out) {

@@ -14,6 +14,8 @@
 //          checkpoint.commit    after the manifest rename, before `latest` is replaced
 //          checkpoint.upload    before a node's object is uploaded to the object-store tier
 //                               (rank 0: before its upload of the checkpoint, which then fails)
+//          checkpoint.load      before this rank loads a checkpoint to resume from (STEP 0,
+//                               as the health check; io: each read attempt fails as with EIO)
 //          shm.attach           a host group maps its shared-memory segment at start-up (RANK:
 //                               the rank in that group; io: the mapping fails, as in another
 //                               IPC namespace or with /dev/shm full)

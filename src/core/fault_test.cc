@@ -48,6 +48,7 @@ TEST(Fault, ParsesRankStepPhaseKind) {
   EXPECT_EQ(ok("1:8:checkpoint.shard:io").kind, Kind::kIo);
   EXPECT_EQ(ok("0:8:checkpoint.manifest:io").kind, Kind::kIo);
   EXPECT_EQ(ok("1:*:shm.attach:io").phase, "shm.attach");
+  EXPECT_EQ(ok("1:0:checkpoint.load:slow").phase, "checkpoint.load");
   EXPECT_EQ(ok("0:8:checkpoint.commit:exit").kind, Kind::kExit);
   for (const char* phase : {"forward", "backward", "optimizer"}) {
     for (const char* kind : {"kill", "exit", "hang", "slow"}) {
