@@ -17,10 +17,11 @@ namespace tessera::checkpoint {
 namespace {
 
 // The counter at `key` as Store::add keeps it (decimal text), read without a write (on etcd an
-// add of 0 is a write): 0 while it is absent.
+// add of 0 is a write): 0 while it is absent. The key is there once check() says so; get()'s
+// timeout only bounds a slow store's reply.
 int64_t read_count(comm::Store& store, const std::string& key) {
   if (!store.check({key})) return 0;
-  const std::string text = comm::string_of(store.get(key, comm::Millis(0)));
+  const std::string text = comm::string_of(store.get(key, comm::Millis(10000)));
   int64_t value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size()) {
@@ -36,8 +37,8 @@ PublishedProgress::PublishedProgress(comm::Store* store, std::string key, comm::
   if (store_ == nullptr) return;
   thread_ = std::thread([this, period] {
     std::unique_lock<std::mutex> lock(mu_);
-    for (bool last = false; store_ != nullptr;) {
-      last = wake_.wait_for(lock, period, [this] { return stop_; });
+    while (store_ != nullptr) {  // until the store fails
+      const bool last = wake_.wait_for(lock, period, [this] { return stop_; });
       publish();
       if (last) return;
     }
