@@ -15,8 +15,8 @@
 #     backend against the CPU, several GPUs over NCCL, run unchanged under a CPU emulation of the
 #     CUDA subset they use (no GPU here), about 5 minutes (scripts/test.sh runs it too);
 #   - the shell suites that CI's sanitizer pass leaves out (ctest preset asan-nightly: parallel_cli,
-#     e2e_train, launch_3d and metrics tests under ASan + UBSan), after scripts/build.sh asan,
-#     about 18 minutes with the build;
+#     e2e_train, launch_3d, metrics, launch and adversarial tests under ASan + UBSan), after
+#     scripts/build.sh asan, about 21 minutes with the build;
 #   - scripts/fuzz.sh: every file parser's libFuzzer target for TESSERA_NIGHTLY_FUZZ_SECONDS
 #     (default 120) each, where scripts/test.sh gives them 10 s.
 # Every test runs to the end even after a failure; each one's output goes to
