@@ -506,6 +506,23 @@ def main():
                   f"on the other node too, and the job finished ({codes}, {time.time() - t0:.1f} s)"
                   + ("" if codes == [0, 0] else out[-3000:]))
             slow.shutdown()
+        # Before the first step the same holds for a restore from the bucket alone: rank 1's slice
+        # comes from node 1's object, slowly; rank 0, whose own came at once, waits for it.
+        slow = SigV4Proxy(server.port, "S3RVER", delay=0.5, only="node_00001.bin")
+        node_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{slow.server_address[1]}",
+                        TESSERA_JOB_TOKEN="s3-test-token-slow-node1")
+        shutil.rmtree(work / "runs/slow1/checkpoints")
+        t0 = time.time()
+        codes, out = two_node_job(tessera, config, work, "slow1", node_env, [
+            "--hang-timeout", "5", "--monitor-interval", "0.2", "--max-restarts", "0", "--set",
+            f"checkpoint.mirror_dir=s3://{BUCKET}/slow", "--set", "checkpoint.interval_steps=4", "--set",
+            "train.max_steps=6"] + common)
+        restore_s = re.findall(r"resumed from s3://\S+ in ([\d.]+)s", (work / "runs/slow1/logs/rank_1.log").read_text())
+        check(codes == [0, 0] and restore_s and float(restore_s[-1]) > 5,
+              f"2 nodes, node 1's object slow: rank 1's restore from the bucket ({restore_s} s) outlasted "
+              f"--hang-timeout 5 s on node 0 too, and the job finished ({codes}, {time.time() - t0:.1f} s)"
+              + ("" if codes == [0, 0] else out[-3000:]))
+        slow.shutdown()
     finally:
         for child in CHILDREN:
             if child.poll() is None:

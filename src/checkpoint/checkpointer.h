@@ -149,8 +149,6 @@ class Checkpointer {
   TierUploadStats upload_to_tier(int64_t step);
   void node_upload_loop(int node);
   std::string tier_key(int64_t job, const std::string& what) const;
-  // The job's count of bytes its uploaders moved (checkpoint/upload_progress.h), in the tier store.
-  std::string moved_key() const;
   // checkpoint.keep and s3_prefixes, with the node of each shard file (empty: all on node 0).
   TierUpload tier_upload(std::vector<int> node_of_file) const;
 

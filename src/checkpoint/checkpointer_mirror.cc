@@ -10,7 +10,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/object_tier.h"
-#include "checkpoint/upload_progress.h"
+#include "checkpoint/storage_progress.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -107,7 +107,8 @@ bool Checkpointer::mirror_step(int64_t step, bool resumed) {
       return false;
     }
   }
-  const PublishedProgress published(dist_.tier_store, moved_key());  // for the ranks that await this upload
+  // For the ranks that await this upload.
+  const PublishedProgress published(dist_.tier_store, progress_key(dist_.attempt));
   try {
     if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
       throw IoError(fmt::format("cannot upload checkpoint step {} (injected fault)", step));
@@ -172,9 +173,9 @@ int64_t Checkpointer::step_missing_from_tier() {
   // Rank 0 may still be uploading the last checkpoint, or awaiting another node's object: for as
   // long as the uploads move bytes.
   try {
-    return std::stoll(
-        string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), *dist_.tier_store, moved_key(),
-                                          storage_wait(config_), "verdict of rank 0 on the last upload")));
+    return std::stoll(string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), *dist_.tier_store,
+                                                        progress_key(dist_.attempt), storage_wait(config_),
+                                                        "verdict of rank 0 on the last upload")));
   } catch (const std::exception& e) {
     throw IoError(
         fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
@@ -189,8 +190,6 @@ TierUpload Checkpointer::tier_upload(std::vector<int> node_of_file) const {
 std::string Checkpointer::tier_key(int64_t job, const std::string& what) const {
   return fmt::format("tier.{}.{}{}", dist_.attempt, job, what.empty() ? "" : "." + what);
 }
-
-std::string Checkpointer::moved_key() const { return fmt::format("tier.{}.moved", dist_.attempt); }
 
 TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
   storage::S3Client& s3 = storage::default_s3_client();
@@ -208,11 +207,12 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
     failure = fmt::format("node 0: {}", e.what());
   }
   const comm::Millis wait = storage_wait(config_);  // once the uploads stop moving bytes
+
   for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
     std::string report;
     try {
       report = string_of(await_while_progressing(*dist_.tier_store, tier_key(job, fmt::format("node{}", node)),
-                                                 *dist_.tier_store, moved_key(), wait,
+                                                 *dist_.tier_store, progress_key(dist_.attempt), wait,
                                                  fmt::format("report of node {}'s upload", node)));
     } catch (const Error& e) {
       report = fmt::format("error no report: {}", e.what());
@@ -262,7 +262,7 @@ void Checkpointer::node_upload_loop(int node) {
       if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
         throw IoError(fmt::format("cannot upload node {}'s object (injected fault)", node));
       }
-      const PublishedProgress published(dist_.tier_store, moved_key());  // for rank 0 and the waiting ranks
+      const PublishedProgress published(dist_.tier_store, progress_key(dist_.attempt));  // for rank 0, the waiters
       const TierUploadStats sent = upload_node_object(*s3, root_, step, mirror_root_, how, node);
       report = fmt::format("ok {} {} {}", sent.objects, sent.bytes, sent.puts);
       log::info("checkpoint step {}: node {}'s object uploaded ({} bytes, {} PUT request(s))", step, node, sent.bytes,

@@ -4,8 +4,8 @@
 // steps: restoring a large checkpoint from the object store before its first step, or writing and
 // uploading the last one after its last (train/run.cc's heartbeat, launch/progress.h).
 //
-// Beside them, the bytes relayed: those an upload on another node moved while this process waited
-// for it (checkpoint/upload_progress.h). They show in the heartbeat too, but are never published
+// Beside them, the bytes relayed: those another node's upload or load moved while this process
+// waited for it (checkpoint/storage_progress.h). They show in the heartbeat too, but are never published
 // as moved, so two waiting processes cannot keep each other alive.
 #pragma once
 

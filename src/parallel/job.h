@@ -40,7 +40,7 @@ struct Distributed {
   const Mesh* mesh = &Mesh::single();
   comm::Store* store = nullptr;  // for agreement off the training thread (checkpoint commits)
   // The same for the object-store uploaders (a connection of their own), and the count of the bytes
-  // they move, which the ranks awaiting them read (checkpoint/upload_progress.h).
+  // they move, which the ranks awaiting them read (checkpoint/storage_progress.h).
   comm::Store* tier_store = nullptr;
   // This start of the job (random, agreed by all ranks at start-up): scopes the checkpoint commit
   // keys and fences the run directory, so that an earlier attempt's keys or processes (a Slurm

@@ -1,6 +1,6 @@
 // The uploads' progress relayed through a real (file) store: what is published, and how long a
-// waiter waits (checkpoint/upload_progress.h).
-#include "checkpoint/upload_progress.h"
+// waiter waits (checkpoint/storage_progress.h).
+#include "checkpoint/storage_progress.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ using comm::test_util::seconds_since;
 
 int64_t count(comm::Store& store, const std::string& key) { return store.add(key, 0); }
 
-TEST(UploadProgress, PublishesTheBytesMovedNeverThoseRelayed) {
+TEST(StorageProgress, PublishesTheBytesMovedNeverThoseRelayed) {
   comm::test_util::TempDir dir;
   auto store = comm::make_file_store(dir.path, "job", "r0.tier");
   io_progress::add(11);  // before: not this upload's
@@ -39,7 +39,7 @@ TEST(UploadProgress, PublishesTheBytesMovedNeverThoseRelayed) {
   EXPECT_EQ(count(*store, "moved"), 307);  // and no more after
 }
 
-TEST(UploadProgress, AWaiterLivesForAsLongAsTheUploadsMove) {
+TEST(StorageProgress, AWaiterLivesForAsLongAsTheUploadsMove) {
   comm::test_util::TempDir dir;
   auto store = comm::make_file_store(dir.path, "job", "r0.checkpoint");
   auto tier = comm::make_file_store(dir.path, "job", "r0.tier");
@@ -61,7 +61,7 @@ TEST(UploadProgress, AWaiterLivesForAsLongAsTheUploadsMove) {
   EXPECT_GE(io_progress::seen() - seen, 200u);  // the uploads' bytes, credited to this heartbeat
 }
 
-TEST(UploadProgress, AWaiterGivesUpOnceTheUploadsStandStill) {
+TEST(StorageProgress, AWaiterGivesUpOnceTheUploadsStandStill) {
   comm::test_util::TempDir dir;
   auto store = comm::make_file_store(dir.path, "job", "r0.checkpoint");
   auto tier = comm::make_file_store(dir.path, "job", "r0.tier");
@@ -80,7 +80,24 @@ TEST(UploadProgress, AWaiterGivesUpOnceTheUploadsStandStill) {
   EXPECT_EQ(io_progress::seen(), seen);
 }
 
-TEST(UploadProgress, AVerdictAlreadyThereIsReturnedAtOnce) {
+TEST(StorageProgress, ARankInACollectiveIsCreditedWithTheLoadsItAwaits) {
+  comm::test_util::TempDir dir;
+  auto tier = comm::make_file_store(dir.path, "job", "r0.tier");
+  tier->add("moved", 1000);  // before: not what this rank awaits
+  const uint64_t seen = io_progress::seen();
+  {
+    const RelayedProgress relayed(tier.get(), "moved", Millis(20));
+    std::this_thread::sleep_for(Millis(60));
+    tier->add("moved", 64);
+    for (int i = 0; i < 100 && io_progress::seen() - seen < 64; ++i) std::this_thread::sleep_for(Millis(10));
+    EXPECT_EQ(io_progress::seen() - seen, 64u);  // while it waits
+  }
+  tier->add("moved", 5);
+  std::this_thread::sleep_for(Millis(60));
+  EXPECT_EQ(io_progress::seen() - seen, 64u);  // and no more after
+}
+
+TEST(StorageProgress, AVerdictAlreadyThereIsReturnedAtOnce) {
   comm::test_util::TempDir dir;
   auto store = comm::make_file_store(dir.path, "job", "r0.checkpoint");
   auto tier = comm::make_file_store(dir.path, "job", "r0.tier");

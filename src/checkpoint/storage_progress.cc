@@ -1,5 +1,5 @@
-// Relaying the uploads' progress through the job's store (checkpoint/upload_progress.h).
-#include "checkpoint/upload_progress.h"
+// Relaying storage I/O's progress through the job's store (checkpoint/storage_progress.h).
+#include "checkpoint/storage_progress.h"
 
 #include <fmt/format.h>
 
@@ -31,6 +31,8 @@ int64_t read_count(comm::Store& store, const std::string& key) {
 }
 
 }  // namespace
+
+std::string progress_key(const std::string& attempt) { return fmt::format("tier.{}.moved", attempt); }
 
 PublishedProgress::PublishedProgress(comm::Store* store, std::string key, comm::Millis period)
     : store_(store), key_(std::move(key)), published_(io_progress::moved()) {
@@ -66,6 +68,35 @@ void PublishedProgress::publish() {
               key_, e.what());
     store_ = nullptr;
   }
+}
+
+RelayedProgress::RelayedProgress(comm::Store* store, std::string key, comm::Millis period)
+    : store_(store), key_(std::move(key)) {
+  if (store_ == nullptr) return;
+  thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    try {
+      for (int64_t seen = read_count(*store_, key_);;) {
+        if (wake_.wait_for(lock, period, [this] { return stop_; })) return;
+        const int64_t now = read_count(*store_, key_);
+        if (now > seen) io_progress::relay(static_cast<uint64_t>(now - seen));
+        seen = std::max(seen, now);
+      }
+    } catch (const Error& e) {
+      log::warn("cannot read the job's storage progress ({}): {}; this node's watchdog may take the wait for a hang",
+                key_, e.what());
+    }
+  });
+}
+
+RelayedProgress::~RelayedProgress() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
 }
 
 comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, comm::Store& progress_store,
