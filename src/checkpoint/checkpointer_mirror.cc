@@ -108,7 +108,7 @@ bool Checkpointer::mirror_step(int64_t step, bool resumed) {
     }
   }
   // For the ranks that await this upload.
-  const PublishedProgress published(dist_.tier_store, progress_key(dist_.attempt));
+  const PublishedProgress published(progress_counter(dist_));
   try {
     if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
       throw IoError(fmt::format("cannot upload checkpoint step {} (injected fault)", step));
@@ -173,9 +173,9 @@ int64_t Checkpointer::step_missing_from_tier() {
   // Rank 0 may still be uploading the last checkpoint, or awaiting another node's object: for as
   // long as the uploads move bytes.
   try {
-    return std::stoll(string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), *dist_.tier_store,
-                                                        progress_key(dist_.attempt), storage_wait(config_),
-                                                        "verdict of rank 0 on the last upload")));
+    return std::stoll(
+        string_of(await_while_progressing(*dist_.store, store_key(last_started_, what), progress_counter(dist_),
+                                          storage_wait(config_), "verdict of rank 0 on the last upload")));
   } catch (const std::exception& e) {
     throw IoError(
         fmt::format("cannot learn from rank 0 whether {} holds the last checkpoint: {}", mirror_root_, e.what()));
@@ -212,7 +212,7 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
     std::string report;
     try {
       report = string_of(await_while_progressing(*dist_.tier_store, tier_key(job, fmt::format("node{}", node)),
-                                                 *dist_.tier_store, progress_key(dist_.attempt), wait,
+                                                 progress_counter(dist_), wait,
                                                  fmt::format("report of node {}'s upload", node)));
     } catch (const Error& e) {
       report = fmt::format("error no report: {}", e.what());
@@ -262,7 +262,7 @@ void Checkpointer::node_upload_loop(int node) {
       if (fault::point("checkpoint.upload", dist_.rank(), step) == fault::Kind::kIo) {
         throw IoError(fmt::format("cannot upload node {}'s object (injected fault)", node));
       }
-      const PublishedProgress published(dist_.tier_store, progress_key(dist_.attempt));  // for rank 0, the waiters
+      const PublishedProgress published(progress_counter(dist_));  // for rank 0 and the waiting ranks
       const TierUploadStats sent = upload_node_object(*s3, root_, step, mirror_root_, how, node);
       report = fmt::format("ok {} {} {}", sent.objects, sent.bytes, sent.puts);
       log::info("checkpoint step {}: node {}'s object uploaded ({} bytes, {} PUT request(s))", step, node, sent.bytes,

@@ -137,7 +137,7 @@ std::string resume_from(const RankShards& into, const config::Config& config, co
     float outcome[2] = {0.0f, 0.0f};  // ranks that found it damaged, ranks that could not read it
     for (int attempt = 1;; ++attempt) {
       try {
-        const PublishedProgress published(dist.tier_store, progress_key(dist.attempt));  // for the ranks awaiting it
+        const PublishedProgress published(progress_counter(dist));  // for the ranks awaiting it
         if (fault::point("checkpoint.load", dist.rank(), 0) == fault::Kind::kIo) {
           throw IoError(fmt::format("cannot read {}: Input/output error (injected fault)", candidates[i]));
         }
@@ -161,7 +161,7 @@ std::string resume_from(const RankShards& into, const config::Config& config, co
     if (dist.world() != nullptr) {
       // Every rank's load awaited: one may take much longer than the others (a slower node), and
       // its bytes show in this rank's heartbeat meanwhile.
-      const RelayedProgress relayed(dist.tier_store, progress_key(dist.attempt));
+      const RelayedProgress relayed(progress_counter(dist));
       dist.world()->all_reduce(outcome, 2, comm::DType::kF32, {storage_wait(config)})->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "comm/process_group.h"
+#include "core/check.h"
 #include "core/error.h"
 #include "core/io_progress.h"
 #include "core/log.h"
@@ -32,15 +33,19 @@ int64_t read_count(comm::Store& store, const std::string& key) {
 
 }  // namespace
 
-std::string progress_key(const std::string& attempt) { return fmt::format("tier.{}.moved", attempt); }
+ProgressCounter progress_counter(const parallel::Distributed& dist) {
+  return {dist.tier_store, fmt::format("tier.{}.moved", dist.attempt), progress_period(dist.world_size())};
+}
 
-PublishedProgress::PublishedProgress(comm::Store* store, std::string key, comm::Millis period)
-    : store_(store), key_(std::move(key)), published_(io_progress::moved()) {
-  if (store_ == nullptr) return;
-  thread_ = std::thread([this, period] {
+comm::Millis progress_period(int world_size) { return comm::Millis(std::clamp(world_size / 128, 1, 30) * 1000); }
+
+PublishedProgress::PublishedProgress(ProgressCounter counter)
+    : counter_(std::move(counter)), published_(io_progress::moved()) {
+  if (counter_.store == nullptr) return;
+  thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
-    while (store_ != nullptr) {  // until the store fails
-      const bool last = wake_.wait_for(lock, period, [this] { return stop_; });
+    while (counter_.store != nullptr) {  // until the store fails
+      const bool last = wake_.wait_for(lock, counter_.period, [this] { return stop_; });
       publish();
       if (last) return;
     }
@@ -61,30 +66,31 @@ void PublishedProgress::publish() {
   const uint64_t now = io_progress::moved();
   if (now == published_) return;
   try {
-    store_->add(key_, static_cast<int64_t>(now - published_));
+    counter_.store->add(counter_.key, static_cast<int64_t>(now - published_));
     published_ = now;
   } catch (const Error& e) {
-    log::warn("cannot publish the upload's progress ({}): {}; other nodes' watchdogs may take their wait for a hang",
-              key_, e.what());
-    store_ = nullptr;
+    log::warn(
+        "cannot publish the storage I/O's progress ({}): {}; other nodes' watchdogs may take their wait "
+        "for a hang",
+        counter_.key, e.what());
+    counter_.store = nullptr;
   }
 }
 
-RelayedProgress::RelayedProgress(comm::Store* store, std::string key, comm::Millis period)
-    : store_(store), key_(std::move(key)) {
-  if (store_ == nullptr) return;
-  thread_ = std::thread([this, period] {
+RelayedProgress::RelayedProgress(ProgressCounter counter) : counter_(std::move(counter)) {
+  if (counter_.store == nullptr) return;
+  thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     try {
-      for (int64_t seen = read_count(*store_, key_);;) {
-        if (wake_.wait_for(lock, period, [this] { return stop_; })) return;
-        const int64_t now = read_count(*store_, key_);
+      for (int64_t seen = read_count(*counter_.store, counter_.key);;) {
+        if (wake_.wait_for(lock, counter_.period, [this] { return stop_; })) return;
+        const int64_t now = read_count(*counter_.store, counter_.key);
         if (now > seen) io_progress::relay(static_cast<uint64_t>(now - seen));
         seen = std::max(seen, now);
       }
     } catch (const Error& e) {
       log::warn("cannot read the job's storage progress ({}): {}; this node's watchdog may take the wait for a hang",
-                key_, e.what());
+                counter_.key, e.what());
     }
   });
 }
@@ -99,27 +105,27 @@ RelayedProgress::~RelayedProgress() {
   thread_.join();
 }
 
-comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, comm::Store& progress_store,
-                                    const std::string& progress_key, comm::Millis quiet, const std::string& what,
-                                    comm::Millis poll) {
+comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, const ProgressCounter& counter,
+                                    comm::Millis quiet, const std::string& what) {
   using Clock = std::chrono::steady_clock;
-  int64_t seen = read_count(progress_store, progress_key);
+  CHECK(counter.store != nullptr);
+  int64_t seen = read_count(*counter.store, counter.key);
   Clock::time_point moved_at = Clock::now();
   for (;;) {
     const auto left = std::chrono::duration_cast<comm::Millis>(moved_at + quiet - Clock::now());
     try {
-      return store.get(key, std::clamp(left, comm::Millis(0), poll));
+      return store.get(key, std::clamp(left, comm::Millis(0), counter.period));
     } catch (const comm::StoreError&) {
       if (store.check({key})) continue;  // set just after the wait; a store that is gone throws here
     }
-    const int64_t now = read_count(progress_store, progress_key);
+    const int64_t now = read_count(*counter.store, counter.key);
     if (now > seen) {
       io_progress::relay(static_cast<uint64_t>(now - seen));
       seen = now;
       moved_at = Clock::now();
     } else if (Clock::now() >= moved_at + quiet) {
       throw comm::StoreError(
-          fmt::format("no {} ({}) within {} ms of the uploads' last byte", what, key, quiet.count()));
+          fmt::format("no {} ({}) within {} ms of the storage I/O's last byte", what, key, quiet.count()));
     }
   }
 }

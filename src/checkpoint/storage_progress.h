@@ -4,7 +4,7 @@
 // verdict on the last upload, rank 0 for each node's report; before its first, every rank for the
 // slowest rank's load of the checkpoint it resumes from. It moves no bytes meanwhile, and its
 // node's agent cannot see another node's. So the rank that reads or uploads adds the bytes it
-// moves to one counter of the job (progress_key), and a waiter credits what that counter gains to
+// moves to one counter of the job (progress_counter), and a waiter credits what that counter gains to
 // its own heartbeat (io_progress::relay). Only bytes moved are published, never bytes relayed, so
 // two waiters cannot keep each other alive: when all the I/O stalls, every waiter sees it.
 #pragma once
@@ -16,27 +16,37 @@
 #include <thread>
 
 #include "comm/store.h"
+#include "parallel/job.h"
 
 namespace tessera::checkpoint {
 
-// The job's counter of the bytes its awaited storage I/O moved, in the uploaders' store
-// (parallel::Distributed::tier_store), for one attempt.
-std::string progress_key(const std::string& attempt);
+// Where the counter lives and how often it is written and read.
+struct ProgressCounter {
+  comm::Store* store = nullptr;  // null: a single process, nothing to relay
+  std::string key;
+  comm::Millis period{1000};
+};
 
-// While alive, adds the bytes this process moves (io_progress::moved) to the integer at `key` of
-// `store`, every `period` when they grew and once more at the end. Null store: does nothing. A
-// store that fails is logged once and no longer written; the upload goes on.
+// The job's counter for one attempt, in the uploaders' store (parallel::Distributed::tier_store),
+// with progress_period's period.
+ProgressCounter progress_counter(const parallel::Distributed& dist);
+// Every second, or less often in a large job (every world/128 s, at most 30 s), so that the store
+// sees about 128 requests a second however many ranks publish or wait.
+comm::Millis progress_period(int world_size);
+
+// While alive, adds the bytes this process moves (io_progress::moved) to the counter, every period
+// when they grew and once more at the end. A store that fails is logged once and no longer
+// written; the I/O goes on.
 class PublishedProgress {
  public:
-  PublishedProgress(comm::Store* store, std::string key, comm::Millis period = comm::Millis(1000));
+  explicit PublishedProgress(ProgressCounter counter);
   ~PublishedProgress();
   PublishedProgress(const PublishedProgress&) = delete;
   PublishedProgress& operator=(const PublishedProgress&) = delete;
 
  private:
   void publish();
-  comm::Store* store_;
-  std::string key_;
+  ProgressCounter counter_;
   uint64_t published_;  // io_progress::moved() as last added
   std::mutex mu_;
   std::condition_variable wake_;
@@ -44,31 +54,29 @@ class PublishedProgress {
   std::thread thread_;
 };
 
-// While alive, credits what the counter at `key` of `store` gains to this process's heartbeat,
-// every `period` (for a rank blocked in a collective while others load). Null store: does nothing.
-// A store that fails is logged once and no longer read.
+// While alive, credits what the counter gains to this process's heartbeat, every period (for a
+// rank blocked in a collective while others load). A store that fails is logged once and no
+// longer read.
 class RelayedProgress {
  public:
-  RelayedProgress(comm::Store* store, std::string key, comm::Millis period = comm::Millis(1000));
+  explicit RelayedProgress(ProgressCounter counter);
   ~RelayedProgress();
   RelayedProgress(const RelayedProgress&) = delete;
   RelayedProgress& operator=(const RelayedProgress&) = delete;
 
  private:
-  comm::Store* store_;
-  std::string key_;
+  ProgressCounter counter_;
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
   std::thread thread_;
 };
 
-// The value of `key` in `store`, awaited for as long as the counter at `progress_key` of
-// `progress_store` moves: throws StoreError (naming the key and `what`) once `quiet` has passed
-// without the key and without the counter moving. What the counter gains is credited to this
-// process's heartbeat. Polls every `poll`; a store that fails throws at once.
-comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, comm::Store& progress_store,
-                                    const std::string& progress_key, comm::Millis quiet, const std::string& what,
-                                    comm::Millis poll = comm::Millis(1000));
+// The value of `key` in `store`, awaited for as long as the counter moves: throws StoreError
+// (naming the key and `what`) once `quiet` has passed without the key and without the counter
+// moving. What the counter gains is credited to this process's heartbeat. Polls every period; a
+// store that fails throws at once.
+comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, const ProgressCounter& counter,
+                                    comm::Millis quiet, const std::string& what);
 
 }  // namespace tessera::checkpoint

@@ -26,7 +26,7 @@ TEST(StorageProgress, PublishesTheBytesMovedNeverThoseRelayed) {
   auto store = comm::make_file_store(dir.path, "job", "r0.tier");
   io_progress::add(11);  // before: not this upload's
   {
-    const PublishedProgress published(store.get(), "moved", Millis(20));
+    const PublishedProgress published({store.get(), "moved", Millis(20)});
     io_progress::relay(1000);  // what a waiter credits is never published again
     io_progress::add(300);
     for (int i = 0; i < 100 && count(*store, "moved") != 300; ++i) std::this_thread::sleep_for(Millis(10));
@@ -53,8 +53,8 @@ TEST(StorageProgress, AWaiterLivesForAsLongAsTheUploadsMove) {
   const uint64_t seen = io_progress::seen();
   const Clock::time_point t0 = Clock::now();
   comm::Bytes verdict;
-  EXPECT_NO_THROW(verdict =
-                      await_while_progressing(*store, "verdict", *tier, "moved", Millis(500), "verdict", Millis(50)));
+  EXPECT_NO_THROW(
+      verdict = await_while_progressing(*store, "verdict", {tier.get(), "moved", Millis(50)}, Millis(500), "verdict"));
   uploader.join();
   EXPECT_EQ(comm::string_of(verdict), "-1");
   EXPECT_GT(seconds_since(t0), 1.0);
@@ -69,7 +69,7 @@ TEST(StorageProgress, AWaiterGivesUpOnceTheUploadsStandStill) {
   const uint64_t seen = io_progress::seen();
   const Clock::time_point t0 = Clock::now();
   try {
-    await_while_progressing(*store, "verdict", *tier, "moved", Millis(300), "verdict of rank 0", Millis(50));
+    await_while_progressing(*store, "verdict", {tier.get(), "moved", Millis(50)}, Millis(300), "verdict of rank 0");
     ADD_FAILURE() << "no verdict and no upload moving, yet the wait ended without an error";
   } catch (const comm::StoreError& e) {
     EXPECT_NE(std::string(e.what()).find("no verdict of rank 0 (verdict) within 300 ms"), std::string::npos)
@@ -86,7 +86,7 @@ TEST(StorageProgress, ARankInACollectiveIsCreditedWithTheLoadsItAwaits) {
   tier->add("moved", 1000);  // before: not what this rank awaits
   const uint64_t seen = io_progress::seen();
   {
-    const RelayedProgress relayed(tier.get(), "moved", Millis(20));
+    const RelayedProgress relayed({tier.get(), "moved", Millis(20)});
     std::this_thread::sleep_for(Millis(60));
     tier->add("moved", 64);
     for (int i = 0; i < 100 && io_progress::seen() - seen < 64; ++i) std::this_thread::sleep_for(Millis(10));
@@ -97,12 +97,21 @@ TEST(StorageProgress, ARankInACollectiveIsCreditedWithTheLoadsItAwaits) {
   EXPECT_EQ(io_progress::seen() - seen, 64u);  // and no more after
 }
 
+TEST(StorageProgress, TheCounterIsReadLessOftenInALargeJob) {
+  EXPECT_EQ(progress_counter(parallel::Distributed()).store, nullptr);  // a single process: nothing to relay
+  EXPECT_EQ(progress_period(8), Millis(1000));
+  EXPECT_EQ(progress_period(255), Millis(1000));
+  EXPECT_EQ(progress_period(1024), Millis(8000));  // 128 requests a second
+  EXPECT_EQ(progress_period(16384), Millis(30000));
+}
+
 TEST(StorageProgress, AVerdictAlreadyThereIsReturnedAtOnce) {
   comm::test_util::TempDir dir;
   auto store = comm::make_file_store(dir.path, "job", "r0.checkpoint");
   auto tier = comm::make_file_store(dir.path, "job", "r0.tier");
   store->set("verdict", comm::bytes_of("10"));
-  EXPECT_EQ(comm::string_of(await_while_progressing(*store, "verdict", *tier, "moved", Millis(0), "verdict")), "10");
+  EXPECT_EQ(comm::string_of(await_while_progressing(*store, "verdict", {tier.get(), "moved"}, Millis(0), "verdict")),
+            "10");
 }
 
 }  // namespace
