@@ -4,9 +4,10 @@
 // verdict on the last upload, rank 0 for each node's report; before its first, every rank for the
 // slowest rank's load of the checkpoint it resumes from. It moves no bytes meanwhile, and its
 // node's agent cannot see another node's. So the rank that reads or uploads adds the bytes it
-// moves to one counter of the job (progress_counter), and a waiter credits what that counter gains to
-// its own heartbeat (io_progress::relay). Only bytes moved are published, never bytes relayed, so
-// two waiters cannot keep each other alive: when all the I/O stalls, every waiter sees it.
+// moves to one counter of the job (progress_counter), and a waiter credits what that counter
+// gains to its own heartbeat (io_progress::relay). Only bytes moved are published, never bytes
+// relayed, so two waiters cannot keep each other alive: when all the I/O stalls, every waiter
+// sees it.
 #pragma once
 
 #include <condition_variable>
