@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <utility>
 
@@ -15,24 +14,6 @@
 #include "core/log.h"
 
 namespace tessera::checkpoint {
-namespace {
-
-// The counter at `key` as Store::add keeps it (decimal text), read without a write (on etcd an
-// add of 0 is a write): 0 while it is absent. The key is there once check() says so; get()'s
-// timeout only bounds a slow store's reply.
-int64_t read_count(comm::Store& store, const std::string& key) {
-  if (!store.check({key})) return 0;
-  const std::string text = comm::string_of(store.get(key, comm::Millis(10000)));
-  int64_t value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size()) {
-    throw comm::StoreError(fmt::format("the store's key {} holds \"{}\", not a count", key, text));
-  }
-  return value;
-}
-
-}  // namespace
-
 ProgressCounter progress_counter(const parallel::Distributed& dist) {
   return {dist.tier_store, fmt::format("tier.{}.moved", dist.attempt), progress_period(dist.world_size())};
 }
@@ -82,9 +63,9 @@ RelayedProgress::RelayedProgress(ProgressCounter counter) : counter_(std::move(c
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     try {
-      for (int64_t seen = read_count(*counter_.store, counter_.key);;) {
+      for (int64_t seen = comm::read_counter(*counter_.store, counter_.key);;) {
         if (wake_.wait_for(lock, counter_.period, [this] { return stop_; })) return;
-        const int64_t now = read_count(*counter_.store, counter_.key);
+        const int64_t now = comm::read_counter(*counter_.store, counter_.key);
         if (now > seen) io_progress::relay(static_cast<uint64_t>(now - seen));
         seen = std::max(seen, now);
       }
@@ -109,7 +90,7 @@ comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, 
                                     comm::Millis quiet, const std::string& what) {
   using Clock = std::chrono::steady_clock;
   CHECK(counter.store != nullptr);
-  int64_t seen = read_count(*counter.store, counter.key);
+  int64_t seen = comm::read_counter(*counter.store, counter.key);
   Clock::time_point moved_at = Clock::now();
   for (;;) {
     const auto left = std::chrono::duration_cast<comm::Millis>(moved_at + quiet - Clock::now());
@@ -118,7 +99,7 @@ comm::Bytes await_while_progressing(comm::Store& store, const std::string& key, 
     } catch (const comm::StoreError&) {
       if (store.check({key})) continue;  // set just after the wait; a store that is gone throws here
     }
-    const int64_t now = read_count(*counter.store, counter.key);
+    const int64_t now = comm::read_counter(*counter.store, counter.key);
     if (now > seen) {
       io_progress::relay(static_cast<uint64_t>(now - seen));
       seen = now;

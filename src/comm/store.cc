@@ -1,12 +1,26 @@
 // Rendezvous URLs (etcd://HOST:PORT/PREFIX, file://DIR) and the store each names.
 #include "comm/store.h"
 
+#include <fmt/format.h>
+
 #include <string>
 
+#include "comm/process_group.h"
 #include "comm/store_impl.h"
 #include "core/error.h"
 
 namespace tessera::comm {
+
+int64_t read_counter(Store& store, const std::string& key) {
+  if (!store.check({key})) return 0;
+  // The key is there: the timeout only bounds a slow store's reply.
+  const std::string text = string_of(store.get(key, Millis(10000)));
+  int64_t value = 0;
+  if (!detail::parse_counter(text, &value)) {
+    throw StoreError(fmt::format("the store's key '{}' holds \"{}\", not a count", key, text.substr(0, 32)));
+  }
+  return value;
+}
 
 StoreUrl parse_store_url(const std::string& url) {
   auto bad = [&](const std::string& why) {

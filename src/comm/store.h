@@ -38,6 +38,10 @@ class Store {
   virtual std::vector<std::string> list(const std::string& prefix) = 0;
 };
 
+// The counter at `key` as add() keeps it, read without changing it (on etcd an add of 0 is a
+// write): 0 while the key is absent; a StoreError naming the key when it holds no integer.
+int64_t read_counter(Store& store, const std::string& key);
+
 // A store in a directory of a local (or shared) file system: one file per key under
 // DIR/<job namespace>/<round>/ (auth::job_namespace: derived from the token, never the token),
 // written to a temporary name and renamed, so readers never see a partial value; add() is

@@ -261,6 +261,10 @@ TEST_P(StoreContract, SetGetAddWaitCheck) {
   s->wait({}, Millis(0));
   EXPECT_TRUE(s->check({}));
   EXPECT_THROW(s->add("a", 1), StoreError);  // "a" holds no integer
+  EXPECT_EQ(read_counter(*s, "n"), 3);       // read, not written
+  EXPECT_EQ(read_counter(*s, "absent"), 0);
+  EXPECT_FALSE(s->check({"absent"}));
+  EXPECT_THROW(read_counter(*s, "a"), StoreError);
 
   // A key set later by another thread is seen by a waiting get and wait.
   std::thread setter([&] {

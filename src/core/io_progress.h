@@ -5,8 +5,8 @@
 // uploading the last one after its last (train/run.cc's heartbeat, launch/progress.h).
 //
 // Beside them, the bytes relayed: those another node's upload or load moved while this process
-// waited for it (checkpoint/storage_progress.h). They show in the heartbeat too, but are never published
-// as moved, so two waiting processes cannot keep each other alive.
+// waited for it (checkpoint/storage_progress.h). They show in the heartbeat too, but are never
+// published as moved, so two waiting processes cannot keep each other alive.
 #pragma once
 
 #include <atomic>
