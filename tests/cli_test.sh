@@ -136,6 +136,11 @@ if [[ -s $dir/a/model.safetensors ]] &&
   cp -r "$dir/hf" "$dir/hf_bad"
   sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$dir/hf_bad/config.json"
   expect_exit 3 "hf_bad/config.json: key rope_scaling" -- checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
+  # transformers 5's spelling of a scaled rotary embedding (Llama 3.1's), in rope_parameters.
+  sed -i -e 's/"rope_scaling": {.*}/"rope_scaling": null/' -e 's/"rope_type": "default"/"rope_type": "llama3"/' \
+    "$dir/hf_bad/config.json"
+  expect_exit 3 'hf_bad/config.json: key rope_parameters.rope_type = "llama3"' -- \
+    checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
   expect_exit 2 "already exists" -- checkpoint export --format hf "$dir/a" "$dir/hf"
 else
   echo "FAIL: Hugging Face export or import failed:"; tail -5 "$dir/hf.log"; failures=$((failures + 1))

@@ -48,9 +48,12 @@ def reference_logprobs(reference, hf_dir, ids, device):
         except ImportError:
             print("transformers is not installed: use --reference torch_ref", file=sys.stderr)
             sys.exit(2)
+        from packaging.version import Version  # a dependency of transformers
         torch.backends.cuda.matmul.allow_tf32 = False
-        model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32,
-                                                              attn_implementation="eager").to(device)
+        # transformers 4.56 renamed torch_dtype to dtype (5 still takes the old name, with a warning).
+        dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+        model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, attn_implementation="eager",
+                                                              **{dtype_key: torch.float32}).to(device)
         with torch.no_grad():
             logits = model(torch.tensor([ids], device=device)).logits[0]
         return torch.log_softmax(logits.double(), dim=-1).cpu()

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -167,7 +168,8 @@ std::map<std::string, LoadedTensor> read_weights(const fs::path& dir, std::strin
 
 std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& options) {
   // The keys of transformers' LlamaConfig that fix the computation, spelled out even where they
-  // equal its defaults, so that no reader's defaults matter.
+  // equal its defaults, so that no reader's defaults matter; the rotary base in the spellings of
+  // both transformers 4 and 5, so that no reader's conversion of the other matters.
   ordered_json j = {
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},
@@ -179,8 +181,9 @@ std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& o
       {"num_hidden_layers", c.n_layers},
       {"hidden_act", "silu"},
       {"rms_norm_eps", c.norm_eps},
-      {"rope_theta", c.rope_theta},
+      {"rope_theta", c.rope_theta},  // transformers 4's spelling,
       {"rope_scaling", nullptr},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},  // and 5's
       {"attention_bias", false},
       {"mlp_bias", false},
       {"vocab_size", c.vocab_size},
@@ -200,13 +203,20 @@ namespace {
 // scalars: dumping an array or object recurses as deep as it nests).
 class ConfigKeys {
  public:
-  ConfigKeys(const json& j, const std::string& origin) : j_(j), origin_(origin) {}
+  ConfigKeys(const json& j, const std::string& origin, std::string prefix = "")
+      : j_(j), origin_(origin), prefix_(std::move(prefix)) {}
+  // The keys of the object at `key` (checked to be one), named "key.inner" in errors.
+  ConfigKeys nested(const char* key) const {
+    if (!j_[key].is_object()) throw fail(key, "must be an object");
+    return ConfigKeys(j_[key], origin_, prefix_ + key + ".");
+  }
   bool contains(const char* key) const { return j_.contains(key); }
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }  // and not null
   const json& operator[](const char* key) const { return j_[key]; }
   DataError fail(const std::string& key, const std::string& why) const {
     const bool echo = j_.contains(key) && j_[key].is_primitive();
-    return DataError(fmt::format("{}: key {}{}: {}", origin_, key, echo ? " = " + dump_json(j_[key]) : "", why));
+    return DataError(
+        fmt::format("{}: key {}{}{}: {}", origin_, prefix_, key, echo ? " = " + dump_json(j_[key]) : "", why));
   }
   int64_t integer(const char* key, const int64_t* fallback) const {
     if (!has(key)) {
@@ -235,6 +245,7 @@ class ConfigKeys {
  private:
   const json& j_;
   const std::string& origin_;
+  std::string prefix_;  // "outer." for a nested object's keys
 };
 
 // What Tessera's model does not compute is refused rather than loaded as a model that gives
@@ -247,11 +258,36 @@ void refuse_unsupported(const ConfigKeys& k) {
       throw k.fail("architectures", "only [\"LlamaForCausalLM\"] is supported");
     }
   }
-  if (k.has("rope_scaling")) throw k.fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
   if (k.flag("attention_bias", false)) throw k.fail("attention_bias", "attention biases are not supported");
   if (k.flag("mlp_bias", false)) throw k.fail("mlp_bias", "MLP biases are not supported");
   if (k.contains("hidden_act") && k["hidden_act"] != "silu")
     throw k.fail("hidden_act", "only silu (SwiGLU) is supported");
+}
+
+// The rotary base. transformers 5 writes it into rope_parameters, beside the rope type;
+// transformers 4 wrote rope_theta, beside rope_scaling. Where a file holds both they must agree
+// (transformers 5 would take rope_parameters'). Scaled rotary embeddings (rope_scaling, a
+// rope_type other than "default": Llama 3.1's "llama3", YaRN...) and partial ones are refused:
+// Tessera rotates every channel pair of a head, at the unscaled frequencies.
+double read_rope_theta(const ConfigKeys& k) {
+  if (k.has("rope_scaling")) throw k.fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
+  const double theta = k.number("rope_theta", 10000.0);  // transformers' default for Llama
+  if (!k.has("rope_parameters")) return theta;
+  const ConfigKeys rope = k.nested("rope_parameters");
+  for (const char* key : {"rope_type", "type"}) {  // "type": the older spelling
+    if (rope.has(key) && rope[key] != "default") {
+      throw rope.fail(key, "scaled rotary embeddings are not supported (only \"default\")");
+    }
+  }
+  if (rope.number("partial_rotary_factor", 1.0) != 1.0) {
+    throw rope.fail("partial_rotary_factor", "partial rotary embeddings are not supported (only 1)");
+  }
+  if (!rope.has("rope_theta")) return theta;
+  const double inner = rope.number("rope_theta", theta);
+  if (k.has("rope_theta") && inner != theta) {
+    throw rope.fail("rope_theta", fmt::format("differs from the key rope_theta = {}", dump_json(k["rope_theta"])));
+  }
+  return inner;
 }
 
 // The shape, with transformers' LlamaConfig defaults where a key is absent, checked as
@@ -267,7 +303,7 @@ model::ModelConfig read_shape(const ConfigKeys& k) {
   const int64_t default_positions = 2048;
   c.seq_len = k.integer("max_position_embeddings", &default_positions);
   c.norm_eps = k.number("rms_norm_eps", 1e-6);
-  c.rope_theta = k.number("rope_theta", 10000.0);
+  c.rope_theta = read_rope_theta(k);
   c.tied_embeddings = k.flag("tie_word_embeddings", false);
   if (k.has("initializer_range") && k["initializer_range"].is_number()) {
     const double std = k["initializer_range"].get<double>();

@@ -394,7 +394,8 @@ TEST(HfConfigFromJson, SizesBeyondInt64Refused) {
 // brackets overflowed the stack.
 TEST(HfConfigFromJson, NestedValuesAreNotEchoed) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  for (const char* key : {"model_type", "architectures", "hidden_act", "hidden_size", "rope_scaling"}) {
+  for (const char* key :
+       {"model_type", "architectures", "hidden_act", "hidden_size", "rope_scaling", "rope_parameters"}) {
     const std::string e = config_error(with_key(key, deep));
     EXPECT_NE(e.find(std::string("config.json: key ") + key), std::string::npos) << e.substr(0, 200);
     EXPECT_LT(e.size(), 200u) << e.substr(0, 200);
@@ -408,6 +409,45 @@ TEST(HfConfigFromJson, NegativeTokenIdsMeanNone) {
   EXPECT_EQ(m.bos_token_id, -1);
   EXPECT_EQ(hf_config_from_json(hf_config_json(m.config), "config.json").bos_token_id, m.bos_token_id);
   EXPECT_EQ(hf_config_from_json(with_key("eos_token_id", "0"), "config.json").eos_token_id, 0);
+}
+
+// transformers 5 writes the rotary base into rope_parameters, and no rope_theta. It was read as
+// 10000 (transformers' default): a Llama 3 fine-tune saved by transformers 5 imported with every
+// rotation wrong, and its rope_type (Llama 3.1's "llama3") was not refused.
+TEST(HfConfigFromJson, RotaryBaseAsTransformers5WritesIt) {
+  auto v5 = [](const std::string& rope_parameters) {  // small_config's config.json as 5 saves it
+    nlohmann::json j = parse_json_or_throw(hf_config_json(small_config(2, false)));
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j["rope_parameters"] = parse_json_or_throw(rope_parameters);
+    return dump_json(j);
+  };
+  auto theta = [](const std::string& text) { return hf_config_from_json(text, "config.json").config.rope_theta; };
+  EXPECT_EQ(theta(v5(R"({"rope_type": "default", "rope_theta": 250000.0})")), 250000.0);
+  EXPECT_EQ(theta(v5(R"({"type": "default", "rope_theta": 250000})")), 250000.0);  // the older spelling
+  EXPECT_EQ(theta(v5(R"({"rope_type": "default"})")), 10000.0);  // no base anywhere: transformers' default
+  EXPECT_EQ(theta(with_key("rope_parameters", R"({"rope_type": "default"})")), 500000.0);  // rope_theta's
+
+  // Export writes both spellings, which agree.
+  const nlohmann::json exported = parse_json_or_throw(hf_config_json(small_config(2, false)));
+  EXPECT_EQ(exported["rope_theta"], 500000.0);
+  EXPECT_EQ(exported["rope_parameters"], (nlohmann::json{{"rope_type", "default"}, {"rope_theta", 500000.0}}));
+  EXPECT_EQ(theta(exported.dump()), 500000.0);
+
+  for (const auto& [text, message] : {
+           std::pair{v5(R"({"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0})"),
+                     "key rope_parameters.rope_type = \"llama3\": scaled rotary embeddings are not supported"},
+           std::pair{v5(R"({"type": "linear", "factor": 2.0})"), "key rope_parameters.type = \"linear\""},
+           std::pair{v5(R"({"rope_type": "default", "partial_rotary_factor": 0.5})"),
+                     "key rope_parameters.partial_rotary_factor = 0.5: partial rotary embeddings"},
+           std::pair{v5(R"({"rope_theta": -1})"), "key rope_parameters.rope_theta = -1: must be a number > 0"},
+           std::pair{v5("4"), "key rope_parameters = 4: must be an object"},
+           std::pair{with_key("rope_parameters", R"({"rope_theta": 10000.0})"),
+                     "key rope_parameters.rope_theta = 10000.0: differs from the key rope_theta = 500000.0"},
+       }) {
+    const std::string e = config_error(text);
+    EXPECT_NE(e.find(std::string("config.json: ") + message), std::string::npos) << e;
+  }
 }
 
 // config.json sizes the layout import builds before it compares any tensor: 2^40 layers beside a

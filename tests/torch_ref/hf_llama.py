@@ -108,6 +108,17 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_theta(cfg):
+    """The rotary base as transformers 5 reads config.json (PreTrainedConfig's conversion): the
+    parameters are rope_scaling (4's spelling) or else rope_parameters (5's), their rope_theta or
+    else the top-level rope_theta or else 10000; only the unscaled, whole rotation is computed here."""
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default" or params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise Malformed(f"config.json: rotary parameters {params!r}, this reference computes the default rotation")
+    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+
+
 def rotary_cos_sin(T, D, theta, dtype):  # LlamaRotaryEmbedding, default rope type
     inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
@@ -134,14 +145,14 @@ def expected_names(cfg):
 
 def hf_forward(cfg, w, ids, dtype=torch.float64):
     """ids: (B, T) long. Returns (B, T, V) logits."""
-    for key, want in (("model_type", "llama"), ("hidden_act", "silu"), ("rope_scaling", None),
-                      ("attention_bias", False), ("mlp_bias", False)):
+    for key, want in (("model_type", "llama"), ("hidden_act", "silu"), ("attention_bias", False),
+                      ("mlp_bias", False)):
         if cfg.get(key, want) != want:
             raise Malformed(f"config.json: {key} = {cfg[key]!r}, this reference computes {want!r}")
     C, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads", H)
     D = cfg.get("head_dim", C // H)
-    eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
+    eps, theta = cfg["rms_norm_eps"], rope_theta(cfg)
     missing = sorted(set(expected_names(cfg)) - set(w))
     extra = sorted(set(w) - set(expected_names(cfg)))
     if missing or extra:
@@ -193,7 +204,8 @@ def check(d, tol):
 
 
 def self_test():
-    """The parser widens F16 and BF16 exactly and honours an index."""
+    """The parser widens F16 and BF16 exactly and honours an index; the rotary base is read as
+    transformers 4 and 5 write it."""
     with tempfile.TemporaryDirectory() as d:
         vals = np.array([1.0, -2.0, 0.5, 65504.0], dtype=np.float16)
         bf = np.array([0x3F80, 0xC040], dtype="<u2")
@@ -212,6 +224,17 @@ def self_test():
         assert w["b"].tolist() == [1.0, -3.0], w["b"]
     x = torch.arange(8, dtype=torch.float64).view(1, 1, 1, 8)
     assert rotate_half(x).flatten().tolist() == [-4, -5, -6, -7, 0, 1, 2, 3]
+    for cfg, theta in (({}, 10000.0), ({"rope_theta": 5e5, "rope_scaling": None}, 5e5),
+                       ({"rope_parameters": {"rope_type": "default", "rope_theta": 2.5e5}}, 2.5e5),
+                       ({"rope_theta": 5e5, "rope_parameters": {"rope_type": "default"}}, 5e5)):
+        assert rope_theta(cfg) == theta, (cfg, rope_theta(cfg))
+    for cfg in ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, {"rope_scaling": {"type": "linear"}},
+                {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}):
+        try:
+            rope_theta(cfg)
+            raise AssertionError(f"{cfg} accepted")
+        except Malformed:
+            pass
     print("hf_llama self-test: ok")
     return 0
 
