@@ -43,6 +43,9 @@ PRESETS = {
 # Attention through torch's fused scaled_dot_product_attention (PyTorch 2.x; the GPU peer) instead
 # of the explicit softmax(QK^T)V that the numerics tests read. The same function either way.
 USE_SDPA = False
+# PyTorch 2.5 added enable_gqa: SDPA reads each kv head for its group of query heads in place,
+# without the repeated copies below (the fastest eager GQA, so the GPU peer uses it).
+SDPA_READS_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def check_config(cfg):
@@ -115,8 +118,13 @@ class Attention(nn.Module):
         k = apply_rope(self.wk(x).view(B, T, Hkv, D), cos, sin)
         v = self.wv(x).view(B, T, Hkv, D)
         # GQA: query head h reads kv head h // (H / Hkv); repeat_interleave gives exactly that
-        # order (each kv head repeated for its consecutive group of query heads).
+        # order (each kv head repeated for its consecutive group of query heads), as does SDPA's
+        # enable_gqa.
         rep = H // Hkv
+        if USE_SDPA and SDPA_READS_GQA:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H or Hkv, T, D)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=rep > 1)
+            return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
