@@ -5,11 +5,13 @@
                                                  [--kv-heads 8] [--head-dim 128] [--iters 20]
 
 F.scaled_dot_product_attention(is_causal=True) on bf16 q, k, v, the call the GPU model peer
-(torch_llama_bench.py --device cuda) makes, with k and v expanded to the query heads as that
-model does (the expansion is not timed). PyTorch picks its fastest backend for the shape (flash
-attention on Hopper). Prints one JSON line with the same fields and FLOP count as
-tessera_attention_bench: milliseconds a call (median, CUDA events) and TFLOP/s counting forward
-as 2 and backward as 5 causal products.
+(torch_llama_bench.py --device cuda) makes, timed both ways PyTorch offers for GQA, the faster
+taken: k and v expanded to the query heads (the expansion not timed; any backend may serve it,
+cuDNN's included), and, from PyTorch 2.5, k and v of kv heads read in place (enable_gqa; the
+flash backend only, which sums the gradients of k and v over each group as Tessera does).
+PyTorch picks its fastest backend for each. Prints one JSON line with the same fields and FLOP
+count as tessera_attention_bench: milliseconds a call (median, CUDA events) and TFLOP/s counting
+forward as 2 and backward as 5 causal products; "layouts" holds both timings.
 """
 
 import argparse
@@ -44,19 +46,30 @@ def main():
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
     q = torch.randn(B, H, T, D, device=dev, dtype=dt, requires_grad=True)
-    k = torch.randn(B, Hkv, T, D, device=dev, dtype=dt).repeat_interleave(H // Hkv, dim=1).requires_grad_()
-    v = torch.randn(B, Hkv, T, D, device=dev, dtype=dt).repeat_interleave(H // Hkv, dim=1).requires_grad_()
+    k0 = torch.randn(B, Hkv, T, D, device=dev, dtype=dt)
+    v0 = torch.randn(B, Hkv, T, D, device=dev, dtype=dt)
     dout = torch.randn(B, H, T, D, device=dev, dtype=dt)
 
-    with torch.no_grad():
-        forward_ms = median_ms(a.iters, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    backward_ms = median_ms(a.iters, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    def time_layout(copies, options):  # (forward ms, backward ms) with k, v repeated `copies` times
+        k = k0.repeat_interleave(copies, dim=1).requires_grad_()
+        v = v0.repeat_interleave(copies, dim=1).requires_grad_()
+        with torch.no_grad():
+            forward = median_ms(a.iters, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **options))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **options)
+        return forward, median_ms(a.iters, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+
+    layouts = {"expanded": time_layout(H // Hkv, {})}
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5) and H != Hkv:
+        layouts["enable_gqa"] = time_layout(1, {"enable_gqa": True})
+    best = min(layouts, key=lambda name: sum(layouts[name]))
+    forward_ms, backward_ms = layouts[best]
 
     product_flops = 2.0 * B * H * D * T * (T + 1) / 2
     print(json.dumps({
         "impl": "torch_sdpa", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-        "precision": "bf16", "batch": B, "seq": T, "heads": H, "kv_heads": Hkv, "head_dim": D,
+        "precision": "bf16", "kv_layout": best,
+        "layouts": {name: {"forward_ms": round(f, 4), "backward_ms": round(b, 4)} for name, (f, b) in layouts.items()},
+        "batch": B, "seq": T, "heads": H, "kv_heads": Hkv, "head_dim": D,
         "forward_ms": round(forward_ms, 4), "backward_ms": round(backward_ms, 4),
         "forward_tflops": round(2 * product_flops / forward_ms * 1e-9, 2),
         "backward_tflops": round(5 * product_flops / backward_ms * 1e-9, 2),

@@ -14,8 +14,8 @@ code that checks Tessera's numerics, so the peer cannot quietly compute somethin
 mixed precision on CPU (fp32 parameters, optimizer and gradients; bf16 GEMMs), the peer of
 Tessera's parallel.param_dtype = bf16.
 --device cuda is the GPU peer (PyTorch 2.x, as the GPU image has): the model on one GPU, eager,
-attention through F.scaled_dot_product_attention (causal; GQA's kv heads read in place with
-enable_gqa from PyTorch 2.5), autocast to bf16 with --dtype bf16,
+attention through F.scaled_dot_product_attention (causal; with bf16 and PyTorch 2.5+, GQA's kv
+heads read in place with enable_gqa), autocast to bf16 with --dtype bf16,
 torch.optim.AdamW(fused=True), TF32 off as in Tessera's default; it also reports the GPU's name
 and torch.cuda.max_memory_allocated.
 
@@ -151,8 +151,8 @@ def main():
         "model_flops_per_s": flops_per_token * tokens_per_s,
         "threads": args.threads,
         "dtype": args.dtype,
-        "attention": ("sdpa, enable_gqa" if llama.SDPA_READS_GQA else "sdpa, kv heads repeated") if cuda
-        else "explicit softmax(QK^T)V",
+        "attention": ("sdpa, enable_gqa" if llama.SDPA_READS_GQA and args.dtype == "bf16" else
+                      "sdpa, kv heads repeated") if cuda else "explicit softmax(QK^T)V",
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_device_bytes": torch.cuda.max_memory_allocated() if cuda else None,

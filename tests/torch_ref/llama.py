@@ -44,7 +44,9 @@ PRESETS = {
 # of the explicit softmax(QK^T)V that the numerics tests read. The same function either way.
 USE_SDPA = False
 # PyTorch 2.5 added enable_gqa: SDPA reads each kv head for its group of query heads in place,
-# without the repeated copies below (the fastest eager GQA, so the GPU peer uses it).
+# without the repeated copies below. Only its flash backend does so, on bf16 or fp16; on fp32 it
+# falls back to the unfused math one, slower than the copies. So, as transformers does, the GPU
+# peer reads in place under bf16 autocast and repeats otherwise.
 SDPA_READS_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
@@ -121,7 +123,7 @@ class Attention(nn.Module):
         # order (each kv head repeated for its consecutive group of query heads), as does SDPA's
         # enable_gqa.
         rep = H // Hkv
-        if USE_SDPA and SDPA_READS_GQA:
+        if USE_SDPA and SDPA_READS_GQA and torch.is_autocast_enabled(x.device.type):
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H or Hkv, T, D)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=rep > 1)
             return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
