@@ -30,6 +30,8 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "torch_ref"))
+import llama  # noqa: E402  (the path is set just above)
 
 
 def run(cmd):
@@ -49,7 +51,7 @@ def reference_logprobs(reference, hf_dir, ids, device):
             print("transformers is not installed: use --reference torch_ref", file=sys.stderr)
             sys.exit(2)
         from packaging.version import Version  # a dependency of transformers
-        torch.backends.cuda.matmul.allow_tf32 = False
+        llama.tf32_off()
         # transformers 4.56 renamed torch_dtype to dtype (5 still takes the old name, with a warning).
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, attn_implementation="eager",
@@ -57,8 +59,7 @@ def reference_logprobs(reference, hf_dir, ids, device):
         with torch.no_grad():
             logits = model(torch.tensor([ids], device=device)).logits[0]
         return torch.log_softmax(logits.double(), dim=-1).cpu()
-    sys.path.insert(0, os.path.join(HERE, "torch_ref"))
-    import hf_llama  # noqa: E402  (the path is set just above)
+    import hf_llama  # noqa: E402  (beside llama)
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     weights = hf_llama.read_hf_weights(hf_dir)

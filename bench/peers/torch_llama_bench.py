@@ -94,8 +94,7 @@ def main():
     cuda = args.device == "cuda"
     if cuda:
         llama.USE_SDPA = True
-        torch.backends.cuda.matmul.allow_tf32 = False  # Tessera's fp32 default (model.allow_tf32)
-        torch.backends.cudnn.allow_tf32 = False
+        llama.tf32_off()  # Tessera's fp32 default (model.allow_tf32)
     model = llama.Llama(cfg, torch.float32)
     llama.init_weights(model, INIT_SEED)
     model.to(args.device)

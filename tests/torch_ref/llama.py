@@ -40,6 +40,8 @@ PRESETS = {
                    tied_embeddings=False),
 }
 
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])  # (major, minor)
+
 # Attention through torch's fused scaled_dot_product_attention (PyTorch 2.x; the GPU peer) instead
 # of the explicit softmax(QK^T)V that the numerics tests read. The same function either way.
 USE_SDPA = False
@@ -47,7 +49,19 @@ USE_SDPA = False
 # without the repeated copies below. Only its flash backend does so, on bf16 or fp16; on fp32 it
 # falls back to the unfused math one, slower than the copies. So, as transformers does, the GPU
 # peer reads in place under bf16 autocast and repeats otherwise.
-SDPA_READS_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+SDPA_READS_GQA = TORCH_VERSION >= (2, 5)
+
+
+def tf32_off():
+    """fp32 products in fp32 on a GPU (Tessera's default, model.allow_tf32 = false). PyTorch 2.9
+    replaced allow_tf32 with fp32_precision and raises when code mixes the two, as a library
+    reading the new flag would after this set the old one."""
+    if TORCH_VERSION >= (2, 9):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def check_config(cfg):
