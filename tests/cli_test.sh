@@ -92,6 +92,18 @@ fi
 # used as train.init_from gives the same numbers everywhere, since the weights are bitwise equal.
 src=$(cd "$(dirname "$0")/.." && pwd)
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; failures=$((failures + 1)); fi; }
+# Warmup-stable-decay: the peak held until the last train.lr_decay_steps, then linear to min_lr
+# (metrics.jsonl's lr: step 1 warms up to 1e-3, 2-4 hold it, 5 and 6 decay).
+if run "$dir/wsd" --set train.max_steps=6 --set train.warmup_steps=1 --set train.lr=1e-3 --set train.min_lr=1e-4 \
+     --set train.lr_decay=linear --set train.lr_decay_steps=2 --set checkpoint.save_final=false; then
+  check "train.lr_decay_steps holds the peak, then decays over the last steps" \
+    '/usr/bin/python3 -c "import json, sys
+lr = [json.loads(line)[\"lr\"] for line in open(sys.argv[1])]
+print(\"lr by step:\", lr)
+sys.exit(len(lr) != 6 or any(abs(a - b) > 1e-15 for a, b in zip(lr, [1e-3] * 4 + [5.5e-4, 1e-4])))" "$dir/wsd/metrics.jsonl"'
+else
+  echo "FAIL: the warmup-stable-decay run failed:"; tail -5 "$dir/wsd.log"; failures=$((failures + 1))
+fi
 val_loss() { "$tessera" eval --checkpoint "$1" --data "$dir/ds" 2>/dev/null | grep -o '"val_loss":[^,]*'; }
 first_loss() {  # the step-1 loss of a one-step run with the short run's settings and extra --set flags
   run "$dir/init$1" --set train.max_steps=1 --set checkpoint.save_final=false --set train.eval_interval=0 "${@:2}" &&

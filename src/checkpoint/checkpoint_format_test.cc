@@ -202,6 +202,8 @@ Manifest sample_manifest() {
   m.min_lr = 1e-4;
   m.warmup_steps = 2;
   m.total_steps = 100;
+  m.decay = "linear";
+  m.decay_steps = 20;
   m.world = 4;
   m.shard_size = 2;
   m.strategy = "hybrid_shard";
@@ -228,6 +230,21 @@ TEST(Manifest, OptimizerStepsDefaultToTheStep) {
   EXPECT_EQ(parse_manifest(dump_json(j), "M").optimizer_steps, sample_manifest().optimizer_steps);
   j.erase("optimizer_steps");
   EXPECT_EQ(parse_manifest(dump_json(j), "M").optimizer_steps, sample_manifest().step);
+}
+
+// Manifests written before train.lr_decay have a schedule without decay: warmup then cosine over
+// every later step.
+TEST(Manifest, ScheduleWithoutDecayReadsAsCosine) {
+  nlohmann::json j = parse_json_or_throw(to_json(sample_manifest()));
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").decay, "linear");
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").decay_steps, 20);
+  j["schedule"].erase("decay");
+  j["schedule"].erase("decay_steps");
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").decay, "cosine");
+  EXPECT_EQ(parse_manifest(dump_json(j), "M").decay_steps, 0);
+  j["schedule"]["decay_steps"] = -1;
+  EXPECT_NE(error_of([&] { parse_manifest(dump_json(j), "M"); }).find("schedule.decay_steps = -1 is outside"),
+            std::string::npos);
 }
 
 // Version 1 (before tensor parallelism) has no tensor_parallel, tp_rank, split_dim or full_shape:

@@ -167,6 +167,8 @@ Manifest Checkpointer::manifest_of(const TrainingState& state) const {
   m.min_lr = config_.train.min_lr;
   m.warmup_steps = config_.train.warmup_steps;
   m.total_steps = config_.train.max_steps;
+  m.decay = config::name(config_.train.lr_decay);
+  m.decay_steps = config_.train.lr_decay_steps;
   m.world = dist_.world_size();
   m.shard_size = dist_.mesh->size(parallel::Dim::kDpShard);
   m.tensor_parallel = dist_.mesh->size(parallel::Dim::kTp);

@@ -138,7 +138,12 @@ std::string to_json(const Manifest& m) {
       {"sampler_position", m.sampler_position},
       {"seed", m.seed},
       {"schedule",
-       {{"lr", m.lr}, {"min_lr", m.min_lr}, {"warmup_steps", m.warmup_steps}, {"total_steps", m.total_steps}}},
+       {{"lr", m.lr},
+        {"min_lr", m.min_lr},
+        {"warmup_steps", m.warmup_steps},
+        {"total_steps", m.total_steps},
+        {"decay", m.decay},
+        {"decay_steps", m.decay_steps}}},
       {"world", m.world},
       {"shard_size", m.shard_size},
       {"tensor_parallel", m.tensor_parallel},
@@ -259,6 +264,10 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   m.min_lr = schedule.number("min_lr");
   m.warmup_steps = schedule.integer("warmup_steps", 0, INT64_MAX);
   m.total_steps = schedule.integer("total_steps", 0, INT64_MAX);
+  // Absent before train.lr_decay: warmup then cosine over every later step.
+  const json& schedule_json = top.get("schedule", json::value_t::object);
+  if (schedule_json.contains("decay")) m.decay = schedule.string("decay");
+  if (schedule_json.contains("decay_steps")) m.decay_steps = schedule.integer("decay_steps", 0, INT64_MAX);
   m.world = static_cast<int>(top.integer("world", 1, 1 << 20));
   m.shard_size = static_cast<int>(top.integer("shard_size", 1, m.world));
   if (m.world % m.shard_size != 0) throw top.error("shard_size", fmt::format("does not divide world {}", m.world));

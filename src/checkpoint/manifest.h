@@ -61,8 +61,12 @@ struct Manifest {
   int64_t tokens = 0;             // training tokens seen
   uint64_t sampler_position = 0;  // global sample position of the next batch
   uint64_t seed = 0;              // initialization and data-order seed (all RNG is counter-based)
-  double lr = 0, min_lr = 0;      // schedule: warmup then cosine to min_lr at total_steps
+  // The schedule (optim/schedule.h): warmup_steps up to lr, then `decay` (train.lr_decay's name)
+  // to min_lr at total_steps over the last decay_steps steps (0: every step after the warmup).
+  double lr = 0, min_lr = 0;
   int64_t warmup_steps = 0, total_steps = 0;
+  std::string decay = "cosine";
+  int64_t decay_steps = 0;
   int world = 1;                  // ranks that trained
   int shard_size = 1;             // ranks each unit was sharded over (one file per shard rank)
   int tensor_parallel = 1;        // tensor-parallel ranks (one set of shard files each)

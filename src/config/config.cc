@@ -88,6 +88,11 @@ struct EnumNames<OnNonFinite> {
                                                                    {"skip", OnNonFinite::kSkip}};
 };
 template <>
+struct EnumNames<LrDecay> {
+  static constexpr std::pair<const char*, LrDecay> kTable[] = {
+      {"cosine", LrDecay::kCosine}, {"linear", LrDecay::kLinear}, {"sqrt", LrDecay::kSqrt}, {"none", LrDecay::kNone}};
+};
+template <>
 struct EnumNames<PipelineSchedule> {
   static constexpr std::pair<const char*, PipelineSchedule> kTable[] = {{"1f1b", PipelineSchedule::kOneFOneB},
                                                                         {"gpipe", PipelineSchedule::kGPipe}};
@@ -304,6 +309,8 @@ const std::vector<Key>& schema() {
       KEY(train, lr, gt(0)),
       KEY(train, min_lr, ge(0)),
       KEY(train, warmup_steps, ge(0)),
+      KEY(train, lr_decay),
+      KEY(train, lr_decay_steps, ge(0, "0: every step after the warmup")),
       KEY(train, weight_decay, ge(0)),
       KEY(train, beta1, half_open(0, 1)),
       KEY(train, beta2, half_open(0, 1)),
@@ -476,6 +483,7 @@ Config load_text(const std::string& toml_text, const std::string& origin, const 
 const char* name(Strategy v) { return enum_name(v); }
 const char* name(Precision v) { return enum_name(v); }
 const char* name(OnNonFinite v) { return enum_name(v); }
+const char* name(LrDecay v) { return enum_name(v); }
 const char* name(OnFailure v) { return enum_name(v); }
 const char* name(PipelineSchedule v) { return enum_name(v); }
 const char* name(Device v) { return enum_name(v); }
@@ -628,6 +636,8 @@ void validate(const Config& c) {
   const TrainConfig& t = c.train;
   require(t.min_lr <= t.lr, "train.min_lr", fmt::format("{}", t.min_lr),
           fmt::format("must be in [0, train.lr = {}]", t.lr));
+  require(t.lr_decay != LrDecay::kNone || t.lr_decay_steps == 0, "train.lr_decay_steps",
+          fmt::format("{}", t.lr_decay_steps), "has no effect with train.lr_decay = \"none\": set 0");
   storage::check_location(c.checkpoint.mirror_dir, "checkpoint.mirror_dir");
   storage::check_location(c.data.dataset, "data.dataset");
   require(c.data.synthetic || !c.data.dataset.empty(), "data.dataset", "\"\"",

@@ -42,6 +42,8 @@ enum class HostTransport { kAuto, kTcp, kShm };
 // Where a CPU job's ranks run on their node: "auto" (each local rank on its own block of the
 // node's CPUs) or "none" (wherever the kernel puts them).
 enum class CpuBind { kAuto, kNone };
+// The learning rate's decay after the warmup (optim::Schedule): "cosine", "linear", "sqrt" or "none".
+enum class LrDecay { kCosine, kLinear, kSqrt, kNone };
 const char* name(Strategy v);
 const char* name(Precision v);
 const char* name(OnNonFinite v);
@@ -50,6 +52,7 @@ const char* name(PipelineSchedule v);
 const char* name(Device v);
 const char* name(HostTransport v);
 const char* name(CpuBind v);
+const char* name(LrDecay v);
 // train.device's values spelled as on the command line; a ConfigError naming `what` otherwise.
 Device parse_device(const std::string& text, const std::string& what);
 
@@ -61,6 +64,11 @@ struct TrainConfig {
   double lr = 2e-3;
   double min_lr = 2e-4;
   int64_t warmup_steps = 50;
+  // The learning rate after the warmup (optim/schedule.h): "cosine", "linear" or "sqrt" decay to
+  // min_lr at max_steps, or "none" (lr to the end). The decay takes every step after the warmup,
+  // or with lr_decay_steps = K > 0 only the last K, the peak held until then (warmup-stable-decay).
+  LrDecay lr_decay = LrDecay::kCosine;
+  int64_t lr_decay_steps = 0;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -191,6 +191,13 @@ TEST(Config, RangesAndConsistencyAreChecked) {
             std::string::npos);
   EXPECT_NE(load_error("", {{"train.max_skipped_steps", "0"}}).find("train.max_skipped_steps = 0"), std::string::npos);
   EXPECT_EQ(load_error("", {{"train.on_nonfinite", "skip"}}), "");
+  EXPECT_NE(load_error("", {{"train.lr_decay", "exponential"}})
+                .find("train.lr_decay = \"exponential\" (--set): must be one of cosine, linear, sqrt, none"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"train.lr_decay", "none"}, {"train.lr_decay_steps", "100"}})
+                .find("train.lr_decay_steps = 100: has no effect with train.lr_decay = \"none\""),
+            std::string::npos);
+  EXPECT_EQ(load_error("", {{"train.lr_decay", "linear"}, {"train.lr_decay_steps", "100"}}), "");
 }
 
 // Every numeric key's range, as the schema states it, is enforced at both ends: just outside is
@@ -244,17 +251,19 @@ TEST(Config, EnumKeysAreTypedAndRoundTripByName) {
                              {"parallel.param_dtype", "bf16"},
                              {"parallel.reduce_dtype", "bf16"},
                              {"train.on_nonfinite", "skip"},
+                             {"train.lr_decay", "sqrt"},
                              {"checkpoint.on_failure", "stop"},
                              {"metrics.log_level", "warn"}});
   EXPECT_EQ(c.parallel.strategy, Strategy::kHybridShard);
   EXPECT_EQ(c.parallel.param_dtype, Precision::kBf16);
   EXPECT_EQ(c.parallel.reduce_dtype, Precision::kBf16);
   EXPECT_EQ(c.train.on_nonfinite, OnNonFinite::kSkip);
+  EXPECT_EQ(c.train.lr_decay, LrDecay::kSqrt);
   EXPECT_EQ(c.checkpoint.on_failure, OnFailure::kStop);
   EXPECT_EQ(c.metrics.log_level, log::Level::kWarn);
   const std::string toml = to_toml(c);
   for (const char* line : {"strategy = \"hybrid_shard\"", "param_dtype = \"bf16\"", "on_nonfinite = \"skip\"",
-                           "on_failure = \"stop\"", "log_level = \"warn\""}) {
+                           "lr_decay = \"sqrt\"", "on_failure = \"stop\"", "log_level = \"warn\""}) {
     EXPECT_NE(toml.find(line), std::string::npos) << line;
   }
   EXPECT_EQ(to_toml(load_text(toml, "resolved", {})), toml);

@@ -44,6 +44,26 @@ optim::AdamWConfig adamw_config(const config::Config& c) {
   return adam;
 }
 
+optim::Schedule schedule_of(const config::TrainConfig& t) {
+  optim::Schedule s{t.lr, t.min_lr, t.warmup_steps, t.max_steps};
+  switch (t.lr_decay) {
+    case config::LrDecay::kCosine:
+      s.decay = optim::LrDecay::kCosine;
+      break;
+    case config::LrDecay::kLinear:
+      s.decay = optim::LrDecay::kLinear;
+      break;
+    case config::LrDecay::kSqrt:
+      s.decay = optim::LrDecay::kSqrt;
+      break;
+    case config::LrDecay::kNone:
+      s.decay = optim::LrDecay::kNone;
+      break;
+  }
+  s.decay_steps = t.lr_decay_steps;
+  return s;
+}
+
 }  // namespace
 
 int configure_threads(const config::Config& config) {
@@ -108,10 +128,7 @@ Trainer::Trainer(const config::Config& config, const std::string& dataset_dir, c
     val_reader_ = [s = &synthetic_val_](uint64_t b, uint64_t n, int32_t* o) { s->read(b, n, o); };
     val_tokens_ = SyntheticTokens::kLength;
   }
-  schedule_.lr = config.train.lr;
-  schedule_.min_lr = config.train.min_lr;
-  schedule_.warmup_steps = config.train.warmup_steps;
-  schedule_.total_steps = config.train.max_steps;
+  schedule_ = schedule_of(config.train);
   // Every rank reads the whole file and keeps its shard.
   if (!config.train.init_from.empty()) params_->load_tensors(load_init_weights(config), config.train.init_from);
 }

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <new>
+#include <numbers>
+#include <utility>
 
 #include "kernels/profiling_backend.h"
 #include "optim/adamw.h"
@@ -199,6 +201,42 @@ TEST(Schedule, WarmupThenCosineToTheFloor) {
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
   optim::Schedule no_warmup{1.0, 0.0, 0, 2};
   EXPECT_DOUBLE_EQ(no_warmup.at(1), 0.5);
+}
+
+// The decay's shapes, over every step after the warmup and over the last few (WSD), against their
+// closed forms: fraction of (peak - floor) left at progress p = (step - start) / (total - start).
+TEST(Schedule, DecayShapesAndTheStablePhase) {
+  using optim::LrDecay;
+  const auto schedule = [](LrDecay decay, int64_t decay_steps) {
+    optim::Schedule s{1.0, 0.1, 10, 110};
+    s.decay = decay;
+    s.decay_steps = decay_steps;
+    return s;
+  };
+  const std::pair<LrDecay, double (*)(double)> shapes[] = {
+      {LrDecay::kCosine, [](double p) { return 0.5 * (1 + std::cos(std::numbers::pi * p)); }},
+      {LrDecay::kLinear, [](double p) { return 1 - p; }},
+      {LrDecay::kSqrt, [](double p) { return 1 - std::sqrt(p); }},
+  };
+  for (const auto& [decay, left] : shapes) {
+    SCOPED_TRACE(static_cast<int>(decay));
+    for (const int64_t decay_steps : {int64_t{0}, int64_t{40}, int64_t{1000}}) {
+      const optim::Schedule s = schedule(decay, decay_steps);
+      const int64_t start = decay_steps == 40 ? 70 : 10;  // 1000 steps of decay: from the warmup's end
+      EXPECT_EQ(s.decay_start(), start);
+      EXPECT_DOUBLE_EQ(s.at(5), 0.5);  // the warmup, whatever the decay
+      for (int64_t step = 10; step <= start; ++step) EXPECT_DOUBLE_EQ(s.at(step), 1.0) << step;
+      for (int64_t step = start + 1; step <= 110; ++step) {
+        const double p = static_cast<double>(step - start) / static_cast<double>(110 - start);
+        EXPECT_NEAR(s.at(step), 0.1 + 0.9 * left(p), 1e-12) << step;
+      }
+      EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+      EXPECT_DOUBLE_EQ(s.at(200), 0.1);  // past the end: the floor
+    }
+  }
+  const optim::Schedule none = schedule(LrDecay::kNone, 0);
+  EXPECT_DOUBLE_EQ(none.at(5), 0.5);
+  EXPECT_DOUBLE_EQ(none.at(110), 1.0);
 }
 
 TEST(Clip, FactorMatchesTorch) {
