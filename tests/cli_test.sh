@@ -154,6 +154,16 @@ if [[ -s $dir/a/model.safetensors ]] &&
   expect_exit 3 'hf_bad/config.json: key rope_parameters.rope_type = "llama3"' -- \
     checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
   expect_exit 2 "already exists" -- checkpoint export --format hf "$dir/a" "$dir/hf"
+  # bf16: half the bytes, said in config.json; an HF reader's log-probabilities stay within bf16's
+  # rounding of generate's (the fp32 model's).
+  expect_exit 0 "exported" -- checkpoint export --format hf "$dir/a" "$dir/hf_bf16" --dtype bf16
+  check "a bf16 export is half the bytes and says torch_dtype bfloat16" \
+    '(( $(stat -c %s "$dir/hf_bf16/model.safetensors") < $(stat -c %s "$dir/hf/model.safetensors") / 2 + 4096 )) &&
+     grep -q "\"torch_dtype\": \"bfloat16\"" "$dir/hf_bf16/config.json"'
+  expect_exit 2 "--dtype fp16: expected fp32 or bf16" -- checkpoint export --format hf "$dir/a" "$dir/hf_x" --dtype fp16
+  check "an HF reader's log-probabilities of the bf16 export are within 2e-2 of generate's" \
+    '/usr/bin/python3 "$(dirname "$0")/hf_transformers_check.py" "$tessera" "$dir/a" "$dir/hf_check_bf16" \
+       --reference torch_ref --dtype bf16 --tol 2e-2'
 else
   echo "FAIL: Hugging Face export or import failed:"; tail -5 "$dir/hf.log"; failures=$((failures + 1))
 fi

@@ -3,9 +3,10 @@
 
     python3 tests/hf_transformers_check.py TESSERA RUN_DIR WORK_DIR
         [--reference transformers|torch_ref] [--device cpu|cuda] [--tokens 16] [--tol 1e-4]
+        [--dtype fp32|bf16]
 
 Exports RUN_DIR (a `tessera train` run directory, its model.safetensors) with
-`TESSERA checkpoint export --format hf` into WORK_DIR/hf, has `TESSERA generate --token-ids`
+`TESSERA checkpoint export --format hf --dtype DTYPE` into WORK_DIR/hf, has `TESSERA generate --token-ids`
 continue a fixed prompt greedily by --tokens tokens (it prints each new token's log-probability
 under the model), then runs the exported directory on the prompt and the continuation:
 
@@ -76,10 +77,12 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="the export's weights (bf16: rounded, so compare with a bf16-sized --tol)")
     args = ap.parse_args()
 
     hf_dir = os.path.join(args.work_dir, "hf")
-    run([args.tessera, "checkpoint", "export", "--format", "hf", args.run_dir, hf_dir])
+    run([args.tessera, "checkpoint", "export", "--format", "hf", "--dtype", args.dtype, args.run_dir, hf_dir])
     with open(os.path.join(hf_dir, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     prompt = [(7 + 131 * i) % vocab for i in range(12)]  # fixed, spread over the vocabulary
@@ -98,7 +101,7 @@ def main():
         if row.max().item() - row[token].item() > args.tol:
             not_greedy.append(i)
     ok = worst <= args.tol and not not_greedy
-    print(json.dumps({"reference": args.reference, "device": args.device, "tokens": len(new),
+    print(json.dumps({"reference": args.reference, "device": args.device, "dtype": args.dtype, "tokens": len(new),
                       "max_abs_logprob_difference": worst, "tol": args.tol,
                       "not_the_readers_greedy_choice": not_greedy, "ok": ok}))
     return 0 if ok else 1

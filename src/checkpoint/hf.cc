@@ -190,7 +190,7 @@ std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& o
       {"max_position_embeddings", c.seq_len},
       {"tie_word_embeddings", c.tied_embeddings},
       {"initializer_range", c.init_std},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", options.dtype == StoredDtype::kBF16 ? "bfloat16" : "float32"},
   };
   if (options.bos_token_id >= 0) j["bos_token_id"] = options.bos_token_id;
   if (options.eos_token_id >= 0) j["eos_token_id"] = options.eos_token_id;
@@ -409,7 +409,7 @@ void export_hf(const model::ModelConfig& c, const std::vector<NamedTensor>& tens
   std::vector<std::vector<NamedTensor>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
   for (NamedTensor& t : hf) {
-    const uint64_t bytes = t.data.size() * sizeof(float);
+    const uint64_t bytes = t.data.size() * stored_bytes(options.dtype);
     if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
@@ -422,12 +422,12 @@ void export_hf(const model::ModelConfig& c, const std::vector<NamedTensor>& tens
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   const fs::path d(dir);
   if (shards.size() == 1) {
-    write_safetensors((d / kSingleFile).string(), shards[0], metadata);
+    write_safetensors((d / kSingleFile).string(), shards[0], metadata, options.dtype);
   } else {
     ordered_json weight_map = ordered_json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-      write_safetensors((d / file).string(), shards[i], metadata);
+      write_safetensors((d / file).string(), shards[i], metadata, options.dtype);
       for (const NamedTensor& t : shards[i]) weight_map[t.name] = file;
     }
     const ordered_json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};

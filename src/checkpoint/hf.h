@@ -24,9 +24,12 @@ struct HfExportOptions {
   uint64_t max_shard_bytes = 5'000'000'000;
   int64_t bos_token_id = -1;  // -1: unknown, left out of config.json
   int64_t eos_token_id = -1;
+  // F32 (exact), or BF16 (each weight rounded to nearest even: half the bytes, as Llama
+  // checkpoints are published); config.json's torch_dtype says which.
+  StoredDtype dtype = StoredDtype::kF32;
 };
 
-// Writes config.json and the weights (F32) into `dir`, creating it. `tensors` are Tessera's, named
+// Writes config.json and the weights (options.dtype) into `dir`, creating it. `tensors` are Tessera's, named
 // as model::ModelLayout(config) names them (ShardedParams::gather_named_tensors()); `origin` names
 // them in errors. Throws DataError naming the tensor that is missing or has another shape,
 // ConfigError when `dir` already holds an export, IoError when a file cannot be written.

@@ -143,6 +143,30 @@ TEST_P(HfRoundTrip, ExportThenImportIsExact) {
   fs::remove_all(dir);
 }
 
+// A bf16 export holds each weight rounded to nearest even (after the rotary permutation, which
+// moves values without changing them), in half the bytes, and says so in config.json.
+TEST(HfExport, Bfloat16ExportImportsAsTheRoundedWeights) {
+  const model::ModelConfig c = small_config(2, false);
+  const auto tensors = random_tensors(c, 13);
+  const fs::path fp32 = fresh_dir("fp32"), bf16 = fresh_dir("bf16");
+  export_hf(c, tensors, "test", fp32.string());
+  HfExportOptions options;
+  options.dtype = StoredDtype::kBF16;
+  export_hf(c, tensors, "test", bf16.string(), options);
+
+  auto rounded = tensors;
+  for (NamedTensor& t : rounded) {
+    for (float& x : t.data) x = bf16_to_f32(f32_to_bf16(x));
+  }
+  expect_bitwise_equal(import_hf(bf16.string()).tensors, rounded);
+  EXPECT_EQ(parse_json_or_throw(read_file(bf16 / "config.json"))["torch_dtype"], "bfloat16");
+  EXPECT_EQ(parse_json_or_throw(read_file(fp32 / "config.json"))["torch_dtype"], "float32");
+  const auto weights = [](const fs::path& d) { return fs::file_size(d / "model.safetensors"); };
+  EXPECT_LT(weights(bf16), weights(fp32) / 2 + 4096);  // the headers are alike
+  fs::remove_all(fp32);
+  fs::remove_all(bf16);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, HfRoundTrip,
                          ::testing::Values(Variant{"gqa_untied_single", 2, false, 5'000'000'000},
                                            Variant{"mha_untied_single", 4, false, 5'000'000'000},

@@ -21,13 +21,14 @@
 namespace tessera::checkpoint {
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, StoredDtype dtype) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  const bool bf16 = dtype == StoredDtype::kBF16;
   size_t offset = 0;
   for (const NamedTensor& t : tensors) {
-    const size_t bytes = t.data.size() * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const size_t bytes = t.data.size() * stored_bytes(dtype);
+    header[t.name] = {{"dtype", bf16 ? "BF16" : "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = dump_json(header);
@@ -40,7 +41,16 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   try {
     write_all(fd, &header_len, sizeof(header_len), tmp);
     write_all(fd, json.data(), json.size(), tmp);
-    for (const NamedTensor& t : tensors) write_all(fd, t.data.data(), t.data.size() * sizeof(float), tmp);
+    std::vector<uint16_t> rounded;  // one tensor's bf16 values at a time
+    for (const NamedTensor& t : tensors) {
+      if (!bf16) {
+        write_all(fd, t.data.data(), t.data.size() * sizeof(float), tmp);
+        continue;
+      }
+      rounded.resize(t.data.size());
+      f32_to_bf16(t.data.data(), rounded.data(), static_cast<int64_t>(t.data.size()));
+      write_all(fd, rounded.data(), rounded.size() * sizeof(uint16_t), tmp);
+    }
     if (::fsync(fd) != 0) throw IoError(fmt::format("cannot fsync {}: {}", tmp, std::strerror(errno)));
   } catch (...) {
     ::close(fd);

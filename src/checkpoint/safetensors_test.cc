@@ -1,6 +1,5 @@
 // safetensors: exact round trip, exact widening of 16-bit floats, and hostile files rejected with the file and tensor named.
 #include "checkpoint/safetensors.h"
-#include "checkpoint/safetensors_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_test_util.h"
 #include "core/error.h"
 
 namespace tessera::checkpoint {
@@ -52,6 +53,32 @@ TEST(Safetensors, RoundTripIsExact) {
       EXPECT_EQ(std::memcmp(out[i].data.data(), in[i].data.data(), in[i].data.size() * 4), 0);
     }
   }
+}
+
+// BF16 stores each value rounded to nearest even (core/bf16.h): read back, exactly the rounding,
+// in half the bytes. Ties go to even, NaN stays NaN, past bf16's largest finite is infinite.
+TEST(Safetensors, Bfloat16StoresTheRoundingOfEachValue) {
+  const float tie_down = std::bit_cast<float>(0x3f808000u);  // 1 + 2^-8: halfway, to the even 1.0
+  const float tie_up = std::bit_cast<float>(0x3f818000u);    // halfway again, to the even 1 + 2^-6
+  std::vector<NamedTensor> in = {{"w",
+                                  {3, 3},
+                                  {1, tie_down, tie_up, 3.14159265f, -0.0f, 1e-40f, 3.4e38f,
+                                   std::numeric_limits<float>::infinity(), std::nanf("")}},
+                                 {"empty", {0}, {}}};
+  const std::string p = path_of("bf16.safetensors");
+  write_safetensors(p, in, {}, StoredDtype::kBF16);
+  const auto out = read_safetensors(p);
+  ASSERT_EQ(out.size(), 2u);
+  const NamedTensor& w = out[0].name == "w" ? out[0] : out[1];
+  ASSERT_EQ(w.data.size(), 9u);
+  const std::vector<uint32_t> want = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x40490000u,
+                                      0x80000000u, 0x00010000u, 0x7f800000u, 0x7f800000u};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(std::bit_cast<uint32_t>(w.data[i]), want[i]) << i;
+  EXPECT_TRUE(std::isnan(w.data[8]));
+  const auto file_bytes = std::filesystem::file_size(p);
+  uint64_t header = 0;
+  std::ifstream(p, std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+  EXPECT_EQ(file_bytes, 8 + header + 9 * 2);
 }
 
 TEST(Safetensors, HostileFilesAreRejectedWithNames) {

@@ -30,11 +30,13 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kExportUsage =
-    "usage: tessera checkpoint export --format hf SRC OUT [--max-shard-size SIZE]\n"
+    "usage: tessera checkpoint export --format hf SRC OUT [--max-shard-size SIZE] [--dtype fp32|bf16]\n"
     "  SRC: a run directory, a checkpoint directory or a model.safetensors of `tessera train`; OUT: a new directory\n"
     "  for transformers' LlamaForCausalLM (config.json, model.safetensors, tokenizer.model when SRC\n"
     "  has one). Above SIZE bytes (suffix KB, MB or GB; default 5GB) the weights go into\n"
-    "  model-0000i-of-0000n.safetensors files with model.safetensors.index.json.\n";
+    "  model-0000i-of-0000n.safetensors files with model.safetensors.index.json. --dtype bf16: each\n"
+    "  weight rounded to the nearest bf16 (half the bytes, as Llama checkpoints are published);\n"
+    "  fp32 (the default): exact.\n";
 
 constexpr const char* kImportUsage =
     "usage: tessera checkpoint import --format hf HF_DIR OUT_DIR\n"
@@ -112,6 +114,11 @@ int export_command(const ParsedArgs& a) {
   const train::TrainedModel trained = train::load_trained(src);
   checkpoint::HfExportOptions options;
   if (a.flags.count("--max-shard-size")) options.max_shard_bytes = parse_size(a.get("--max-shard-size", ""));
+  if (const std::string dtype = a.get("--dtype", "fp32"); dtype == "bf16") {
+    options.dtype = checkpoint::StoredDtype::kBF16;
+  } else if (dtype != "fp32") {
+    throw ConfigError(fmt::format("--dtype {}: expected fp32 or bf16\n{}", dtype, kExportUsage));
+  }
   if (!trained.tokenizer_path.empty()) {
     const data::Tokenizer tokenizer(trained.tokenizer_path);
     options.bos_token_id = tokenizer.bos_id();
@@ -263,7 +270,7 @@ int reshard_command(const ParsedArgs& a) {
 
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> table = {
-      {"export", kExportUsage, export_command, {"--format", "--max-shard-size"}},
+      {"export", kExportUsage, export_command, {"--format", "--max-shard-size", "--dtype"}},
       {"import", kImportUsage, import_command, {"--format"}},
       {"verify", kVerifyUsage, verify_command, {}},
       {"reshard", kReshardUsage, reshard_command, {"--nproc"}},
