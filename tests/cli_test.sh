@@ -42,6 +42,8 @@ expect_exit 2 "--max-restarts -1: expected >= 0" -- "${launch_flags[@]}" --max-r
 unset TESSERA_JOB_TOKEN
 expect_exit 2 "--nproc 0: need at least 1" -- bench --preset tiny --steps 3 --nproc 0
 expect_exit 2 "--top-k -1: must be >= 0" -- generate --checkpoint "$dir/none" --prompt x --top-k -1
+expect_exit 2 "--top-p 0: must be in \(0, 1\]" -- generate --checkpoint "$dir/none" --prompt x --top-p 0
+expect_exit 2 "--top-p 1.5: must be in \(0, 1\]" -- generate --checkpoint "$dir/none" --prompt x --top-p 1.5
 expect_exit 2 '--temperature expects a finite number, got "nan"' -- generate --checkpoint "$dir/none" --prompt x --temperature nan
 [[ ! -e $dir/flags ]] || { echo "FAIL: a refused launch wrote $dir/flags"; failures=$((failures + 1)); }
 expect_exit 2 "cannot parse config" -- train /dev/null/missing.toml

@@ -61,6 +61,9 @@ echo "greedy: $g"
 [[ $a == "$b" ]] || fail "generate is not deterministic for a seed"
 [[ $a == "And God said"* ]] || fail "generate does not echo the prompt"
 [[ $a != "$c" ]] || fail "different seeds gave the same text"
+# A tiny nucleus keeps only the likeliest token: greedy's text whatever the seed.
+[[ $(gen --seed 7 --top-p 1e-6) == "$g" && $(gen --seed 8 --top-p 1e-6) == "$g" ]] ||
+  fail "generate --top-p 1e-6 is not greedy"
 
 # The key/value cache against the reference path (a full forward per token): the same greedy text,
 # also past seq_len (64 for tiny), where the cached path re-runs the last seq_len tokens per token.

@@ -75,7 +75,8 @@ commands:
   prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
                  tokenize text into a dataset of token shards, K worker processes
   generate --checkpoint PATH --prompt TEXT [--prompt TEXT]... [--prompts-file FILE] [--max-tokens N]
-           [--temperature T] [--top-k K] [--seed S] [--threads N] [--bf16] [--no-kv-cache] [--token-ids]
+           [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--bf16] [--no-kv-cache]
+           [--token-ids]
                  continue prompts with a trained model (PATH: a run directory, a checkpoint
                  directory or a weights file), as one batch with a key/value cache
   eval --checkpoint PATH [--data DIR]

@@ -28,9 +28,11 @@ namespace {
 
 constexpr const char* kGenerateUsage =
     "usage: tessera generate --checkpoint PATH (--prompt TEXT [--prompt TEXT]... | --prompts-file FILE)\n"
-    "         [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--tokenizer MODEL] [--threads N]\n"
-    "         [--bf16] [--no-kv-cache] [--token-ids] [--device auto|cpu|cuda]\n"
+    "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer MODEL]\n"
+    "         [--threads N] [--bf16] [--no-kv-cache] [--token-ids] [--device auto|cpu|cuda]\n"
     "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
+    "  Sampling (defaults 0.8, 40, 1): at temperature T from the K likeliest tokens (0: all), of them\n"
+    "  the fewest holding P of their probability (the nucleus; 1: all of them); T = 0: greedy.\n"
     "  Quote a prompt of several words: every word after --prompt is a prompt of its own.\n"
     "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path,\n"
     "  CPU only). --device: as train.device (auto: a GPU where one is usable, with the cache).\n"
@@ -142,7 +144,7 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
 int cmd_generate(const Args& args) {
   const ParsedArgs a = parse_args(args,
                                   {"--checkpoint", "--prompts-file", "--max-tokens", "--temperature", "--top-k",
-                                   "--seed", "--tokenizer", "--threads", "--device"},
+                                   "--top-p", "--seed", "--tokenizer", "--threads", "--device"},
                                   {"--prompt"}, {"--bf16", "--no-kv-cache", "--token-ids"});
   if (a.help || !a.positional.empty()) {
     std::fputs(kGenerateUsage, a.help ? stdout : stderr);
@@ -154,6 +156,10 @@ int cmd_generate(const Args& args) {
   options.max_tokens = a.get_int("--max-tokens", options.max_tokens);
   options.temperature = a.get_double("--temperature", options.temperature);
   options.top_k = a.get_int("--top-k", options.top_k);
+  options.top_p = a.get_double("--top-p", options.top_p);
+  if (!(options.top_p > 0.0 && options.top_p <= 1.0)) {
+    throw ConfigError(fmt::format("--top-p {}: must be in (0, 1]", a.get("--top-p", "")));
+  }
   options.seed = static_cast<uint64_t>(a.get_int("--seed", 0));
   options.kv_cache = a.flags.count("--no-kv-cache") == 0;
   options.bf16 = a.flags.count("--bf16") != 0;

@@ -54,38 +54,6 @@ class HeldParams final : public model::ParamSource {
   std::vector<bool> asked_bf16_;
 };
 
-class Sampler {
- public:
-  Sampler(int64_t vocab, const SamplingOptions& options) : V_(vocab), options_(options), order_(vocab), probs_(vocab) {}
-
-  // The token after logits z (V) for prompt `seq`'s `i`-th new token.
-  int32_t next(const float* z, int64_t seq, int64_t i) {
-    if (options_.temperature <= 0.0) return static_cast<int32_t>(std::max_element(z, z + V_) - z);
-    std::iota(order_.begin(), order_.end(), 0);
-    const int64_t k = options_.top_k > 0 ? std::min(options_.top_k, V_) : V_;
-    // Highest logits first; ties broken by id so the order is deterministic.
-    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
-                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-    const double top = z[order_[0]];
-    double sum = 0.0;
-    for (int64_t j = 0; j < k; ++j) sum += probs_[j] = std::exp((z[order_[j]] - top) / options_.temperature);
-    // One stream per prompt; prompt 0's is the stream single-prompt generation always used.
-    const uint64_t stream = kStream ^ (static_cast<uint64_t>(seq) << 32);
-    double u = rng::uniform(options_.seed, stream, static_cast<uint64_t>(i)) * sum;
-    for (int64_t j = 0; j < k; ++j) {
-      if ((u -= probs_[j]) <= 0.0) return order_[j];
-    }
-    return order_[k - 1];
-  }
-
- private:
-  static constexpr uint64_t kStream = 0x67656e;
-  int64_t V_;
-  SamplingOptions options_;
-  std::vector<int32_t> order_;
-  std::vector<double> probs_;
-};
-
 // log softmax(z)[token] over the V logits z, in double.
 double log_probability(const float* z, int64_t V, int32_t token) {
   const double top = *std::max_element(z, z + V);
@@ -167,6 +135,35 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
 }
 
 }  // namespace
+
+Sampler::Sampler(int64_t vocab, const SamplingOptions& options)
+    : V_(vocab), options_(options), order_(vocab), probs_(vocab) {}
+
+int32_t Sampler::next(const float* z, int64_t seq, int64_t i) {
+  if (options_.temperature <= 0.0) return static_cast<int32_t>(std::max_element(z, z + V_) - z);
+  std::iota(order_.begin(), order_.end(), 0);
+  int64_t k = options_.top_k > 0 ? std::min(options_.top_k, V_) : V_;
+  // Highest logits first; ties broken by id so the order is deterministic.
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
+                    [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+  const double top = z[order_[0]];
+  double sum = 0.0;
+  for (int64_t j = 0; j < k; ++j) sum += probs_[j] = std::exp((z[order_[j]] - top) / options_.temperature);
+  if (options_.top_p < 1.0) {  // the nucleus: the fewest that hold top_p of the mass (top_p > 0: one at least)
+    double kept = 0.0;
+    int64_t n = 0;
+    while (n < k && kept < options_.top_p * sum) kept += probs_[n++];
+    k = n;
+    sum = kept;
+  }
+  // One stream per prompt; prompt 0's is the stream single-prompt generation always used.
+  const uint64_t stream = kStream ^ (static_cast<uint64_t>(seq) << 32);
+  double u = rng::uniform(options_.seed, stream, static_cast<uint64_t>(i)) * sum;
+  for (int64_t j = 0; j < k; ++j) {
+    if ((u -= probs_[j]) <= 0.0) return order_[j];
+  }
+  return order_[k - 1];
+}
 
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
                                            const std::vector<std::vector<int32_t>>& prompts, int32_t eos,

@@ -15,11 +15,31 @@ struct SamplingOptions {
   int64_t max_tokens = 200;
   double temperature = 0.8;  // 0: greedy
   int64_t top_k = 40;        // 0: the whole vocabulary
+  double top_p = 1.0;        // in (0, 1]: the fewest likeliest tokens holding this much of the mass; 1: all
   uint64_t seed = 0;
   // The key/value-cache decoder (model/decoder.h); false: a full forward over the last seq_len
   // tokens for every token (Llama::forward_logits), the reference the decoder is tested against.
   bool kv_cache = true;
   bool bf16 = false;  // weight GEMMs on the source's bf16 images (when it has them)
+};
+
+// Draws each new token from the logits: the k likeliest (top_k), of them the fewest whose
+// probabilities at the temperature sum to at least top_p of theirs (the nucleus: the order
+// transformers' warpers apply), then one of those in proportion to its probability. Greedy at
+// temperature 0. Each prompt index draws from a stream of its own, seeded by options.seed.
+class Sampler {
+ public:
+  Sampler(int64_t vocab, const SamplingOptions& options);
+
+  // The token after logits z (vocab of them) for prompt `seq`'s `i`-th new token.
+  int32_t next(const float* z, int64_t seq, int64_t i);
+
+ private:
+  static constexpr uint64_t kStream = 0x67656e;  // the streams' base: prompt 0's
+  int64_t V_;
+  SamplingOptions options_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
 };
 
 // Called for each new token: the prompt's index, the token and its log-probability under the

@@ -20,6 +20,50 @@
 namespace tessera::train {
 namespace {
 
+// The sampler draws in proportion to softmax(z / T) over the tokens top_k and top_p keep, and
+// never another token. Probabilities at T = 1 of 0.5, 0.25, 0.125, 0.0625, 0.0625 (tokens 2, 1,
+// 4, 0, 3; the tie in id order); each case's expected frequencies against 40000 draws.
+TEST(Sampler, DrawsInProportionFromTheTopKAndTheNucleus) {
+  const std::vector<float> z = {std::log(0.0625f), std::log(0.25f), std::log(0.5f), std::log(0.0625f),
+                                std::log(0.125f)};
+  struct Case {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+    std::vector<double> want;  // per token
+  };
+  const double q = 0.25 / 0.875, h = 0.5 / 0.875, e = 0.125 / 0.875;
+  const Case cases[] = {
+      {1.0, 0, 1.0, {0.0625, 0.25, 0.5, 0.0625, 0.125}},
+      {1.0, 2, 1.0, {0, 1.0 / 3, 2.0 / 3, 0, 0}},
+      {1.0, 0, 0.7, {0, 1.0 / 3, 2.0 / 3, 0, 0}},  // 0.5 < 0.7 <= 0.75
+      {1.0, 0, 0.8, {0, q, h, 0, e}},
+      {1.0, 0, 0.3, {0, 0, 1, 0, 0}},
+      {1.0, 3, 0.9, {0, q, h, 0, e}},      // 0.9 of the top three's 0.875
+      {0.5, 0, 0.9, {0, 0.2, 0.8, 0, 0}},  // p^2 normalized: 0.744, 0.186, ...; 0.744 < 0.9 <= 0.930
+  };
+  constexpr int kDraws = 40000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.temperature << ", top_k " << c.top_k << ", top_p " << c.top_p);
+    SamplingOptions o;
+    o.temperature = c.temperature;
+    o.top_k = c.top_k;
+    o.top_p = c.top_p;
+    o.seed = 11;
+    Sampler sampler(5, o);
+    std::vector<int> count(5, 0);
+    for (int i = 0; i < kDraws; ++i) ++count[sampler.next(z.data(), 0, i)];
+    for (int t = 0; t < 5; ++t) {
+      const double p = c.want[t], f = static_cast<double>(count[t]) / kDraws;
+      if (p == 0) {
+        EXPECT_EQ(count[t], 0) << "token " << t;
+      } else {
+        EXPECT_NEAR(f, p, 5 * std::sqrt(p * (1 - p) / kDraws) + 1e-12) << "token " << t;
+      }
+    }
+  }
+}
+
 class Generate : public ::testing::Test {
  protected:
   void SetUp() override {
