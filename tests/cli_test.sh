@@ -97,12 +97,18 @@ check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; failures=$((fa
 # Warmup-stable-decay: the peak held until the last train.lr_decay_steps, then linear to min_lr
 # (metrics.jsonl's lr: step 1 warms up to 1e-3, 2-4 hold it, 5 and 6 decay).
 if run "$dir/wsd" --set train.max_steps=6 --set train.warmup_steps=1 --set train.lr=1e-3 --set train.min_lr=1e-4 \
-     --set train.lr_decay=linear --set train.lr_decay_steps=2 --set checkpoint.save_final=false; then
+     --set train.lr_decay=linear --set train.lr_decay_steps=2; then
   check "train.lr_decay_steps holds the peak, then decays over the last steps" \
     '/usr/bin/python3 -c "import json, sys
 lr = [json.loads(line)[\"lr\"] for line in open(sys.argv[1])]
 print(\"lr by step:\", lr)
 sys.exit(len(lr) != 6 or any(abs(a - b) > 1e-15 for a, b in zip(lr, [1e-3] * 4 + [5.5e-4, 1e-4])))" "$dir/wsd/metrics.jsonl"'
+  # Resumed with more steps: the checkpoint's schedule named beside this run's.
+  "$tessera" train --set model.preset=tiny --set data.synthetic=true --set train.batch_size=8 --set train.micro_batch_size=4 \
+    --set train.max_steps=9 --set train.threads=2 --set train.warmup_steps=1 --set train.lr=1e-3 --set train.min_lr=1e-4 \
+    --set train.lr_decay=linear --set train.lr_decay_steps=2 --resume auto --run-dir "$dir/wsd" >"$dir/wsd2.log" 2>&1
+  check "a resume with a longer train.max_steps names the schedule's change" \
+    'grep -q "was trained with another learning-rate schedule (train.max_steps 6 -> 9): from step 7 on" "$dir/wsd2.log"'
 else
   echo "FAIL: the warmup-stable-decay run failed:"; tail -5 "$dir/wsd.log"; failures=$((failures + 1))
 fi

@@ -61,6 +61,30 @@ std::vector<std::string> resume_candidates(const config::Config& config, const s
   return out;
 }
 
+namespace {
+
+// A resumed run follows its own config's learning-rate schedule. Where that differs from the one
+// the checkpoint was trained with, the rate may jump at the resumed step (a cosine stretched by a
+// larger train.max_steps is higher from there on; a warmup-stable-decay run whose decay has not
+// started is not), so the keys that changed are named.
+void warn_if_schedule_differs(const Manifest& m, const config::TrainConfig& t, const std::string& step_dir) {
+  std::vector<std::string> changed;
+  const auto compare = [&](const char* key, const auto& then, const auto& now) {
+    if (then != now) changed.push_back(fmt::format("train.{} {} -> {}", key, then, now));
+  };
+  compare("lr", m.lr, t.lr);
+  compare("min_lr", m.min_lr, t.min_lr);
+  compare("warmup_steps", m.warmup_steps, t.warmup_steps);
+  compare("max_steps", m.total_steps, t.max_steps);
+  compare("lr_decay", m.decay, std::string(config::name(t.lr_decay)));
+  compare("lr_decay_steps", m.decay_steps, t.lr_decay_steps);
+  if (changed.empty()) return;
+  log::warn("{} was trained with another learning-rate schedule ({}): from step {} on, the rates follow this run's",
+            step_dir, fmt::join(changed, ", "), m.step + 1);
+}
+
+}  // namespace
+
 TrainingState load_checkpoint(const std::string& step_dir, const RankShards& into, const config::Config& config) {
   CheckpointReader reader(step_dir);
   const Manifest& m = reader.manifest();
@@ -70,6 +94,7 @@ TrainingState load_checkpoint(const std::string& step_dir, const RankShards& int
     log::warn("{} was trained with train.seed = {}, this run has {}: the data order after it differs", step_dir, m.seed,
               config.train.seed);
   }
+  warn_if_schedule_differs(m, config.train, step_dir);
   const int tp_rank = layout.tensor_parallel().rank;
   const bool on_host = into.backend->device() == kernels::Device::kCpu;
   std::vector<float> staging;  // a device backend's arrays are read here, then copied in
