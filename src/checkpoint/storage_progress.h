@@ -10,11 +10,9 @@
 // sees it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 
 #include "comm/store.h"
 #include "parallel/job.h"
@@ -35,6 +33,8 @@ ProgressCounter progress_counter(const parallel::Distributed& dist);
 // sees about 128 requests a second however many ranks publish or wait.
 comm::Millis progress_period(int world_size);
 
+class PeriodicThread;  // storage_progress.cc: the thread behind each of the two below
+
 // While alive, adds the bytes this process moves (io_progress::moved) to the counter, every period
 // when they grew and once more at the end. A store that fails is logged once and no longer
 // written; the I/O goes on.
@@ -46,13 +46,10 @@ class PublishedProgress {
   PublishedProgress& operator=(const PublishedProgress&) = delete;
 
  private:
-  void publish();
+  bool publish();  // false once the store has failed
   ProgressCounter counter_;
   uint64_t published_;  // io_progress::moved() as last added
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
+  std::unique_ptr<PeriodicThread> thread_;  // last: stopped before the rest goes
 };
 
 // While alive, credits what the counter gains to this process's heartbeat, every period (for a
@@ -66,11 +63,11 @@ class RelayedProgress {
   RelayedProgress& operator=(const RelayedProgress&) = delete;
 
  private:
+  bool relay(bool last);  // false once the store has failed, or at the end
   ProgressCounter counter_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
+  bool started_ = false;
+  int64_t seen_ = 0;                        // the counter as last read
+  std::unique_ptr<PeriodicThread> thread_;  // last: stopped before the rest goes
 };
 
 // The value of `key` in `store`, awaited for as long as the counter moves: throws StoreError
