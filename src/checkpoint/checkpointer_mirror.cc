@@ -207,13 +207,12 @@ TierUploadStats Checkpointer::upload_to_tier(int64_t step) {
     failure = fmt::format("node 0: {}", e.what());
   }
   const comm::Millis wait = storage_wait(config_);  // once the uploads stop moving bytes
-
+  const ProgressCounter moved = progress_counter(dist_);
   for (int node = 1; node < nodes_; ++node) {  // every report awaited, so none still uploads after a drop
     std::string report;
     try {
-      report = string_of(await_while_progressing(*dist_.tier_store, tier_key(job, fmt::format("node{}", node)),
-                                                 progress_counter(dist_), wait,
-                                                 fmt::format("report of node {}'s upload", node)));
+      report = string_of(await_while_progressing(*dist_.tier_store, tier_key(job, fmt::format("node{}", node)), moved,
+                                                 wait, fmt::format("report of node {}'s upload", node)));
     } catch (const Error& e) {
       report = fmt::format("error no report: {}", e.what());
     }

@@ -157,12 +157,13 @@ std::vector<std::string> agreed_resume_candidates(const config::Config& config, 
 std::string resume_from(const RankShards& into, const config::Config& config, const parallel::Distributed& dist,
                         const std::vector<std::string>& candidates, TrainingState* state) {
   std::string errors;
+  const ProgressCounter moved = progress_counter(dist);  // the loads' bytes, for the ranks awaiting them
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string error;
     float outcome[2] = {0.0f, 0.0f};  // ranks that found it damaged, ranks that could not read it
     for (int attempt = 1;; ++attempt) {
       try {
-        const PublishedProgress published(progress_counter(dist));  // for the ranks awaiting it
+        const PublishedProgress published(moved);
         if (fault::point("checkpoint.load", dist.rank(), 0) == fault::Kind::kIo) {
           throw IoError(fmt::format("cannot read {}: Input/output error (injected fault)", candidates[i]));
         }
@@ -186,7 +187,7 @@ std::string resume_from(const RankShards& into, const config::Config& config, co
     if (dist.world() != nullptr) {
       // Every rank's load awaited: one may take much longer than the others (a slower node), and
       // its bytes show in this rank's heartbeat meanwhile.
-      const RelayedProgress relayed(progress_counter(dist));
+      const RelayedProgress relayed(moved);
       dist.world()->all_reduce(outcome, 2, comm::DType::kF32, {storage_wait(config)})->wait();
     }
     if (outcome[0] == 0.0f && outcome[1] == 0.0f) return candidates[i];
