@@ -16,10 +16,16 @@ forward as 2 and backward as 5 causal products; "layouts" holds both timings.
 
 import argparse
 import json
+import os
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tests", "torch_ref"))
+import llama  # noqa: E402  (path set just above; the model peer's facts about PyTorch)
 
 
 def median_ms(iters, f):
@@ -59,7 +65,7 @@ def main():
         return forward, median_ms(a.iters, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
 
     layouts = {"expanded": time_layout(H // Hkv, {})}
-    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5) and H != Hkv:
+    if llama.SDPA_READS_GQA and H != Hkv:
         layouts["enable_gqa"] = time_layout(1, {"enable_gqa": True})
     best = min(layouts, key=lambda name: sum(layouts[name]))
     forward_ms, backward_ms = layouts[best]
