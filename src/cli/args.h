@@ -1,6 +1,7 @@
 // Small command-line parser: flags with values, repeated --set, and positional arguments.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ struct ParsedArgs {
 ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
                       const std::vector<std::string>& list_flags = {},
                       const std::vector<std::string>& switch_flags = {});
+
+// Token ids given on the command line ("1 2 3" or "1,2,3"), each in [0, vocab); a ConfigError
+// naming `flag` otherwise.
+std::vector<int32_t> parse_token_ids(const std::string& text, int64_t vocab, const std::string& flag);
 
 // The configuration: the one CONFIG file among the positional arguments (or the defaults) with the
 // --set overrides, validated; sets the log level it names.

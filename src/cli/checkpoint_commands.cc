@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 
 #include "checkpoint/directory.h"
 #include "checkpoint/hf.h"
@@ -32,7 +33,7 @@ namespace fs = std::filesystem;
 constexpr const char* kExportUsage =
     "usage: tessera checkpoint export --format hf SRC OUT [--max-shard-size SIZE] [--dtype fp32|bf16]\n"
     "  SRC: a run directory, a checkpoint directory or a model.safetensors of `tessera train`; OUT: a new directory\n"
-    "  for transformers' LlamaForCausalLM (config.json, model.safetensors, tokenizer.model when SRC\n"
+    "  for transformers' LlamaForCausalLM (config.json, model.safetensors, the tokenizer when SRC\n"
     "  has one). Above SIZE bytes (suffix KB, MB or GB; default 5GB) the weights go into\n"
     "  model-0000i-of-0000n.safetensors files with model.safetensors.index.json. --dtype bf16: each\n"
     "  weight rounded to the nearest bf16 (half the bytes, as Llama checkpoints are published);\n"
@@ -42,7 +43,8 @@ constexpr const char* kImportUsage =
     "usage: tessera checkpoint import --format hf HF_DIR OUT_DIR\n"
     "  HF_DIR: a Llama directory (config.json and model.safetensors or an index of several files;\n"
     "  F32, BF16 or F16). Writes OUT_DIR/model.safetensors (fp32, the config in its metadata),\n"
-    "  OUT_DIR/config.toml and a copy of tokenizer.model when HF_DIR has one; `tessera generate`\n"
+    "  OUT_DIR/config.toml and a copy of HF_DIR's tokenizer.model (SentencePiece), else of its\n"
+    "  tokenizer.json (byte-level BPE, as Llama 3's), when Tessera can read it; `tessera generate`\n"
     "  and `tessera eval` take OUT_DIR, and train.init_from takes HF_DIR or OUT_DIR.\n";
 
 constexpr const char* kVerifyUsage =
@@ -100,10 +102,27 @@ uint64_t parse_size(const std::string& text) {
   return v * unit;
 }
 
-void copy_tokenizer(const fs::path& from, const fs::path& out_dir) {
+// A copy of the tokenizer's file in `out_dir`, under its format's name.
+void copy_tokenizer(const data::Tokenizer& tokenizer, const fs::path& out_dir) {
   std::error_code ec;
-  fs::copy_file(from, out_dir / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
-  if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", from.string(), out_dir.string(), ec.message()));
+  fs::copy_file(tokenizer.path(), out_dir / tokenizer.file_name(), fs::copy_options::overwrite_existing, ec);
+  if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.path(), out_dir.string(), ec.message()));
+}
+
+// The tokenizer of a Hugging Face directory: tokenizer.model, else tokenizer.json, the first
+// that Tessera reads (a Llama 2 directory has both, its tokenizer.json in a form only the
+// SentencePiece model replaces); nullopt, with the reasons logged, when neither is readable.
+std::optional<data::Tokenizer> hf_tokenizer(const fs::path& hf_dir) {
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const fs::path p = hf_dir / name;
+    if (!fs::exists(p)) continue;
+    try {
+      return data::Tokenizer(p.string());
+    } catch (const DataError& e) {
+      log::warn("not copying {}: {}", p.string(), e.what());
+    }
+  }
+  return std::nullopt;
 }
 
 int export_command(const ParsedArgs& a) {
@@ -119,15 +138,16 @@ int export_command(const ParsedArgs& a) {
   } else if (dtype != "fp32") {
     throw ConfigError(fmt::format("--dtype {}: expected fp32 or bf16\n{}", dtype, kExportUsage));
   }
+  std::optional<data::Tokenizer> tokenizer;
   if (!trained.tokenizer_path.empty()) {
-    const data::Tokenizer tokenizer(trained.tokenizer_path);
-    options.bos_token_id = tokenizer.bos_id();
-    options.eos_token_id = tokenizer.eos_id();
+    tokenizer.emplace(trained.tokenizer_path);
+    options.bos_token_id = tokenizer->bos_id();
+    options.eos_token_id = tokenizer->eos_id();
   }
   checkpoint::export_hf(trained.config.model, trained.tensors, trained.weights_path, out, options);
-  if (!trained.tokenizer_path.empty()) copy_tokenizer(trained.tokenizer_path, out);
+  if (tokenizer) copy_tokenizer(*tokenizer, out);
   log::info("exported {} to {} (Hugging Face Llama{})", trained.weights_path, out,
-            trained.tokenizer_path.empty() ? ", no tokenizer" : ", with tokenizer.model");
+            tokenizer ? fmt::format(", with {}", tokenizer->file_name()) : ", no tokenizer");
   return kExitOk;
 }
 
@@ -153,10 +173,12 @@ int import_command(const ParsedArgs& a) {
   const std::string toml = config::to_toml(c);
   write_file_atomic((out / "config.toml").string(), toml);
   checkpoint::write_safetensors(weights.string(), hf.tensors, {{"tessera_config", toml}});
-  const bool tokenizer = fs::exists(hf_dir / "tokenizer.model");
-  if (tokenizer) copy_tokenizer(hf_dir / "tokenizer.model", out);
-  log::info("imported {} into {} (model {}, {} layers, dim {}{})", hf_dir.string(), weights.string(), c.model.preset,
-            c.model.n_layers, c.model.dim, tokenizer ? ", with tokenizer.model" : ", no tokenizer.model in the source");
+  const std::optional<data::Tokenizer> tokenizer = hf_tokenizer(hf_dir);
+  if (tokenizer) copy_tokenizer(*tokenizer, out);
+  log::info(
+      "imported {} into {} (model {}, {} layers, dim {}{})", hf_dir.string(), weights.string(), c.model.preset,
+      c.model.n_layers, c.model.dim,
+      tokenizer ? fmt::format(", with {}", tokenizer->file_name()) : ", no tokenizer Tessera reads in the source");
   return kExitOk;
 }
 

@@ -72,7 +72,9 @@ commands:
                  parallel layout: the dimensions and which ranks form each group
   tokenizer train --input FILE... --vocab-size N --out MODEL
                  train a SentencePiece BPE tokenizer on text files (plain or .zst)
-  prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K] [--val-fraction F]
+  tokenizer encode|decode --tokenizer FILE (--text TEXT | --ids IDS | --jsonl IN)
+                 text to token ids and back, with a SentencePiece model or a tokenizer.json
+  prepare --input FILE/GLOB... --tokenizer FILE --out DIR [--workers K] [--val-fraction F]
                  tokenize text into a dataset of token shards, K worker processes
   generate --checkpoint PATH --prompt TEXT [--prompt TEXT]... [--prompts-file FILE] [--max-tokens N]
            [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N] [--bf16] [--no-kv-cache]

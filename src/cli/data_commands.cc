@@ -1,15 +1,19 @@
-// The data subcommands: `tessera tokenizer train` and `tessera prepare`.
+// The data subcommands: `tessera tokenizer train|encode|decode` and `tessera prepare`.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/object_cache.h"
@@ -24,13 +28,20 @@ constexpr const char* kTokenizerUsage =
     "usage: tessera tokenizer train --input FILE... --vocab-size N --out MODEL.model [--threads T]\n"
     "  trains a byte-fallback BPE SentencePiece model on the inputs' lines (plain or .zst);\n"
     "  writes MODEL.model and MODEL.vocab; T defaults to one per core, and the model depends on T,\n"
-    "  so give --threads to reproduce a model on another machine\n";
+    "  so give --threads to reproduce a model on another machine\n"
+    "usage: tessera tokenizer encode --tokenizer FILE (--text TEXT | --jsonl IN)\n"
+    "       tessera tokenizer decode --tokenizer FILE (--ids \"ID ...\" | --jsonl IN)\n"
+    "  FILE: a SentencePiece model or a Hugging Face tokenizer.json. Encoding adds no special\n"
+    "  tokens. --text/--ids: prints the ids, or the text. --jsonl: IN holds a JSON string (encode)\n"
+    "  or a list of ids (decode) a line; prints one JSON list or string a line, in order\n";
 
 constexpr const char* kPrepareUsage =
-    "usage: tessera prepare --input FILE/GLOB... --tokenizer MODEL --out DIR [--workers K]\n"
+    "usage: tessera prepare --input FILE/GLOB... --tokenizer FILE --out DIR [--workers K]\n"
     "                       [--val-fraction F] [--shard-tokens N] [--seed S]\n"
     "  tokenizes blank-line-separated documents into token shards in DIR with K worker\n"
-    "  processes; DIR/manifest.json is written last\n";
+    "  processes; DIR/manifest.json is written last. FILE: a SentencePiece model or a Hugging Face\n"
+    "  tokenizer.json; each document ends with its EOS, and starts with its BOS where the\n"
+    "  tokenizer.json's template puts one first (Llama 3's)\n";
 
 int int_flag(const ParsedArgs& a, const std::string& flag, int fallback, int lo) {
   const long long v = a.get_int(flag, fallback);
@@ -47,11 +58,55 @@ std::string required(const ParsedArgs& a, const std::string& flag) {
 
 }  // namespace
 
+// `tokenizer encode` and `tokenizer decode`.
+int tokenizer_codec(const ParsedArgs& a, bool encode) {
+  const data::Tokenizer tok(required(a, "--tokenizer"));
+  const std::string one = a.get(encode ? "--text" : "--ids", ""), jsonl = a.get("--jsonl", "");
+  if (one.empty() == jsonl.empty()) {
+    throw ConfigError(fmt::format("tokenizer {}: give one of {} and --jsonl", encode ? "encode" : "decode",
+                                  encode ? "--text" : "--ids"));
+  }
+  if (!one.empty()) {
+    if (encode) {
+      fmt::print("{}\n", fmt::join(tok.encode(one), " "));
+    } else {
+      fmt::print("{}\n", tok.decode(parse_token_ids(one, tok.vocab_size(), "--ids")));
+    }
+    return kExitOk;
+  }
+  std::ifstream in(jsonl);
+  if (!in) throw DataError(fmt::format("cannot read --jsonl {}", jsonl));
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    const nlohmann::json j = parse_json(line);
+    const bool ok = encode ? j.is_string() : (j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& v) {
+                                                return v.is_number_integer() &&
+                                                       v.template get<int64_t>() >= INT32_MIN &&
+                                                       v.template get<int64_t>() <= INT32_MAX;
+                                              }));
+    if (!ok) {
+      throw DataError(fmt::format("--jsonl {}: line {} is not {}", jsonl, line_no,
+                                  encode ? "a JSON string" : "a JSON list of token ids"));
+    }
+    if (encode) {
+      fmt::print("{}\n", dump_json(nlohmann::json(tok.encode(j.get<std::string>()))));
+    } else {
+      fmt::print("{}\n", dump_json(nlohmann::json(tok.decode(j.get<std::vector<int32_t>>())), -1, true));
+    }
+  }
+  return kExitOk;
+}
+
 int cmd_tokenizer(const Args& args) {
-  const ParsedArgs a = parse_args(args, {"--vocab-size", "--out", "--threads"}, {"--input"});
+  const ParsedArgs a = parse_args(
+      args, {"--vocab-size", "--out", "--threads", "--tokenizer", "--text", "--ids", "--jsonl"}, {"--input"});
   if (a.help) {
     std::fputs(kTokenizerUsage, stdout);
     return kExitOk;
+  }
+  if (a.positional.size() == 1 && (a.positional[0] == "encode" || a.positional[0] == "decode")) {
+    return tokenizer_codec(a, a.positional[0] == "encode");
   }
   if (a.positional.size() != 1 || a.positional[0] != "train") {
     std::fputs(kTokenizerUsage, stderr);

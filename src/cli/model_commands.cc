@@ -28,7 +28,7 @@ namespace {
 
 constexpr const char* kGenerateUsage =
     "usage: tessera generate --checkpoint PATH (--prompt TEXT [--prompt TEXT]... | --prompts-file FILE)\n"
-    "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer MODEL]\n"
+    "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE]\n"
     "         [--threads N] [--bf16] [--no-kv-cache] [--token-ids] [--device auto|cpu|cuda]\n"
     "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
     "  Sampling (defaults 0.8, 40, 1): at temperature T from the K likeliest tokens (0: all), of them\n"
@@ -55,27 +55,13 @@ std::vector<std::string> prompt_texts(const ParsedArgs& a) {
   return prompts;
 }
 
-std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
-  std::vector<int32_t> ids;
-  std::string s = text;
-  std::replace(s.begin(), s.end(), ',', ' ');
-  std::istringstream in(s);
-  for (long long id; in >> id;) {
-    if (id < 0 || id >= vocab)
-      throw ConfigError(fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab));
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  if (!in.eof() || ids.empty()) throw ConfigError(fmt::format("--token-ids: \"{}\" is not a list of token ids", text));
-  return ids;
-}
-
 // --token-ids: one JSON object with the new ids per prompt and the generation's time.
 int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, kernels::Backend& backend,
                  const std::vector<std::string>& texts, const train::SamplingOptions& options) {
   std::vector<std::vector<int32_t>> prompts;
   int64_t prompt_tokens = 0;
   for (const std::string& t : texts) {
-    prompts.push_back(parse_ids(t, layout.config().vocab_size));
+    prompts.push_back(parse_token_ids(t, layout.config().vocab_size, "--token-ids"));
     prompt_tokens += static_cast<int64_t>(prompts.back().size());
   }
   const double t0 = now_seconds();
@@ -107,8 +93,10 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
   std::vector<std::vector<int32_t>> prompts, text_ids;
   for (const std::string& t : texts) {
     text_ids.push_back(tokenizer.encode(t));
-    // Documents in the training data follow an EOS, so a prompt starts after one.
-    prompts.push_back({tokenizer.eos_id()});
+    // A prompt starts as a document of the training data does: after its start (Llama 3's BOS),
+    // else after the EOS that ended the document before.
+    prompts.push_back(tokenizer.document_start());
+    if (prompts.back().empty()) prompts.back().push_back(tokenizer.eos_id());
     prompts.back().insert(prompts.back().end(), text_ids.back().begin(), text_ids.back().end());
   }
   if (texts.size() > 1) {
@@ -121,20 +109,26 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
     return kExitOk;
   }
   // Decode prompt and continuation together and print what is new: a piece decoded alone loses
-  // the space it starts with, and byte-fallback sequences decode only when complete.
-  std::string text = tokenizer.decode(text_ids[0]);
-  std::fputs(text.c_str(), stdout);
-  std::fflush(stdout);
-  const auto stream = [&](int64_t, int32_t token, double) {
-    text_ids[0].push_back(token);
-    const std::string now = tokenizer.decode(text_ids[0]);
+  // the space it starts with, and a character split over tokens decodes only when complete (until
+  // then it ends the text as U+FFFD, held back here).
+  std::string text;
+  const auto print_new = [&](bool last) {
+    std::string now = tokenizer.decode(text_ids[0]);
+    constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+    while (!last && now.ends_with(kReplacement)) now.resize(now.size() - kReplacement.size());
     if (now.size() > text.size() && now.compare(0, text.size(), text) == 0) {
       std::fputs(now.c_str() + text.size(), stdout);
       std::fflush(stdout);
-      text = now;
+      text = std::move(now);
     }
   };
+  print_new(false);
+  const auto stream = [&](int64_t, int32_t token, double) {
+    text_ids[0].push_back(token);
+    print_new(false);
+  };
   train::generate(layout, params, prompts, tokenizer.eos_id(), options, stream, backend);
+  print_new(true);
   std::fputs("\n", stdout);
   return kExitOk;
 }
@@ -179,7 +173,8 @@ int cmd_generate(const Args& args) {
   std::optional<data::Tokenizer> tokenizer;
   if (!token_ids) {
     if (trained.tokenizer_path.empty()) {
-      throw DataError(fmt::format("no tokenizer.model beside {}; pass --tokenizer MODEL", trained.weights_path));
+      throw DataError(
+          fmt::format("no tokenizer.model or tokenizer.json beside {}; pass --tokenizer FILE", trained.weights_path));
     }
     tokenizer.emplace(trained.tokenizer_path);
     if (tokenizer->vocab_size() != trained.config.model.vocab_size) {

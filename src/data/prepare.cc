@@ -32,8 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kTokenizerFile = "tokenizer.model";
-
 // A contiguous run of one input's documents for one worker. Inputs that are cut into pieces are
 // read by the parent before the fork, so the pieces' global document numbers are known and the
 // children share the text copy-on-write.
@@ -99,7 +97,7 @@ bool all_digits(std::string_view s) {
 bool is_ours(std::string_view name) {
   if (name.ends_with(".tmp")) {
     name.remove_suffix(4);
-    if (name == "tokenizer.model") return true;
+    if (name == "tokenizer.model" || name == "tokenizer.json") return true;
   }
   if (name == "manifest.json") return true;
   if (name.starts_with(".worker-") && name.ends_with(".json") && name.size() > 13) {
@@ -140,7 +138,7 @@ class OutputDir {
   }
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
-  void set_wrote_tokenizer() { wrote_tokenizer_ = true; }
+  void set_wrote_tokenizer(std::string name) { tokenizer_ = std::move(name); }
 
   // After a failure: our files, and the directory if we created it and it is empty.
   void remove_ours() {
@@ -155,13 +153,14 @@ class OutputDir {
     std::vector<fs::path> doomed;
     for (fs::directory_iterator it(path_, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (is_ours(name) || (wrote_tokenizer_ && name == kTokenizerFile)) doomed.push_back(it->path());
+      if (is_ours(name) || name == tokenizer_) doomed.push_back(it->path());
     }
     for (const fs::path& p : doomed) fs::remove(p, ec);
   }
 
   std::string path_;
-  bool created_ = false, wrote_tokenizer_ = false;
+  std::string tokenizer_;  // the tokenizer's copy, once written
+  bool created_ = false;
 };
 
 Plan make_plan(const PrepareOptions& o, std::vector<std::string> inputs) {
@@ -196,6 +195,7 @@ nlohmann::json run_worker(int w, const std::vector<WorkItem>& items, const Plan&
                           const PrepareOptions& o, const OutputDir& out) {
   const auto vocab = static_cast<uint32_t>(tok.vocab_size());
   const int32_t eos = tok.eos_id();
+  const std::vector<int32_t> start = tok.document_start();
   struct Split {
     const char* name;
     std::unique_ptr<ShardWriter> writer;
@@ -229,7 +229,9 @@ nlohmann::json run_worker(int w, const std::vector<WorkItem>& items, const Plan&
     const std::vector<std::string_view> docs = split_documents(text);
     for (size_t d = 0; d < docs.size(); ++d) {
       Split& s = splits[is_val(o.seed, input, item.first_document + d, o.val_fraction) ? 1 : 0];
-      const std::vector<int32_t> ids = tok.encode(docs[d]);
+      std::vector<int32_t> ids = start;
+      const std::vector<int32_t> text_ids = tok.encode(docs[d]);
+      ids.insert(ids.end(), text_ids.begin(), text_ids.end());
       if (!s.writer) {
         s.file = shard_name(s.name, w, s.next++);
         s.writer = std::make_unique<ShardWriter>(out.file(s.file), vocab, tok.hash(), eos);
@@ -406,7 +408,7 @@ double unigram_entropy(const std::vector<uint64_t>& counts, uint64_t total) {
 DatasetManifest merge_results(const std::vector<nlohmann::json>& results, const Tokenizer& tok, const Plan& plan,
                               PrepareStats* stats) {
   DatasetManifest m;
-  m.tokenizer_file = kTokenizerFile;
+  m.tokenizer_file = tok.file_name();
   m.tokenizer_hash = tok.hash();
   m.vocab_size = tok.vocab_size();
   m.eos_id = tok.eos_id();
@@ -457,8 +459,8 @@ PrepareStats prepare(const PrepareOptions& o) {
     const std::vector<nlohmann::json> results = run_workers(plan, tok, o, out);
     PrepareStats stats;
     const DatasetManifest m = merge_results(results, tok, plan, &stats);
-    out.set_wrote_tokenizer();
-    write_file_atomic(out.file(kTokenizerFile), model_bytes);
+    out.set_wrote_tokenizer(tok.file_name());
+    write_file_atomic(out.file(tok.file_name()), model_bytes);
     for (size_t w = 0; w < plan.workers.size(); ++w) ::unlink(out.file(result_name(static_cast<int>(w))).c_str());
     write_manifest(out.path(), m);  // last: from here on the directory is a dataset
 

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "data/dataset.h"
+#include "data/hf_tokenizer_test_util.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
 
@@ -141,6 +142,36 @@ std::string error_of(const PrepareOptions& o) {
     return fmt::format("(wrong exception type: {})", e.what());
   }
   return "(no error)";
+}
+
+// With a tokenizer.json whose template puts a BOS first (Llama 3's), each document is BOS, its
+// text's ids and EOS; the dataset keeps the file under its own name.
+TEST_F(PrepareTest, TokenizerJsonDocumentsStartWithItsBos) {
+  nlohmann::json j = test::tokenizer_json({" t", " th", " the", "an", "and"},
+                                          {{" ", "t"}, {" t", "h"}, {" th", "e"}, {"a", "n"}, {"an", "d"}},
+                                          test::llama3_pre_tokenizer());
+  test::add_llama3_specials(j, 300);
+  const std::string tok_path = write("tok.json", dump_json(j));
+  const std::string text = corpus(30, 3);
+  PrepareOptions o = options({write("a.txt", text)}, "ds", 2, 0.0);
+  o.tokenizer = tok_path;
+  prepare(o);
+  const Tokenizer tok(tok_path);
+  ASSERT_EQ(tok.document_start(), (std::vector<int32_t>{300}));
+  std::vector<Doc> want;
+  for (const std::string_view d : split_documents(text)) {
+    want.push_back({300});
+    const Doc ids = tok.encode(d);
+    want.back().insert(want.back().end(), ids.begin(), ids.end());
+  }
+  const std::vector<Doc> got = split_docs(path("ds"), "train");
+  EXPECT_EQ(as_set(got), as_set(want));
+  const DatasetManifest m = read_manifest(path("ds"));
+  EXPECT_EQ(m.tokenizer_file, "tokenizer.json");
+  EXPECT_EQ(m.eos_id, 301);
+  EXPECT_EQ(m.vocab_size, 302);
+  EXPECT_EQ(read_tokenizer_file(path("ds/tokenizer.json")), read_tokenizer_file(tok_path));
+  EXPECT_FALSE(fs::exists(path("ds/tokenizer.model")));
 }
 
 TEST_F(PrepareTest, TokenCountsMatchDirectTokenization) {

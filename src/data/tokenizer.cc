@@ -1,4 +1,5 @@
-// SentencePiece tokenizer: loading, encoding, decoding, and training a BPE model.
+// Tokenizers: loading either format, SentencePiece's encoding and decoding, and training a
+// SentencePiece BPE model.
 #include "data/tokenizer.h"
 
 #include <fcntl.h>
@@ -11,11 +12,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "data/hf_tokenizer.h"
 #include "data/text.h"
 
 namespace tessera::data {
@@ -117,14 +120,64 @@ std::string read_tokenizer_file(const std::string& path) {
   return std::move(f.bytes);
 }
 
-Tokenizer::Tokenizer(const std::string& model_path)
-    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
+const char* tokenizer_file_name(std::string_view bytes) {
+  return is_hf_tokenizer(bytes) ? "tokenizer.json" : "tokenizer.model";
+}
+
+std::string tokenizer_in(const std::string& dir) {
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const std::filesystem::path p = std::filesystem::path(dir) / name;
+    if (std::filesystem::exists(p)) return p.string();
+  }
+  return "";
+}
+
+namespace {
+
+class SentencePieceModel : public TokenizerModel {
+ public:
+  SentencePieceModel(const std::string& bytes, const std::string& path) : path_(path) {
+    const auto status = sp_.LoadFromSerializedProto(bytes);
+    if (!status.ok() || sp_.GetPieceSize() <= 0) {
+      throw DataError(fmt::format("tokenizer {} is neither a SentencePiece model nor a tokenizer.json: {}", path,
+                                  status.ToString()));
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int> ids;
+    const auto status = sp_.Encode(text, &ids);
+    if (!status.ok()) throw DataError(fmt::format("tokenizer {}: cannot encode: {}", path_, status.ToString()));
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string text;
+    const auto status = sp_.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+    if (!status.ok()) throw DataError(fmt::format("tokenizer {}: cannot decode: {}", path_, status.ToString()));
+    return text;
+  }
+
+  int64_t vocab_size() const override { return sp_.GetPieceSize(); }
+  int32_t bos_id() const override { return sp_.bos_id(); }
+  int32_t eos_id() const override { return sp_.eos_id(); }
+
+ private:
+  sentencepiece::SentencePieceProcessor sp_;
+  std::string path_;
+};
+
+}  // namespace
+
+Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
   const std::string bytes = read_tokenizer_file(model_path);
   if (bytes.empty()) throw DataError(fmt::format("tokenizer {} is empty", model_path));
-  const auto status = sp_->LoadFromSerializedProto(bytes);
-  if (!status.ok() || sp_->GetPieceSize() <= 0) {
-    throw DataError(fmt::format("tokenizer {} is not a SentencePiece model: {}", model_path, status.ToString()));
+  if (is_hf_tokenizer(bytes)) {
+    model_ = load_hf_tokenizer(bytes, model_path);
+  } else {
+    model_ = std::make_unique<SentencePieceModel>(bytes, model_path);
   }
+  file_name_ = tokenizer_file_name(bytes);
   hash_ = XXH64(bytes.data(), bytes.size(), 0);
 }
 
@@ -132,23 +185,11 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  std::vector<int> ids;
-  const auto status = sp_->Encode(text, &ids);
-  if (!status.ok()) throw DataError(fmt::format("tokenizer {}: cannot encode: {}", path_, status.ToString()));
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string text;
-  const auto status = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
-  if (!status.ok()) throw DataError(fmt::format("tokenizer {}: cannot decode: {}", path_, status.ToString()));
-  return text;
-}
-
-int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
-int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const { return model_->encode(text); }
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const { return model_->decode(ids); }
+int64_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
+int32_t Tokenizer::bos_id() const { return model_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return model_->eos_id(); }
 
 void train_tokenizer(const TokenizerTrainOptions& options) {
   constexpr std::string_view kSuffix = ".model";

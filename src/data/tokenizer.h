@@ -1,4 +1,5 @@
-// SentencePiece tokenizer: loading, encoding, decoding, and training a BPE model.
+// Tokenizers: a SentencePiece model or a Hugging Face tokenizer.json, loaded, encoding and
+// decoding; training a SentencePiece BPE model.
 #pragma once
 
 #include <cstdint>
@@ -7,18 +8,34 @@
 #include <string_view>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace tessera::data {
 
 // The bytes of the tokenizer model file `path`; throws DataError naming it when it cannot be read.
 std::string read_tokenizer_file(const std::string& path);
 
+// The name a copy of a tokenizer takes beside a dataset, run or model, from its bytes:
+// "tokenizer.json" for a Hugging Face tokenizer, else "tokenizer.model" (SentencePiece).
+const char* tokenizer_file_name(std::string_view bytes);
+// The tokenizer file in `dir`: tokenizer.model, else tokenizer.json; "" when it has neither.
+std::string tokenizer_in(const std::string& dir);
+
+// One tokenizer format (tokenizer.cc: SentencePiece; hf_tokenizer.cc: tokenizer.json).
+class TokenizerModel {
+ public:
+  virtual ~TokenizerModel() = default;
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1: none
+  virtual int32_t eos_id() const = 0;  // -1: none
+  // What the format puts before each text: tokenizer.json's BOS where its template adds one.
+  virtual std::vector<int32_t> document_start() const { return {}; }
+};
+
 class Tokenizer {
  public:
-  // Throws DataError naming the file when it cannot be read or is not a SentencePiece model.
+  // A SentencePiece model or a tokenizer.json (hf_tokenizer.h), told apart by content. Throws
+  // DataError naming the file when it cannot be read or is neither.
   explicit Tokenizer(const std::string& model_path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
@@ -29,13 +46,19 @@ class Tokenizer {
   int64_t vocab_size() const;
   int32_t bos_id() const;
   int32_t eos_id() const;
+  // What `prepare` writes before each document and `generate` before a prompt: the tokenizer's
+  // own convention (Llama 3's <|begin_of_text|>), else nothing.
+  std::vector<int32_t> document_start() const { return model_->document_start(); }
+  // "tokenizer.model" or "tokenizer.json", by format.
+  const char* file_name() const { return file_name_; }
   // xxh64 of the model file's bytes: identifies the tokenizer in shards and checkpoints.
   uint64_t hash() const { return hash_; }
   const std::string& path() const { return path_; }
 
  private:
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<TokenizerModel> model_;
   std::string path_;
+  const char* file_name_ = nullptr;
   uint64_t hash_ = 0;
 };
 

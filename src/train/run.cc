@@ -34,6 +34,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/bundled.h"
+#include "data/tokenizer.h"
 #include "storage/s3_client.h"
 #include "tessera/build_config.h"
 #include "train/health.h"
@@ -91,8 +92,7 @@ TrainedModel load_trained(const std::string& checkpoint, const std::string& toke
   } catch (const ConfigError& e) {
     throw DataError(fmt::format("{}: its stored config is invalid: {}", out.weights_path, e.what()));
   }
-  const fs::path beside = dir / "tokenizer.model";
-  out.tokenizer_path = !tokenizer.empty() ? tokenizer : fs::exists(beside) ? beside.string() : "";
+  out.tokenizer_path = !tokenizer.empty() ? tokenizer : data::tokenizer_in(dir.string());
   if (const FileBytes text = try_read_file((dir / "run.json").string())) {
     const nlohmann::json info = parse_json(text.bytes);
     if (info.is_object() && info.contains("dataset") && info["dataset"].is_string()) out.dataset = info["dataset"];
@@ -204,17 +204,18 @@ nlohmann::ordered_json describe_run(const config::Config& config, const std::str
                                     const Trainer& trainer, const metrics::Peak& peak) {
   nlohmann::ordered_json run_info = {{"config", "config.toml"}};
   if (const data::DatasetManifest* manifest = trainer.dataset(); manifest != nullptr) {
+    // Under the dataset's name for it (tokenizer.model or tokenizer.json: plain_file_name checked).
     const std::string tokenizer = dataset + "/" + manifest->tokenizer_file;
+    const std::string copy = (fs::path(run_dir) / manifest->tokenizer_file).string();
     std::error_code ec;
     if (dist.rank() == 0 && storage::is_s3(dataset)) {
-      write_file_atomic((fs::path(run_dir) / "tokenizer.model").string(),
-                        storage::default_s3_client().get(storage::parse_s3(tokenizer, "data.dataset")));
+      write_file_atomic(copy, storage::default_s3_client().get(storage::parse_s3(tokenizer, "data.dataset")));
     } else if (dist.rank() == 0) {
-      fs::copy_file(tokenizer, fs::path(run_dir) / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      fs::copy_file(tokenizer, copy, fs::copy_options::overwrite_existing, ec);
     }
     if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer, run_dir, ec.message()));
     run_info["dataset"] = storage::is_s3(dataset) ? dataset : fs::absolute(dataset).string();
-    run_info["tokenizer"] = "tokenizer.model";
+    run_info["tokenizer"] = manifest->tokenizer_file;
     log::info("data: {} ({} train / {} validation tokens); unigram entropy {:.4f} nats/token", dataset,
               format_count(static_cast<double>(manifest->train.tokens)),
               format_count(static_cast<double>(manifest->val.tokens)), manifest->unigram_entropy);

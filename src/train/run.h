@@ -12,10 +12,10 @@
 namespace tessera::train {
 
 // Trains to train.max_steps (or train.max_tokens), writing into RUN_DIR: config.toml,
-// metrics.jsonl, run.json (what the run used: dataset directory, tokenizer), tokenizer.model
-// (a copy, when training on a dataset), sharded checkpoints in RUN_DIR/checkpoints and, when
-// checkpoint.save_final, model.safetensors with the resolved config in its metadata.
-// resume: "" starts afresh (refused when RUN_DIR already holds a committed checkpoint), "auto"
+// metrics.jsonl, run.json (what the run used: dataset directory, tokenizer), a copy of the
+// dataset's tokenizer.model or tokenizer.json (when training on a dataset), sharded checkpoints
+// in RUN_DIR/checkpoints and, when checkpoint.save_final, model.safetensors with the resolved
+// config in its metadata. resume: "" starts afresh (refused when RUN_DIR already holds a committed checkpoint), "auto"
 // continues from RUN_DIR's latest checkpoint if there is one, else a checkpoint path. SIGTERM or
 // SIGINT finishes the step, saves a checkpoint and returns normally. Holds RUN_DIR's lock
 // (RunLock): a second run there is refused (exit 2). Throws tessera::Error subclasses for faults.
@@ -35,9 +35,9 @@ void run_worker(const config::Config& config, const std::string& run_dir, const 
 std::string resolve_dataset(const config::Config& config);
 
 // A trained model loaded back: from a run directory (its model.safetensors, else its latest
-// checkpoint; tokenizer.model and run.json), a checkpoint directory (step_N or a checkpoint root
+// checkpoint; its tokenizer and run.json), a checkpoint directory (step_N or a checkpoint root
 // with `latest`), or a weights file (the config comes from its metadata; the tokenizer from
-// `tokenizer`, else tokenizer.model beside it).
+// `tokenizer`, else tokenizer.model or tokenizer.json beside it).
 struct TrainedModel {
   config::Config config;
   std::vector<checkpoint::NamedTensor> tensors;

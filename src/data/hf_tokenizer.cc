@@ -1,0 +1,669 @@
+// Hugging Face tokenizer.json, byte-level BPE: pre-tokenizers, merges, added tokens, decoding.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "data/hf_tokenizer.h"
+
+#include <fmt/format.h>
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+#include <variant>
+
+#include "core/error.h"
+#include "core/json.h"
+
+namespace tessera::data {
+namespace {
+
+using nlohmann::json;
+
+// ---- UTF-8 ----
+
+void append_utf8(std::string& out, uint32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+// The length of the valid UTF-8 sequence at s[i], or 0 when none starts there; `*take` is set
+// to the bytes an invalid one replaces (its maximal subpart, as Unicode and WHATWG advise).
+size_t utf8_sequence(std::string_view s, size_t i, size_t* take) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  *take = 1;
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k < n; ++k) {
+    if (i + k >= s.size() || b(i + k) < (k == 1 ? lo : 0x80) || b(i + k) > (k == 1 ? hi : 0xBF)) {
+      *take = k;
+      return 0;
+    }
+  }
+  return n;
+}
+
+// `s` with each invalid sequence replaced by U+FFFD (Rust's String::from_utf8_lossy).
+std::string lossy_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    size_t take;
+    if (const size_t n = utf8_sequence(s, i, &take); n > 0) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += take;
+    }
+  }
+  return out;
+}
+
+// GPT-2's table from bytes to characters: the printable bytes stand for themselves, the others
+// for U+0100 onwards in order, so that every byte is a visible character. UTF-8 of each.
+std::array<std::string, 256> byte_level_chars() {
+  std::array<std::string, 256> chars;
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    append_utf8(chars[b], printable ? b : next++);
+  }
+  return chars;
+}
+
+// ---- pre-tokenizers ----
+
+// GPT-2's pattern, which ByteLevel with use_regex splits on.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// A compiled pattern, UTF-8 with Unicode properties (\p{L}, \s as Unicode's white space), as
+// Oniguruma reads the patterns of tokenizer.json.
+class Regex {
+ public:
+  Regex(const std::string& pattern, std::string where) : where_(std::move(where)) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                          &offset, nullptr);
+    if (code_ == nullptr) {
+      std::array<PCRE2_UCHAR, 256> msg{};
+      pcre2_get_error_message(err, msg.data(), msg.size());
+      throw DataError(fmt::format("{}: the regex cannot be compiled at offset {}: {}", where_, offset,
+                                  reinterpret_cast<const char*>(msg.data())));
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable, matching interprets
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The [begin, end) of each non-empty match in `s`, in order.
+  std::vector<std::pair<size_t, size_t>> matches(std::string_view s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+    for (size_t at = 0; at <= s.size();) {
+      // The text is valid UTF-8 (lossy_utf8), so the check can be skipped.
+      const int rc = pcre2_match(code_, subject, s.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        throw DataError(fmt::format("{}: matching failed (PCRE2 error {})", where_, rc));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      if (ov[1] == ov[0]) {  // empty: move on one character
+        at = ov[0] + 1;
+        while (at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) ++at;
+        continue;
+      }
+      out.emplace_back(ov[0], ov[1]);
+      at = ov[1];
+    }
+    pcre2_match_data_free(md);
+    return out;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  std::string where_;
+};
+
+// A pattern matching `text` literally.
+std::string literal_pattern(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c))) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+struct SplitStep {
+  std::shared_ptr<const Regex> regex;
+  bool remove = false;  // behavior Removed: the matches are dropped; Isolated: each is a piece
+};
+struct DigitsStep {
+  bool individual = false;  // each digit a piece; else each run of digits
+};
+struct ByteLevelStep {
+  bool add_prefix_space = false;
+  std::shared_ptr<const Regex> regex;  // use_regex: GPT-2's split; else null
+};
+using PreTokenizer = std::variant<SplitStep, DigitsStep, ByteLevelStep>;
+
+// `piece` cut at the matches: each match a piece, and each stretch between them (Isolated), or
+// only the stretches (Removed).
+void split_isolated(const Regex& regex, bool remove, const std::string& piece, std::vector<std::string>& out) {
+  size_t last = 0;
+  for (const auto& [b, e] : regex.matches(piece)) {
+    if (b > last) out.push_back(piece.substr(last, b - last));
+    if (!remove) out.push_back(piece.substr(b, e - b));
+    last = e;
+  }
+  if (last < piece.size()) out.push_back(piece.substr(last));
+}
+
+void split_digits(bool individual, const std::string& piece, std::vector<std::string>& out) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  for (size_t i = 0; i < piece.size();) {
+    size_t j = i + 1;
+    if (digit(piece[i])) {
+      while (!individual && j < piece.size() && digit(piece[j])) ++j;
+    } else {
+      while (j < piece.size() && !digit(piece[j])) ++j;
+    }
+    out.push_back(piece.substr(i, j - i));
+    i = j;
+  }
+}
+
+std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string> pieces) {
+  std::vector<std::string> out;
+  out.reserve(pieces.size());
+  for (std::string& piece : pieces) {
+    if (const auto* s = std::get_if<SplitStep>(&step)) {
+      split_isolated(*s->regex, s->remove, piece, out);
+    } else if (const auto* d = std::get_if<DigitsStep>(&step)) {
+      split_digits(d->individual, piece, out);
+    } else {
+      const auto& bl = std::get<ByteLevelStep>(step);
+      if (bl.add_prefix_space && !piece.starts_with(' ')) piece.insert(piece.begin(), ' ');
+      if (bl.regex) {
+        split_isolated(*bl.regex, false, piece, out);
+      } else {
+        out.push_back(std::move(piece));
+      }
+    }
+  }
+  return out;
+}
+
+// ---- reading the file ----
+
+// The key path of a value, for errors ("pre_tokenizer.pretokenizers[1].type").
+struct Reader {
+  const std::string& path;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw DataError(fmt::format("tokenizer {}: {} {}", path, key, what));
+  }
+  const json& get(const json& j, const std::string& key, const std::string& where) const {
+    if (!j.is_object() || !j.contains(key)) fail(where + key, "is missing");
+    return j.at(key);
+  }
+  std::string string(const json& j, const std::string& key, const std::string& where) const {
+    const json& v = get(j, key, where);
+    if (!v.is_string()) fail(where + key, "is not a string");
+    return v.get<std::string>();
+  }
+  bool flag(const json& j, const std::string& key, const std::string& where, bool fallback) const {
+    if (!j.is_object() || !j.contains(key) || j.at(key).is_null()) return fallback;
+    if (!j.at(key).is_boolean()) fail(where + key, "is not true or false");
+    return j.at(key).get<bool>();
+  }
+};
+
+PreTokenizer read_pre_tokenizer(const Reader& r, const json& j, const std::string& where) {
+  const std::string type = r.string(j, "type", where);
+  if (type == "Split") {
+    if (r.flag(j, "invert", where, false)) r.fail(where + "invert", "= true is not implemented");
+    const std::string behavior = r.string(j, "behavior", where);
+    if (behavior != "Isolated" && behavior != "Removed") {
+      r.fail(where + "behavior", fmt::format("\"{}\" is not implemented (Isolated and Removed are)", behavior));
+    }
+    const json& pattern = r.get(j, "pattern", where);
+    std::string regex;
+    if (pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex").is_string()) {
+      regex = pattern.at("Regex").get<std::string>();
+    } else if (pattern.is_object() && pattern.contains("String") && pattern.at("String").is_string()) {
+      regex = literal_pattern(pattern.at("String").get<std::string>());
+    } else {
+      r.fail(where + "pattern", "is neither {\"Regex\": ...} nor {\"String\": ...}");
+    }
+    return SplitStep{std::make_shared<const Regex>(regex, fmt::format("tokenizer {}: {}pattern", r.path, where)),
+                     behavior == "Removed"};
+  }
+  if (type == "Digits") return DigitsStep{r.flag(j, "individual_digits", where, false)};
+  if (type == "ByteLevel") {
+    ByteLevelStep step{r.flag(j, "add_prefix_space", where, false), nullptr};
+    if (r.flag(j, "use_regex", where, true)) {
+      step.regex = std::make_shared<const Regex>(kGpt2Pattern, fmt::format("tokenizer {}: GPT-2's pattern", r.path));
+    }
+    return step;
+  }
+  r.fail(where + "type", fmt::format("\"{}\" is not implemented (Sequence, Split, Digits and ByteLevel are)", type));
+}
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool special;
+};
+
+// ---- the tokenizer ----
+
+class HfBpe : public TokenizerModel {
+ public:
+  HfBpe(const std::string& bytes, const std::string& path) : path_(path), byte_chars_(byte_level_chars()) {
+    const Reader r{path};
+    json j;
+    try {
+      j = parse_json_or_throw(bytes);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("tokenizer {} is not valid JSON: {}", path, e.what()));
+    }
+    if (!j.is_object()) throw DataError(fmt::format("tokenizer {}: not a JSON object", path));
+    // Ids run from 0 with few gaps; a bound keeps a corrupt file from sizing the table by its id.
+    const json* model = j.contains("model") ? &j.at("model") : nullptr;
+    const size_t entries = (model && model->is_object() && model->contains("vocab") ? model->at("vocab").size() : 0) +
+                           (j.contains("added_tokens") ? j.at("added_tokens").size() : 0);
+    id_limit_ = static_cast<int64_t>(2 * entries + 1024);
+    read_normalizer(r, j);
+    read_pre_tokenizers(r, j);
+    read_model(r, r.get(j, "model", ""));
+    read_added_tokens(r, j);
+    read_decoder(r, j);
+    read_post_processor(r, j);
+    pick_eos_and_bos();
+  }
+
+  std::vector<int32_t> encode(std::string_view raw) const override {
+    const std::string text = lossy_utf8(raw);
+    std::vector<int32_t> ids;
+    size_t last = 0;
+    const auto plain = [&](size_t end) {
+      if (end > last) encode_plain(text.substr(last, end - last), ids);
+    };
+    for (size_t i = 0; i < text.size();) {
+      if (const AddedToken* t = added_at(text, i)) {
+        plain(i);
+        ids.push_back(t->id);
+        i += t->content.size();
+        last = i;
+      } else {
+        ++i;
+      }
+    }
+    plain(text.size());
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string bytes;
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab_size() || id_to_token_[static_cast<size_t>(id)].empty()) {
+        throw DataError(fmt::format("tokenizer {}: cannot decode token id {}: not in the vocabulary", path_, id));
+      }
+      append_token_bytes(id_to_token_[static_cast<size_t>(id)], bytes);
+    }
+    return lossy_utf8(bytes);
+  }
+
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+  std::vector<int32_t> document_start() const override {
+    if (template_bos_ < 0) return {};
+    return {template_bos_};
+  }
+
+ private:
+  void read_normalizer(const Reader& r, const json& j) {
+    if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
+    const json& n = j.at("normalizer");
+    if (r.string(n, "type", "normalizer.") == "Sequence" && r.get(n, "normalizers", "normalizer.").empty()) return;
+    r.fail("normalizer.type",
+           fmt::format("\"{}\" is not implemented (only tokenizers without a normalizer are)", n.value("type", "")));
+  }
+
+  void read_pre_tokenizers(const Reader& r, const json& j) {
+    const json& p = r.get(j, "pre_tokenizer", "");
+    if (p.is_null()) r.fail("pre_tokenizer", "is null: a byte-level tokenizer needs a ByteLevel pre-tokenizer");
+    if (r.string(p, "type", "pre_tokenizer.") == "Sequence") {
+      const json& steps = r.get(p, "pretokenizers", "pre_tokenizer.");
+      if (!steps.is_array()) r.fail("pre_tokenizer.pretokenizers", "is not a list");
+      for (size_t i = 0; i < steps.size(); ++i) {
+        pre_.push_back(read_pre_tokenizer(r, steps[i], fmt::format("pre_tokenizer.pretokenizers[{}].", i)));
+      }
+    } else {
+      pre_.push_back(read_pre_tokenizer(r, p, "pre_tokenizer."));
+    }
+    if (std::none_of(pre_.begin(), pre_.end(), [](const PreTokenizer& s) { return s.index() == 2; })) {
+      r.fail("pre_tokenizer",
+             "has no ByteLevel step: only byte-level BPE tokenizers are implemented (a "
+             "SentencePiece-style tokenizer.json has a tokenizer.model to use instead)");
+    }
+  }
+
+  void read_model(const Reader& r, const json& m) {
+    if (m.contains("type") && r.string(m, "type", "model.") != "BPE") {
+      r.fail("model.type", fmt::format("\"{}\" is not implemented (BPE is)", m.at("type").get<std::string>()));
+    }
+    if (r.flag(m, "byte_fallback", "model.", false)) r.fail("model.byte_fallback", "= true is not implemented");
+    if (m.contains("dropout") && !m.at("dropout").is_null() && m.at("dropout") != 0) {
+      r.fail("model.dropout", "is set: BPE dropout is for training a tokenizer, not for encoding with one");
+    }
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (m.contains(key) && !m.at(key).is_null() && m.at(key) != "")
+        r.fail(fmt::format("model.{}", key), "is not implemented");
+    }
+    ignore_merges_ = r.flag(m, "ignore_merges", "model.", false);
+    const json& vocab = r.get(m, "vocab", "model.");
+    if (!vocab.is_object()) r.fail("model.vocab", "is not an object of token: id");
+    for (const auto& [token, id] : vocab.items()) {
+      const std::string where = fmt::format("model.vocab[\"{}\"]", token);
+      if (token.empty()) r.fail("model.vocab", "has an empty token");
+      set_token(token_id(r, id, where), token, r, "model.vocab");
+      vocab_[token] = id.get<int32_t>();
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = vocab_.find(byte_chars_[static_cast<size_t>(b)]);
+      if (it == vocab_.end()) r.fail("model.vocab", fmt::format("has no token for byte 0x{:02x}", b));
+      byte_ids_[static_cast<size_t>(b)] = it->second;
+    }
+    read_merges(r, r.get(m, "merges", "model."));
+  }
+
+  void read_merges(const Reader& r, const json& merges) {
+    if (!merges.is_array()) r.fail("model.merges", "is not a list");
+    merges_.reserve(merges.size());
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const json& e = merges[rank];
+      std::string a, b;
+      if (e.is_string()) {  // "a b"
+        const std::string s = e.get<std::string>();
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+          r.fail(fmt::format("model.merges[{}]", rank), fmt::format("\"{}\" is not two tokens", s));
+        }
+        a = s.substr(0, space);
+        b = s.substr(space + 1);
+      } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {  // ["a", "b"]
+        a = e[0].get<std::string>();
+        b = e[1].get<std::string>();
+      } else {
+        r.fail(fmt::format("model.merges[{}]", rank), "is neither \"a b\" nor [\"a\", \"b\"]");
+      }
+      const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
+      if (ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end()) {
+        r.fail(fmt::format("model.merges[{}]", rank),
+               fmt::format("merges \"{}\" and \"{}\", not both in the vocabulary "
+                           "with their merge",
+                           a, b));
+      }
+      merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(rank), ab->second});
+    }
+  }
+
+  void read_added_tokens(const Reader& r, const json& j) {
+    if (!j.contains("added_tokens") || j.at("added_tokens").is_null()) return;
+    const json& list = j.at("added_tokens");
+    if (!list.is_array()) r.fail("added_tokens", "is not a list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string where = fmt::format("added_tokens[{}].", i);
+      const int32_t id = token_id(r, r.get(list[i], "id", where), where + "id");
+      AddedToken t{r.string(list[i], "content", where), id, r.flag(list[i], "special", where, false)};
+      if (t.content.empty()) r.fail(where + "content", "is empty");
+      for (const char* key : {"lstrip", "rstrip", "single_word"}) {
+        if (r.flag(list[i], key, where, false)) r.fail(where + key, "= true is not implemented");
+      }
+      set_token(t.id, t.content, r, "added_tokens");
+      added_.push_back(std::move(t));
+    }
+    // Longest first, so the leftmost match is also the longest, as `tokenizers` matches them.
+    std::stable_sort(added_.begin(), added_.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (const AddedToken& t : added_) added_first_bytes_[static_cast<unsigned char>(t.content[0])] = true;
+  }
+
+  void read_decoder(const Reader& r, const json& j) {
+    const json& d = r.get(j, "decoder", "");
+    if (d.is_null() || r.string(d, "type", "decoder.") != "ByteLevel") {
+      r.fail("decoder", "is not ByteLevel: only byte-level BPE tokenizers are implemented");
+    }
+    for (size_t b = 0; b < 256; ++b) char_to_byte_.emplace(byte_chars_[b], static_cast<char>(b));
+  }
+
+  // The BOS of a TemplateProcessing post-processor (alone or in a Sequence): its single
+  // template's first item, when that is a special token.
+  void read_post_processor(const Reader& r, const json& j) {
+    if (!j.contains("post_processor") || j.at("post_processor").is_null()) return;
+    const json& p = j.at("post_processor");
+    std::vector<const json*> candidates{&p};
+    if (p.value("type", "") == "Sequence" && p.contains("processors") && p.at("processors").is_array()) {
+      for (const json& q : p.at("processors")) candidates.push_back(&q);
+    }
+    for (const json* q : candidates) {
+      if (q->value("type", "") != "TemplateProcessing") continue;
+      const json& single = r.get(*q, "single", "post_processor.");
+      if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
+      const std::string name = r.string(single[0].at("SpecialToken"), "id", "post_processor.single[0].SpecialToken.");
+      const json& specials = r.get(*q, "special_tokens", "post_processor.");
+      const json& entry = r.get(specials, name, "post_processor.special_tokens.");
+      const json& ids = r.get(entry, "ids", fmt::format("post_processor.special_tokens[\"{}\"].", name));
+      if (!ids.is_array() || ids.size() != 1 || !ids[0].is_number_integer() || ids[0].get<int64_t>() < 0 ||
+          ids[0].get<int64_t>() >= vocab_size() || id_to_token_[ids[0].get<size_t>()].empty()) {
+        r.fail(fmt::format("post_processor.special_tokens[\"{}\"].ids", name), "is not one token id of the vocabulary");
+      }
+      template_bos_ = ids[0].get<int32_t>();
+      return;
+    }
+  }
+
+  void pick_eos_and_bos() {
+    const auto find = [&](std::initializer_list<const char*> names) {
+      for (const char* name : names) {
+        for (const AddedToken& t : added_) {
+          if (t.content == name) return t.id;
+        }
+      }
+      return -1;
+    };
+    eos_ = find({"<|end_of_text|>", "<|endoftext|>", "</s>"});
+    bos_ = template_bos_ >= 0 ? template_bos_ : find({"<|begin_of_text|>", "<s>", "<|startoftext|>"});
+  }
+
+  int32_t token_id(const Reader& r, const json& id, const std::string& where) const {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= id_limit_) {
+      r.fail(where, fmt::format("is not a token id in [0, {}) (twice the tokens the file lists, and 1024)", id_limit_));
+    }
+    return id.get<int32_t>();
+  }
+
+  void set_token(int32_t id, const std::string& token, const Reader& r, const char* where) {
+    if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
+    std::string& slot = id_to_token_[static_cast<size_t>(id)];
+    if (!slot.empty() && slot != token) {
+      r.fail(where, fmt::format("gives id {} to both \"{}\" and \"{}\"", id, slot, token));
+    }
+    slot = token;
+  }
+
+  // The added token that starts at text[i], the longest where several do.
+  const AddedToken* added_at(const std::string& text, size_t i) const {
+    if (!added_first_bytes_[static_cast<unsigned char>(text[i])]) return nullptr;
+    for (const AddedToken& t : added_) {
+      if (text.compare(i, t.content.size(), t.content) == 0) return &t;
+    }
+    return nullptr;
+  }
+
+  void encode_plain(const std::string& text, std::vector<int32_t>& ids) const {
+    std::vector<std::string> pieces{text};
+    for (const PreTokenizer& step : pre_) pieces = apply(step, std::move(pieces));
+    for (const std::string& piece : pieces) encode_word(piece, ids);
+  }
+
+  // One pre-token through BPE: its bytes as byte-level tokens, then the lowest-ranked merge of two
+  // neighbours, leftmost first, until none applies (as `tokenizers` merges).
+  void encode_word(const std::string& word, std::vector<int32_t>& ids) const {
+    if (word.empty()) return;
+    {
+      std::lock_guard lock(cache_mutex_);
+      if (const auto it = cache_.find(word); it != cache_.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<int32_t> out = merge_word(word);
+    ids.insert(ids.end(), out.begin(), out.end());
+    std::lock_guard lock(cache_mutex_);
+    if (cache_.size() >= kCacheWords) cache_.clear();
+    cache_.emplace(word, std::move(out));
+  }
+
+  std::vector<int32_t> merge_word(const std::string& word) const {
+    if (ignore_merges_) {
+      std::string mapped;
+      for (const char c : word) mapped += byte_chars_[static_cast<unsigned char>(c)];
+      if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {it->second};
+    }
+    struct Symbol {
+      int32_t id;
+      int prev, next;
+      bool alive;
+    };
+    const int n = static_cast<int>(word.size());
+    std::vector<Symbol> sym(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+      sym[static_cast<size_t>(i)] = {byte_ids_[static_cast<unsigned char>(word[static_cast<size_t>(i)])], i - 1,
+                                     i + 1 < n ? i + 1 : -1, true};
+    struct Candidate {
+      int32_t rank;
+      int left, right;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+    const auto consider = [&](int left, int right) {
+      if (left < 0 || right < 0) return;
+      const auto it = merges_.find(pair_key(sym[static_cast<size_t>(left)].id, sym[static_cast<size_t>(right)].id));
+      if (it != merges_.end()) queue.push({it->second.rank, left, right});
+    };
+    for (int i = 0; i + 1 < n; ++i) consider(i, i + 1);
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      Symbol& l = sym[static_cast<size_t>(c.left)];
+      if (!l.alive || l.next != c.right) continue;  // a neighbour has merged since
+      Symbol& r = sym[static_cast<size_t>(c.right)];
+      const auto it = merges_.find(pair_key(l.id, r.id));
+      if (it == merges_.end() || it->second.rank != c.rank) continue;
+      l.id = it->second.id;
+      r.alive = false;
+      l.next = r.next;
+      if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = c.left;
+      consider(l.prev, c.left);
+      consider(c.left, l.next);
+    }
+    std::vector<int32_t> out;
+    for (int i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) out.push_back(sym[static_cast<size_t>(i)].id);
+    return out;
+  }
+
+  // A token's bytes: each character through the byte-level table, or the token's own UTF-8 where
+  // a character is not in the table (added tokens such as "<|eot_id|>" pass either way).
+  void append_token_bytes(const std::string& token, std::string& out) const {
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      size_t take;
+      const size_t len = std::max<size_t>(1, utf8_sequence(token, i, &take));
+      const auto it = char_to_byte_.find(token.substr(i, len));
+      if (it == char_to_byte_.end()) {
+        out += token;
+        return;
+      }
+      bytes += it->second;
+      i += len;
+    }
+    out += bytes;
+  }
+
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // of the merged token
+  };
+  static constexpr size_t kCacheWords = 1 << 16;
+
+  std::string path_;
+  std::array<std::string, 256> byte_chars_;
+  std::array<int32_t, 256> byte_ids_{};
+  std::unordered_map<std::string, char> char_to_byte_;
+  std::vector<PreTokenizer> pre_;
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  bool ignore_merges_ = false;
+  std::vector<AddedToken> added_;
+  std::array<bool, 256> added_first_bytes_{};
+  std::vector<std::string> id_to_token_;  // "" for an id nothing names
+  int32_t template_bos_ = -1, bos_ = -1, eos_ = -1;
+  int64_t id_limit_ = 0;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace
+
+bool is_hf_tokenizer(std::string_view bytes) {
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  return first != std::string_view::npos && bytes[first] == '{';
+}
+
+std::unique_ptr<TokenizerModel> load_hf_tokenizer(const std::string& bytes, const std::string& path) {
+  return std::make_unique<HfBpe>(bytes, path);
+}
+
+}  // namespace tessera::data
