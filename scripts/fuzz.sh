@@ -44,8 +44,10 @@ for t in "${targets[@]}"; do
   rc=0
   "$bin" "${dict[@]}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=64 -timeout=10 \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$corpus" "$seeds" >"$log" 2>&1 || rc=$?
+  # `|| true`: a finding while the corpus loads leaves no "cov:" line, and under pipefail the
+  # failed grep would end the script before its report.
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
   if ((rc == 0)); then
     summary+=("$(printf '%-20s ok     %9s runs  cov %5s  corpus %5s' "$t" "${runs:-?}" "${cov:-?}" "$(ls "$corpus" | wc -l)")")
   else

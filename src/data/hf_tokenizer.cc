@@ -362,8 +362,9 @@ class HfBpe : public TokenizerModel {
     if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
     const json& n = j.at("normalizer");
     if (r.string(n, "type", "normalizer.") == "Sequence" && r.get(n, "normalizers", "normalizer.").empty()) return;
-    r.fail("normalizer.type",
-           fmt::format("\"{}\" is not implemented (only tokenizers without a normalizer are)", n.value("type", "")));
+    r.fail("normalizer.type", fmt::format("\"{}\" is not implemented (only byte-level BPE without a normalizer is; a "
+                                          "SentencePiece model's tokenizer.json has its tokenizer.model beside it)",
+                                          n.value("type", "")));
   }
 
   void read_pre_tokenizers(const Reader& r, const json& j) {

@@ -89,6 +89,11 @@ TEST_F(HfTokenizer, PiecesOfGpt2sPattern) {
   const std::vector<std::string> want = {"Hello", " ", " world", "'s", " 123"};
   const Tokenizer t = load(tokenizer_json(want, {}, byte_level(), true));
   EXPECT_EQ(pieces(t, t.encode("Hello  world's 123")), want);
+  // U+0085 (NEL) is white space to Oniguruma's \s, which the Rust library runs the pattern with
+  // (JavaScript's \s lacks it: tokenizers.js gives " \u0085" as one piece).
+  const std::vector<std::string> nel = {"Hello", " ", "\u0085", "world"};
+  const Tokenizer u = load(tokenizer_json(nel, {}, byte_level(), true));
+  EXPECT_EQ(pieces(u, u.encode("Hello \u0085world")), nel);
 }
 
 TEST_F(HfTokenizer, PiecesOfLlama3sPattern) {
