@@ -369,9 +369,11 @@ run_check() {
   # The 50-step loss curve of `tessera train` on the bundled default (bf16, learning the bundled
   # corpus: 8.4 -> 4.8 nats) on the GPU and on this machine's CPU, compared within the bf16 bound.
   local tessera=("${bundle_env[@]}" "$bundle/bin/tessera")
-  # A rotary base other than transformers' default, so that the HF check below sees how it is read.
+  # A rotary base other than transformers' default, and Llama 3.1's scaling of it (at an original
+  # length of 64, so that at head dim 32 some frequencies are kept, some blended, some stretched),
+  # so that the HF check below sees how transformers reads both.
   local curve=(train --set train.max_steps=50 --set parallel.param_dtype=bf16 --set train.eval_interval=0
-    --set model.rope_theta=500000)
+    --set model.rope_theta=500000 --set model.rope_scaling=llama3 --set model.rope_original_seq_len=64)
   rm -rf /tmp/tessera-curve-cpu /tmp/tessera-curve-cuda
   step curve_cpu 120 "${tessera[@]}" "${curve[@]}" --set train.device=cpu --run-dir /tmp/tessera-curve-cpu
   # The GPU run serves Prometheus; a scraper keeps the last page that carries the GPU's DCGM

@@ -156,10 +156,11 @@ if [[ -s $dir/a/model.safetensors ]] &&
   cp -r "$dir/hf" "$dir/hf_bad"
   sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$dir/hf_bad/config.json"
   expect_exit 3 "hf_bad/config.json: key rope_scaling" -- checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
-  # transformers 5's spelling of a scaled rotary embedding (Llama 3.1's), in rope_parameters.
-  sed -i -e 's/"rope_scaling": {.*}/"rope_scaling": null/' -e 's/"rope_type": "default"/"rope_type": "llama3"/' \
+  # transformers 5's spelling of a scaled rotary embedding Tessera does not compute (YaRN), in
+  # rope_parameters.
+  sed -i -e 's/"rope_scaling": {.*}/"rope_scaling": null/' -e 's/"rope_type": "default"/"rope_type": "yarn"/' \
     "$dir/hf_bad/config.json"
-  expect_exit 3 'hf_bad/config.json: key rope_parameters.rope_type = "llama3"' -- \
+  expect_exit 3 'hf_bad/config.json: key rope_parameters.rope_type = "yarn"' -- \
     checkpoint import --format hf "$dir/hf_bad" "$dir/imp_bad"
   expect_exit 2 "already exists" -- checkpoint export --format hf "$dir/a" "$dir/hf"
   # bf16: half the bytes, said in config.json; an HF reader's log-probabilities stay within bf16's

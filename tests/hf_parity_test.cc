@@ -26,6 +26,9 @@ struct Variant {
   bool tied;
   double rope_theta;
   uint64_t max_shard_bytes;
+  // Llama 3.1's scaling with an original length of 64 (the tiny model's seq_len): at head dim 16,
+  // base 5e5, channel pair 0 is kept, pair 1 blended and the rest divided by 8.
+  bool llama3 = false;
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
@@ -40,6 +43,10 @@ TEST_P(HfParity, ExportGivesTesseraLogitsInAnHfLlama) {
   c.n_kv_heads = v.n_kv_heads;
   c.tied_embeddings = v.tied;
   c.rope_theta = v.rope_theta;
+  if (v.llama3) {
+    c.rope_scaling = model::RopeScaling::kLlama3;
+    c.rope_original_seq_len = 64;
+  }
   const int64_t B = 2, T = c.seq_len;
   set_num_threads(2);
 
@@ -85,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, HfParity,
                          ::testing::Values(Variant{"gqa_untied", 4, 2, false, 10000.0, 5'000'000'000},
                                            Variant{"gqa_untied_sharded", 8, 2, false, 500000.0, 100'000},
                                            Variant{"mha_tied", 4, 4, true, 10000.0, 5'000'000'000},
-                                           Variant{"gqa_tied", 4, 2, true, 500000.0, 5'000'000'000}),
+                                           Variant{"gqa_tied", 4, 2, true, 500000.0, 5'000'000'000},
+                                           Variant{"gqa_llama3_scaling", 4, 2, true, 500000.0, 5'000'000'000, true}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace

@@ -166,6 +166,29 @@ std::map<std::string, LoadedTensor> read_weights(const fs::path& dir, std::strin
 
 }  // namespace
 
+namespace {
+
+// The rotary scaling as transformers 4 writes it (null when unscaled), and as transformers 5
+// writes it with the base.
+ordered_json rope_scaling_json(const model::ModelConfig& c) {
+  if (c.rope_scaling == model::RopeScaling::kNone) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", c.rope_scaling_factor},
+          {"low_freq_factor", c.rope_low_freq_factor},
+          {"high_freq_factor", c.rope_high_freq_factor},
+          {"original_max_position_embeddings", c.rope_original_seq_len}};
+}
+
+ordered_json rope_parameters_json(const model::ModelConfig& c) {
+  ordered_json p = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling == model::RopeScaling::kNone) return p;
+  const ordered_json scaling = rope_scaling_json(c);
+  for (const auto& [key, value] : scaling.items()) p[key] = value;
+  return p;
+}
+
+}  // namespace
+
 std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& options) {
   // The keys of transformers' LlamaConfig that fix the computation, spelled out even where they
   // equal its defaults, so that no reader's defaults matter; the rotary base in the spellings of
@@ -182,8 +205,8 @@ std::string hf_config_json(const model::ModelConfig& c, const HfExportOptions& o
       {"hidden_act", "silu"},
       {"rms_norm_eps", c.norm_eps},
       {"rope_theta", c.rope_theta},  // transformers 4's spelling,
-      {"rope_scaling", nullptr},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},  // and 5's
+      {"rope_scaling", rope_scaling_json(c)},
+      {"rope_parameters", rope_parameters_json(c)},  // and 5's
       {"attention_bias", false},
       {"mlp_bias", false},
       {"vocab_size", c.vocab_size},
@@ -264,30 +287,61 @@ void refuse_unsupported(const ConfigKeys& k) {
     throw k.fail("hidden_act", "only silu (SwiGLU) is supported");
 }
 
-// The rotary base. transformers 5 writes it into rope_parameters, beside the rope type;
-// transformers 4 wrote rope_theta, beside rope_scaling. Where a file holds both they must agree
-// (transformers 5 would take rope_parameters'). Scaled rotary embeddings (rope_scaling, a
-// rope_type other than "default": Llama 3.1's "llama3", YaRN...) and partial ones are refused:
-// Tessera rotates every channel pair of a head, at the unscaled frequencies.
-double read_rope_theta(const ConfigKeys& k) {
-  if (k.has("rope_scaling")) throw k.fail("rope_scaling", "scaled rotary embeddings are not supported (only null)");
-  const double theta = k.number("rope_theta", 10000.0);  // transformers' default for Llama
-  if (!k.has("rope_parameters")) return theta;
-  const ConfigKeys rope = k.nested("rope_parameters");
+// Llama 3.1's scaling keys, as both transformers generations spell them inside rope_scaling or
+// rope_parameters; factor and original_max_position_embeddings are required, as transformers
+// requires them.
+void read_llama3_scaling(const ConfigKeys& rope, model::ModelConfig* c) {
+  c->rope_scaling = model::RopeScaling::kLlama3;
+  if (!rope.has("factor")) throw rope.fail("factor", "missing (rope_type \"llama3\" needs it)");
+  c->rope_scaling_factor = rope.number("factor", 0);
+  if (c->rope_scaling_factor < 1) throw rope.fail("factor", "must be >= 1");
+  c->rope_low_freq_factor = rope.number("low_freq_factor", 1.0);
+  c->rope_high_freq_factor = rope.number("high_freq_factor", 4.0);
+  if (c->rope_high_freq_factor <= c->rope_low_freq_factor) {
+    throw rope.fail("high_freq_factor", "must exceed low_freq_factor");
+  }
+  c->rope_original_seq_len = rope.integer("original_max_position_embeddings", nullptr);
+}
+
+// The rotary scaling of one spelling (rope_scaling, or rope_parameters): its type "default" (or
+// absent) or "llama3"; other types (linear, dynamic, YaRN...) and partial rotations are refused.
+void read_rope_type(const ConfigKeys& rope, model::ModelConfig* c) {
   for (const char* key : {"rope_type", "type"}) {  // "type": the older spelling
-    if (rope.has(key) && rope[key] != "default") {
-      throw rope.fail(key, "scaled rotary embeddings are not supported (only \"default\")");
+    if (!rope.has(key) || rope[key] == "default") continue;
+    if (rope[key] != "llama3") {
+      throw rope.fail(key, "this rotary scaling is not supported (\"default\" and Llama 3.1's \"llama3\" are)");
     }
+    read_llama3_scaling(rope, c);
   }
   if (rope.number("partial_rotary_factor", 1.0) != 1.0) {
     throw rope.fail("partial_rotary_factor", "partial rotary embeddings are not supported (only 1)");
   }
-  if (!rope.has("rope_theta")) return theta;
-  const double inner = rope.number("rope_theta", theta);
-  if (k.has("rope_theta") && inner != theta) {
+}
+
+// The rotary base and scaling. transformers 5 writes both into rope_parameters (rope_theta beside
+// the rope type and its keys); transformers 4 wrote rope_theta, beside rope_scaling. Where a file
+// holds both spellings they must agree (transformers 5 would take rope_parameters').
+void read_rope(const ConfigKeys& k, model::ModelConfig* c) {
+  c->rope_theta = k.number("rope_theta", 10000.0);  // transformers' default for Llama
+  model::ModelConfig v4 = *c;
+  if (k.has("rope_scaling")) read_rope_type(k.nested("rope_scaling"), &v4);
+  *c = v4;
+  if (!k.has("rope_parameters")) return;
+  const ConfigKeys rope = k.nested("rope_parameters");
+  model::ModelConfig v5 = *c;
+  v5.rope_scaling = model::RopeScaling::kNone;
+  read_rope_type(rope, &v5);
+  v5.rope_theta = rope.number("rope_theta", c->rope_theta);
+  if (k.has("rope_theta") && v5.rope_theta != c->rope_theta) {
     throw rope.fail("rope_theta", fmt::format("differs from the key rope_theta = {}", dump_json(k["rope_theta"])));
   }
-  return inner;
+  if (k.has("rope_scaling") &&
+      (v5.rope_scaling != v4.rope_scaling || v5.rope_scaling_factor != v4.rope_scaling_factor ||
+       v5.rope_low_freq_factor != v4.rope_low_freq_factor || v5.rope_high_freq_factor != v4.rope_high_freq_factor ||
+       v5.rope_original_seq_len != v4.rope_original_seq_len)) {
+    throw rope.fail("rope_type", "and its keys differ from the key rope_scaling's");
+  }
+  *c = v5;
 }
 
 // The shape, with transformers' LlamaConfig defaults where a key is absent, checked as
@@ -303,7 +357,7 @@ model::ModelConfig read_shape(const ConfigKeys& k) {
   const int64_t default_positions = 2048;
   c.seq_len = k.integer("max_position_embeddings", &default_positions);
   c.norm_eps = k.number("rms_norm_eps", 1e-6);
-  c.rope_theta = read_rope_theta(k);
+  read_rope(k, &c);
   c.tied_embeddings = k.flag("tie_word_embeddings", false);
   if (k.has("initializer_range") && k["initializer_range"].is_number()) {
     const double std = k["initializer_range"].get<double>();

@@ -46,10 +46,10 @@ struct HfModel {
 // Reads an HF Llama directory: config.json and model.safetensors or model.safetensors.index.json
 // with the files it names (F32, BF16 or F16). Throws DataError naming the file and the key or
 // tensor: a missing or malformed file, key or tensor, a tensor of the wrong shape, a tensor the
-// model has no place for (biases), or a config Tessera cannot compute exactly (scaled or partial
-// rotary embeddings, attention or MLP bias, an activation other than silu, a head_dim other than
-// hidden/heads). The rotary base is read as transformers 4 and 5 write it (rope_theta,
-// rope_parameters).
+// model has no place for (biases), or a config Tessera cannot compute exactly (rotary scalings
+// other than Llama 3.1's "llama3", partial rotary embeddings, attention or MLP bias, an activation
+// other than silu, a head_dim other than hidden/heads). The rotary base and scaling are read as
+// transformers 4 (rope_theta, rope_scaling) and 5 (rope_parameters) write them.
 HfModel import_hf(const std::string& dir);
 
 // The pieces of the above, for tests and for callers that hold the data already.

@@ -459,8 +459,8 @@ TEST(HfConfigFromJson, RotaryBaseAsTransformers5WritesIt) {
   EXPECT_EQ(theta(exported.dump()), 500000.0);
 
   for (const auto& [text, message] : {
-           std::pair{v5(R"({"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0})"),
-                     "key rope_parameters.rope_type = \"llama3\": scaled rotary embeddings are not supported"},
+           std::pair{v5(R"({"rope_type": "yarn", "factor": 8.0, "rope_theta": 500000.0})"),
+                     "key rope_parameters.rope_type = \"yarn\": this rotary scaling is not supported"},
            std::pair{v5(R"({"type": "linear", "factor": 2.0})"), "key rope_parameters.type = \"linear\""},
            std::pair{v5(R"({"rope_type": "default", "partial_rotary_factor": 0.5})"),
                      "key rope_parameters.partial_rotary_factor = 0.5: partial rotary embeddings"},
@@ -472,6 +472,94 @@ TEST(HfConfigFromJson, RotaryBaseAsTransformers5WritesIt) {
     const std::string e = config_error(text);
     EXPECT_NE(e.find(std::string("config.json: ") + message), std::string::npos) << e;
   }
+}
+
+// Llama 3.1's scaling, as transformers 4 (rope_scaling) and 5 (rope_parameters) write it: read
+// into the model's rope_scaling keys, written back in both spellings, refused where incomplete or
+// where the two spellings disagree.
+TEST(HfConfigFromJson, Llama3RotaryScalingInBothSpellings) {
+  const char* keys = R"("factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192)";
+  nlohmann::json j4 =
+      parse_json_or_throw(with_key("rope_scaling", fmt::format(R"({{"rope_type": "llama3", {}}})", keys)));
+  j4.erase("rope_parameters");  // as transformers 4 writes it
+  const std::string v4 = dump_json(j4);
+  nlohmann::json j = parse_json_or_throw(hf_config_json(small_config(2, false)));
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = parse_json_or_throw(fmt::format(R"({{"rope_type": "llama3", "rope_theta": 5e5, {}}})", keys));
+  const std::string v5 = dump_json(j);
+  for (const std::string& text : {v4, v5}) {
+    const model::ModelConfig c = hf_config_from_json(text, "config.json").config;
+    EXPECT_EQ(c.rope_scaling, model::RopeScaling::kLlama3);
+    EXPECT_EQ(c.rope_scaling_factor, 32.0);
+    EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+    EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+    EXPECT_EQ(c.rope_original_seq_len, 8192);
+    EXPECT_EQ(c.rope_theta, 500000.0);
+    // Exported in both spellings, which read back to the same model.
+    const nlohmann::json out = parse_json_or_throw(hf_config_json(c));
+    EXPECT_EQ(out["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(out["rope_parameters"]["rope_type"], "llama3");
+    EXPECT_EQ(out["rope_parameters"]["factor"], 32.0);
+    const model::ModelConfig back = hf_config_from_json(out.dump(), "config.json").config;
+    EXPECT_EQ(back.rope_scaling, c.rope_scaling);
+    EXPECT_EQ(back.rope_scaling_factor, c.rope_scaling_factor);
+    EXPECT_EQ(back.rope_original_seq_len, c.rope_original_seq_len);
+  }
+  for (const auto& [text, message] : {
+           std::pair{with_key("rope_scaling", R"({"rope_type": "llama3", "original_max_position_embeddings": 8192})"),
+                     "key rope_scaling.factor: missing"},
+           std::pair{with_key("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"),
+                     "key rope_scaling.original_max_position_embeddings: missing"},
+           std::pair{with_key("rope_scaling", R"({"rope_type": "llama3", "factor": 0.5,
+                                                  "original_max_position_embeddings": 8192})"),
+                     "key rope_scaling.factor = 0.5: must be >= 1"},
+           std::pair{with_key("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+                     "key rope_scaling.high_freq_factor = 4.0: must exceed low_freq_factor"},
+       }) {
+    const std::string e = config_error(text);
+    EXPECT_NE(e.find(std::string("config.json: ") + message), std::string::npos) << e;
+  }
+  // Both spellings, disagreeing on the factor.
+  nlohmann::json both = parse_json_or_throw(v4);
+  both["rope_parameters"] =
+      parse_json_or_throw(R"({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192})");
+  const std::string e = config_error(both.dump());
+  EXPECT_NE(e.find("key rope_parameters.rope_type = \"llama3\": and its keys differ from the key rope_scaling's"),
+            std::string::npos)
+      << e;
+}
+
+// Llama 3.2 1B's config.json as published (transformers 4.45): read whole, its scaled rotation
+// and tied embeddings included.
+TEST(HfConfigFromJson, Llama32ConfigAsPublished) {
+  const char* text = R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+  const model::ModelConfig c = hf_config_from_json(text, "config.json").config;
+  EXPECT_EQ(c.dim, 2048);
+  EXPECT_EQ(c.n_layers, 16);
+  EXPECT_EQ(c.n_heads, 32);
+  EXPECT_EQ(c.n_kv_heads, 8);
+  EXPECT_EQ(c.ffn_hidden, 8192);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.seq_len, 131072);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling, model::RopeScaling::kLlama3);
+  EXPECT_EQ(c.rope_scaling_factor, 32.0);
+  EXPECT_EQ(c.rope_original_seq_len, 8192);
+  EXPECT_NEAR(static_cast<double>(model::parameter_count(c)), 1.236e9, 0.001e9);  // as published: 1.24B
 }
 
 // config.json sizes the layout import builds before it compares any tensor: 2^40 layers beside a

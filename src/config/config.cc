@@ -93,6 +93,11 @@ struct EnumNames<LrDecay> {
       {"cosine", LrDecay::kCosine}, {"linear", LrDecay::kLinear}, {"sqrt", LrDecay::kSqrt}, {"none", LrDecay::kNone}};
 };
 template <>
+struct EnumNames<model::RopeScaling> {
+  static constexpr std::pair<const char*, model::RopeScaling> kTable[] = {{"none", model::RopeScaling::kNone},
+                                                                          {"llama3", model::RopeScaling::kLlama3}};
+};
+template <>
 struct EnumNames<PipelineSchedule> {
   static constexpr std::pair<const char*, PipelineSchedule> kTable[] = {{"1f1b", PipelineSchedule::kOneFOneB},
                                                                         {"gpipe", PipelineSchedule::kGPipe}};
@@ -298,6 +303,11 @@ const std::vector<Key>& schema() {
       KEY(model, ffn_hidden, gt(0)),
       KEY(model, seq_len, gt(0)),
       KEY(model, rope_theta, gt(0)),
+      KEY(model, rope_scaling),
+      KEY(model, rope_scaling_factor, ge(1, "the long context's stretch")),
+      KEY(model, rope_low_freq_factor, gt(0)),
+      KEY(model, rope_high_freq_factor, gt(0)),
+      KEY(model, rope_original_seq_len, gt(0)),
       KEY(model, norm_eps, open(0, 1)),
       KEY(model, tied_embeddings),
       KEY(model, init_std, open(0, 1)),
@@ -489,6 +499,7 @@ const char* name(PipelineSchedule v) { return enum_name(v); }
 const char* name(Device v) { return enum_name(v); }
 const char* name(HostTransport v) { return enum_name(v); }
 const char* name(CpuBind v) { return enum_name(v); }
+const char* name(model::RopeScaling v) { return enum_name(v); }
 
 Device parse_device(const std::string& text, const std::string& what) {
   Device d = Device::kAuto;
@@ -525,6 +536,11 @@ void validate_model(const model::ModelConfig& m) {
           fmt::format("must be divisible by model.n_kv_heads = {}", m.n_kv_heads));
   require(m.head_dim() % 2 == 0, "model.dim", fmt::format("{}", m.dim),
           fmt::format("head dim dim/n_heads = {} must be even for rotary embeddings", m.head_dim()));
+  require(m.rope_scaling == model::RopeScaling::kNone || m.rope_high_freq_factor > m.rope_low_freq_factor,
+          "model.rope_high_freq_factor", fmt::format("{}", m.rope_high_freq_factor),
+          fmt::format("must exceed model.rope_low_freq_factor = {} (the blend between them divides by the "
+                      "difference)",
+                      m.rope_low_freq_factor));
 }
 
 // Counts derived from the shape and the batch must fit in int64 (model::kMaxShapeCount).

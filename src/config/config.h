@@ -53,6 +53,7 @@ const char* name(Device v);
 const char* name(HostTransport v);
 const char* name(CpuBind v);
 const char* name(LrDecay v);
+const char* name(model::RopeScaling v);
 // train.device's values spelled as on the command line; a ConfigError naming `what` otherwise.
 Device parse_device(const std::string& text, const std::string& what);
 

@@ -198,6 +198,15 @@ TEST(Config, RangesAndConsistencyAreChecked) {
                 .find("train.lr_decay_steps = 100: has no effect with train.lr_decay = \"none\""),
             std::string::npos);
   EXPECT_EQ(load_error("", {{"train.lr_decay", "linear"}, {"train.lr_decay_steps", "100"}}), "");
+  EXPECT_NE(load_error("", {{"model.rope_scaling", "yarn"}})
+                .find("model.rope_scaling = \"yarn\" (--set): must be one of none, llama3"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"model.rope_scaling", "llama3"}, {"model.rope_high_freq_factor", "1"}})
+                .find("model.rope_high_freq_factor = 1: must exceed model.rope_low_freq_factor = 1"),
+            std::string::npos);
+  EXPECT_NE(load_error("", {{"model.rope_scaling_factor", "0.5"}}).find("model.rope_scaling_factor = 0.5"),
+            std::string::npos);
+  EXPECT_EQ(load_error("", {{"model.rope_scaling", "llama3"}, {"model.rope_scaling_factor", "32"}}), "");
 }
 
 // Every numeric key's range, as the schema states it, is enforced at both ends: just outside is

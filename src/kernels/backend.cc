@@ -23,9 +23,10 @@ void Backend::pack_weight_bf16(void*, const uint16_t*, int64_t, int64_t, WeightU
   CHECK_MSG(false, why.c_str());
 }
 
-void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, double theta) {
+void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, const std::vector<double>& inv_freq) {
+  CHECK(static_cast<int64_t>(inv_freq.size()) == D / 2);
   std::vector<float> host(static_cast<size_t>(T * D));
-  cpu::rope_table(host.data(), T, D, static_cast<float>(theta));
+  cpu::rope_table(host.data(), T, D, inv_freq.data());
   backend.to_device(table, host.data(), sizeof(float) * host.size());
 }
 

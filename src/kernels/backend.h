@@ -174,9 +174,10 @@ class Backend {
   virtual double sum_squares(const float* x, int64_t n) = 0;
 };
 
-// Writes the RoPE table for T positions of head dim D (the CPU's rope_table, (T, D/2, 2)) into
-// `table`, T x D floats of the backend's memory: what rope_forward and rope_backward read.
-void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, double theta);
+// Writes the RoPE table for T positions of head dim D at the D/2 frequencies `inv_freq` (the
+// CPU's rope_table, (T, D/2, 2); model::rope_inv_freq gives a model's) into `table`, T x D floats
+// of the backend's memory: what rope_forward and rope_backward read.
+void write_rope_table(Backend& backend, float* table, int64_t T, int64_t D, const std::vector<double>& inv_freq);
 
 // The process's CPU backend (kernels/cpu over core/threads' pool).
 Backend& cpu_backend();

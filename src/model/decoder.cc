@@ -86,7 +86,7 @@ Decoder::Decoder(const ModelLayout& layout, int64_t batch, int64_t max_context, 
   CHECK(batch > 0 && threads > 0);
   CHECK_MSG(max_context > 0 && max_context <= c.seq_len, "the cache holds 1 to seq_len positions");
   plan(arena_, b_, layout_, B_, Tc_, threads_, bf16_, be_);
-  kernels::write_rope_table(be_, b_.rope, c.seq_len, c.head_dim(), c.rope_theta);
+  kernels::write_rope_table(be_, b_.rope, c.seq_len, c.head_dim(), rope_inv_freq(c));
 }
 
 const float* Decoder::prefill(ParamSource& params, const std::vector<std::vector<int32_t>>& prompts) {

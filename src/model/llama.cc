@@ -158,7 +158,7 @@ Llama::Llama(const ModelLayout& layout, int64_t micro_batch, int threads, int64_
   CHECK(micro_batch > 0 && threads > 0 && recompute_every >= 0);
   plan(arena_, b_, layout_, B_, threads_, recompute_every_, bf16_, be_);
   const ModelConfig& c = layout_.config();
-  kernels::write_rope_table(be_, b_.rope, T_, c.head_dim(), c.rope_theta);
+  kernels::write_rope_table(be_, b_.rope, T_, c.head_dim(), rope_inv_freq(c));
 }
 
 UnitParams Llama::acquire(ParamSource& params, int unit) const { return acquire_unit(params, unit, bf16_); }

@@ -1,6 +1,9 @@
 // Llama model shape and its named presets.
 #include "model/model_config.h"
 
+#include <cmath>
+#include <numbers>
+
 namespace tessera::model {
 namespace {
 
@@ -22,6 +25,29 @@ constexpr Preset kPresets[] = {
 };
 
 }  // namespace
+
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  const int64_t D = c.head_dim();
+  // theta through float, as the table was always computed (bitwise the same tables as before).
+  const double theta = static_cast<float>(c.rope_theta);
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(theta, -2.0 * i / D);
+  if (c.rope_scaling == RopeScaling::kNone) return inv_freq;
+  // Llama 3.1's scaling, as transformers' _compute_llama3_parameters computes it.
+  const double old_len = static_cast<double>(c.rope_original_seq_len);
+  const double low_wavelen = old_len / c.rope_low_freq_factor, high_wavelen = old_len / c.rope_high_freq_factor;
+  for (double& f : inv_freq) {
+    const double wavelen = 2.0 * std::numbers::pi / f;
+    if (wavelen > low_wavelen) {
+      f /= c.rope_scaling_factor;  // low frequencies: stretched
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (old_len / wavelen - c.rope_low_freq_factor) / (c.rope_high_freq_factor - c.rope_low_freq_factor);
+      f = (1.0 - smooth) * f / c.rope_scaling_factor + smooth * f;
+    }  // high frequencies: kept
+  }
+  return inv_freq;
+}
 
 bool model_preset(std::string_view name, ModelConfig* out) {
   for (const Preset& p : kPresets) {

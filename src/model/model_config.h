@@ -8,6 +8,12 @@
 
 namespace tessera::model {
 
+// How the rotary frequencies are scaled. kLlama3: Llama 3.1's long-context scaling (transformers'
+// rope_type "llama3"): wavelengths longer than original_seq_len / low_freq_factor are stretched
+// by `factor`, those shorter than original_seq_len / high_freq_factor kept, and the ones between
+// blended smoothly.
+enum class RopeScaling { kNone, kLlama3 };
+
 // Shape letters used across the model: B batch, T sequence, C dim, H query heads, Hkv key/value
 // heads, D head dim (C/H), F SwiGLU hidden, V vocabulary, L layers, N = B*T rows.
 struct ModelConfig {
@@ -20,6 +26,11 @@ struct ModelConfig {
   int64_t ffn_hidden = 0;
   int64_t seq_len = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  double rope_scaling_factor = 8.0;  // the rope_scaling = "llama3" keys, at Llama 3.1's values
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_seq_len = 8192;
   double norm_eps = 1e-5;
   bool tied_embeddings = false;
   double init_std = 0.02;
@@ -30,6 +41,9 @@ struct ModelConfig {
   int64_t head_dim() const { return dim / n_heads; }
   int64_t qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }
 };
+
+// The D/2 rotary frequencies of a head (D = head_dim()): theta^(-2i/D), scaled per rope_scaling.
+std::vector<double> rope_inv_freq(const ModelConfig& c);
 
 // The model shape of a preset; false when the name is unknown.
 bool model_preset(std::string_view name, ModelConfig* out);

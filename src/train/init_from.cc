@@ -48,6 +48,13 @@ std::vector<checkpoint::NamedTensor> load_init_weights(const config::Config& con
   check("n_kv_heads", m.n_kv_heads, source.n_kv_heads);
   check("ffn_hidden", m.ffn_hidden, source.ffn_hidden);
   check("rope_theta", m.rope_theta, source.rope_theta);
+  check("rope_scaling", config::name(m.rope_scaling), config::name(source.rope_scaling));
+  if (m.rope_scaling != model::RopeScaling::kNone) {
+    check("rope_scaling_factor", m.rope_scaling_factor, source.rope_scaling_factor);
+    check("rope_low_freq_factor", m.rope_low_freq_factor, source.rope_low_freq_factor);
+    check("rope_high_freq_factor", m.rope_high_freq_factor, source.rope_high_freq_factor);
+    check("rope_original_seq_len", m.rope_original_seq_len, source.rope_original_seq_len);
+  }
   check("norm_eps", m.norm_eps, source.norm_eps);
   check("tied_embeddings", m.tied_embeddings, source.tied_embeddings);
   log::info("initial weights from {}", origin);

@@ -108,19 +108,41 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_parameters(cfg):
+    """The rotary parameters as transformers 5 reads config.json (PreTrainedConfig's conversion):
+    rope_scaling (4's spelling) or else rope_parameters (5's), with the base as their rope_theta or
+    else the top-level rope_theta or else 10000. The default rotation and Llama 3.1's "llama3"
+    scaling are computed here, whole rotations only."""
+    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    if params["rope_type"] not in ("default", "llama3") or params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise Malformed(f"config.json: rotary parameters {params!r}, this reference computes default and llama3")
+    params["rope_theta"] = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return params
+
+
 def rope_theta(cfg):
-    """The rotary base as transformers 5 reads config.json (PreTrainedConfig's conversion): the
-    parameters are rope_scaling (4's spelling) or else rope_parameters (5's), their rope_theta or
-    else the top-level rope_theta or else 10000; only the unscaled, whole rotation is computed here."""
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default" or params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise Malformed(f"config.json: rotary parameters {params!r}, this reference computes the default rotation")
-    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return rope_parameters(cfg)["rope_theta"]
 
 
-def rotary_cos_sin(T, D, theta, dtype):  # LlamaRotaryEmbedding, default rope type
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+def inv_frequencies(params, D):
+    """LlamaRotaryEmbedding's inv_freq (D/2,), float64: the default rotation, or transformers'
+    _compute_llama3_parameters: wavelengths past original / low_freq_factor divided by factor,
+    those under original / high_freq_factor kept, the ones between blended."""
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    if params["rope_type"] == "default":
+        return inv_freq
+    factor, low, high = params["factor"], params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+    old = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_cos_sin(T, inv_freq, dtype):  # LlamaRotaryEmbedding
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -152,14 +174,14 @@ def hf_forward(cfg, w, ids, dtype=torch.float64):
     C, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads", H)
     D = cfg.get("head_dim", C // H)
-    eps, theta = cfg["rms_norm_eps"], rope_theta(cfg)
+    eps, inv_freq = cfg["rms_norm_eps"], inv_frequencies(rope_parameters(cfg), cfg.get("head_dim", C // H))
     missing = sorted(set(expected_names(cfg)) - set(w))
     extra = sorted(set(w) - set(expected_names(cfg)))
     if missing or extra:
         raise Malformed(f"weights: missing {missing}, unexpected {extra}")
     t = {k: torch.from_numpy(v).to(dtype) for k, v in w.items()}
     B, T = ids.shape
-    cos, sin = rotary_cos_sin(T, D, theta, dtype)
+    cos, sin = rotary_cos_sin(T, inv_freq, dtype)
     mask = torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
     h = t["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
@@ -228,10 +250,19 @@ def self_test():
                        ({"rope_parameters": {"rope_type": "default", "rope_theta": 2.5e5}}, 2.5e5),
                        ({"rope_theta": 5e5, "rope_parameters": {"rope_type": "default"}}, 5e5)):
         assert rope_theta(cfg) == theta, (cfg, rope_theta(cfg))
-    for cfg in ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, {"rope_scaling": {"type": "linear"}},
+    # Llama 3.1's scaling at D = 16, base 5e5, original length 64: pair 0 (wavelength 6.3 < 64 / 4)
+    # kept, pair 1 (32.4) blended, pairs 2.. (over 64) divided by the factor.
+    llama3 = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+    got = inv_frequencies(rope_parameters(llama3), 16)
+    plain = 1.0 / 5e5 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    s1 = (64 / (2 * math.pi / plain[1]) - 1.0) / 3.0
+    assert got[0] == plain[0] and torch.allclose(got[2:], plain[2:] / 8), got
+    assert abs(got[1] - ((1 - s1) * plain[1] / 8 + s1 * plain[1])) < 1e-15, got
+    for cfg in ({"rope_scaling": {"type": "linear"}}, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
                 {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}):
         try:
-            rope_theta(cfg)
+            rope_parameters(cfg)
             raise AssertionError(f"{cfg} accepted")
         except Malformed:
             pass

@@ -2,17 +2,25 @@
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/threads.h"
 
 namespace tessera::kernels::cpu {
 
 void rope_table(float* table, int64_t T, int64_t D, float theta) {
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i)
+    inv_freq[static_cast<size_t>(i)] = std::pow(static_cast<double>(theta), -2.0 * i / D);
+  rope_table(table, T, D, inv_freq.data());
+}
+
+void rope_table(float* table, int64_t T, int64_t D, const double* inv_freq) {
   const int64_t half = D / 2;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       // Angles in double: at t ~ 4096 a float angle loses the low bits that set the rotation.
-      const double angle = static_cast<double>(t) * std::pow(static_cast<double>(theta), -2.0 * i / D);
+      const double angle = static_cast<double>(t) * inv_freq[i];
       table[(t * half + i) * 2] = static_cast<float>(std::cos(angle));
       table[(t * half + i) * 2 + 1] = static_cast<float>(std::sin(angle));
     }
