@@ -56,8 +56,6 @@ std::string required(const ParsedArgs& a, const std::string& flag) {
   return v;
 }
 
-}  // namespace
-
 // `tokenizer encode` and `tokenizer decode`.
 int tokenizer_codec(const ParsedArgs& a, bool encode) {
   const data::Tokenizer tok(required(a, "--tokenizer"));
@@ -97,6 +95,8 @@ int tokenizer_codec(const ParsedArgs& a, bool encode) {
   }
   return kExitOk;
 }
+
+}  // namespace
 
 int cmd_tokenizer(const Args& args) {
   const ParsedArgs a = parse_args(

@@ -437,10 +437,8 @@ class HfBpe : public TokenizerModel {
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end()) {
-        r.fail(fmt::format("model.merges[{}]", rank),
-               fmt::format("merges \"{}\" and \"{}\", not both in the vocabulary "
-                           "with their merge",
-                           a, b));
+        const std::string what = "not both in the vocabulary with their merge";
+        r.fail(fmt::format("model.merges[{}]", rank), fmt::format("merges \"{}\" and \"{}\", {}", a, b, what));
       }
       merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(rank), ab->second});
     }
@@ -480,12 +478,16 @@ class HfBpe : public TokenizerModel {
   void read_post_processor(const Reader& r, const json& j) {
     if (!j.contains("post_processor") || j.at("post_processor").is_null()) return;
     const json& p = j.at("post_processor");
+    if (!p.is_object()) r.fail("post_processor", "is not an object");
+    const auto type_of = [](const json& q) {  // "" unless an object with a string type
+      return q.is_object() && q.contains("type") && q.at("type").is_string() ? q.at("type").get<std::string>() : "";
+    };
     std::vector<const json*> candidates{&p};
-    if (p.value("type", "") == "Sequence" && p.contains("processors") && p.at("processors").is_array()) {
+    if (type_of(p) == "Sequence" && p.contains("processors") && p.at("processors").is_array()) {
       for (const json& q : p.at("processors")) candidates.push_back(&q);
     }
     for (const json* q : candidates) {
-      if (q->value("type", "") != "TemplateProcessing") continue;
+      if (type_of(*q) != "TemplateProcessing") continue;
       const json& single = r.get(*q, "single", "post_processor.");
       if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
       const std::string name = r.string(single[0].at("SpecialToken"), "id", "post_processor.single[0].SpecialToken.");

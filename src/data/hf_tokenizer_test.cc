@@ -188,6 +188,11 @@ TEST_F(HfTokenizer, ErrorsNameTheKey) {
   j = good;
   j["added_tokens"] = {{{"id", 9}, {"content", "<x>"}, {"lstrip", true}}};
   EXPECT_NE(message_of(j).find("added_tokens[0].lstrip"), std::string::npos) << message_of(j);
+  j = good;
+  j["post_processor"] = 5;
+  EXPECT_NE(message_of(j).find("post_processor is not an object"), std::string::npos) << message_of(j);
+  j["post_processor"] = {{"type", 5}, {"processors", {7, {{"type", {1}}}}}};  // no template: read as none
+  EXPECT_EQ(message_of(j), "(loaded)");
   j = json::array();  // "[]" is not told apart as JSON: only an object is a tokenizer.json
   EXPECT_NE(message_of(j).find("neither a SentencePiece model nor a tokenizer.json"), std::string::npos);
   EXPECT_EQ(message_of(good), "(loaded)");
