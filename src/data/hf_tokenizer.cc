@@ -113,8 +113,10 @@ class Regex {
   Regex(const std::string& pattern, std::string where) : where_(std::move(where)) {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                          &offset, nullptr);
+    // No \C (one byte, inside a character): every match then ends between characters, so each
+    // piece stays UTF-8, and the pieces are matched without PCRE2's check.
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &err, &offset, nullptr);
     if (code_ == nullptr) {
       std::array<PCRE2_UCHAR, 256> msg{};
       pcre2_get_error_message(err, msg.data(), msg.size());
@@ -133,7 +135,7 @@ class Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
     for (size_t at = 0; at <= s.size();) {
-      // The text is valid UTF-8 (lossy_utf8), so the check can be skipped.
+      // The text is valid UTF-8 (lossy_utf8, and cut only between characters).
       const int rc = pcre2_match(code_, subject, s.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {

@@ -173,6 +173,8 @@ TEST_F(HfTokenizer, ErrorsNameTheKey) {
   EXPECT_NE(message_of(j).find("pre_tokenizer.pretokenizers[0].pattern: the regex cannot be compiled"),
             std::string::npos)
       << message_of(j);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\C";  // one byte: would cut a character
+  EXPECT_NE(message_of(j).find("the regex cannot be compiled"), std::string::npos) << message_of(j);
   j = good;
   j["model"]["merges"][0] = "a q";
   EXPECT_NE(message_of(j).find("model.merges[0] merges \"a\" and \"q\""), std::string::npos) << message_of(j);
