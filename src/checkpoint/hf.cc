@@ -323,9 +323,7 @@ void read_rope_type(const ConfigKeys& rope, model::ModelConfig* c) {
 // holds both spellings they must agree (transformers 5 would take rope_parameters').
 void read_rope(const ConfigKeys& k, model::ModelConfig* c) {
   c->rope_theta = k.number("rope_theta", 10000.0);  // transformers' default for Llama
-  model::ModelConfig v4 = *c;
-  if (k.has("rope_scaling")) read_rope_type(k.nested("rope_scaling"), &v4);
-  *c = v4;
+  if (k.has("rope_scaling")) read_rope_type(k.nested("rope_scaling"), c);
   if (!k.has("rope_parameters")) return;
   const ConfigKeys rope = k.nested("rope_parameters");
   model::ModelConfig v5 = *c;
@@ -336,9 +334,9 @@ void read_rope(const ConfigKeys& k, model::ModelConfig* c) {
     throw rope.fail("rope_theta", fmt::format("differs from the key rope_theta = {}", dump_json(k["rope_theta"])));
   }
   if (k.has("rope_scaling") &&
-      (v5.rope_scaling != v4.rope_scaling || v5.rope_scaling_factor != v4.rope_scaling_factor ||
-       v5.rope_low_freq_factor != v4.rope_low_freq_factor || v5.rope_high_freq_factor != v4.rope_high_freq_factor ||
-       v5.rope_original_seq_len != v4.rope_original_seq_len)) {
+      (v5.rope_scaling != c->rope_scaling || v5.rope_scaling_factor != c->rope_scaling_factor ||
+       v5.rope_low_freq_factor != c->rope_low_freq_factor || v5.rope_high_freq_factor != c->rope_high_freq_factor ||
+       v5.rope_original_seq_len != c->rope_original_seq_len)) {
     throw rope.fail("rope_type", "and its keys differ from the key rope_scaling's");
   }
   *c = v5;

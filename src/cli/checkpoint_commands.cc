@@ -109,11 +109,11 @@ void copy_tokenizer(const data::Tokenizer& tokenizer, const fs::path& out_dir) {
   if (ec) throw IoError(fmt::format("cannot copy {} into {}: {}", tokenizer.path(), out_dir.string(), ec.message()));
 }
 
-// The tokenizer of a Hugging Face directory: tokenizer.model, else tokenizer.json, the first
-// that Tessera reads (a Llama 2 directory has both, its tokenizer.json in a form only the
-// SentencePiece model replaces); nullopt, with the reasons logged, when neither is readable.
+// The tokenizer of a Hugging Face directory: the first of data::kTokenizerFiles that Tessera
+// reads (a Llama 2 directory has both, its tokenizer.json in a form only the SentencePiece model
+// replaces); nullopt, with the reasons logged, when none is readable.
 std::optional<data::Tokenizer> hf_tokenizer(const fs::path& hf_dir) {
-  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+  for (const char* name : data::kTokenizerFiles) {
     const fs::path p = hf_dir / name;
     if (!fs::exists(p)) continue;
     try {

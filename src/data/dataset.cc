@@ -6,13 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 
 #include "core/check.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json.h"
+#include "core/json_keys.h"
 #include "core/log.h"
 #include "data/object_cache.h"
 #include "storage/s3_client.h"
@@ -27,80 +27,39 @@ std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
 
 std::string manifest_path(const std::string& dir) { return dir + "/manifest.json"; }
 
-// Typed access to manifest keys; every failure names the file and the key path.
-class Reader {
- public:
-  explicit Reader(std::string file) : file_(std::move(file)) {}
-
-  const nlohmann::json& at(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
-    if (!obj.is_object() || !obj.contains(key)) throw fail(where + key, "missing");
-    return obj.at(key);
-  }
-  uint64_t u64(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
-    const auto& v = at(obj, key, where);
-    if (!v.is_number_unsigned()) throw fail(where + key, "must be a non-negative integer");
-    return v.get<uint64_t>();
-  }
-  int64_t i64(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
-    const auto& v = at(obj, key, where);
-    if (!v.is_number_integer()) throw fail(where + key, "must be an integer");
-    return v.get<int64_t>();
-  }
-  std::string str(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
-    const auto& v = at(obj, key, where);
-    if (!v.is_string()) throw fail(where + key, "must be a string");
-    return v.get<std::string>();
-  }
-  uint64_t hex(const nlohmann::json& obj, const std::string& key, const std::string& where) const {
-    const std::string s = str(obj, key, where);
-    uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
-    if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) {
-      throw fail(where + key, fmt::format("\"{}\" is not 16 hex digits", s));
-    }
-    return v;
-  }
-  DataError fail(const std::string& key, const std::string& what) const {
-    return DataError(fmt::format("{}: {}: {}", file_, key, what));
-  }
-
- private:
-  std::string file_;
-};
-
 // Shard files live in the dataset directory itself; a manifest cannot point elsewhere.
 bool plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
 
-SplitManifest read_split(const Reader& r, const nlohmann::json& splits, const std::string& name) {
+SplitManifest read_split(const JsonKeys& r, const nlohmann::json& splits, const std::string& name) {
   const std::string where = "splits." + name + ".";
   const nlohmann::json& j = r.at(splits, name, "splits.");
   SplitManifest s;
-  s.tokens = r.u64(j, "tokens", where);
-  s.documents = r.u64(j, "documents", where);
+  s.tokens = r.unsigned_integer(j, "tokens", where);
+  s.documents = r.unsigned_integer(j, "documents", where);
   const nlohmann::json& shards = r.at(j, "shards", where);
-  if (!shards.is_array()) throw r.fail(where + "shards", "must be an array");
+  if (!shards.is_array()) r.fail(where + "shards", "is not a list");
   uint64_t tokens = 0, documents = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string w = fmt::format("{}shards[{}].", where, i);
     ShardEntry e;
-    e.file = r.str(shards[i], "file", w);
+    e.file = r.string(shards[i], "file", w);
     if (!plain_file_name(e.file))
-      throw r.fail(w + "file", fmt::format("\"{}\" is not a file name in the dataset directory", e.file));
-    e.tokens = r.u64(shards[i], "tokens", w);
-    e.documents = r.u64(shards[i], "documents", w);
-    e.checksum = r.hex(shards[i], "checksum", w);
+      r.fail(w + "file", fmt::format("= \"{}\" is not a file name in the dataset directory", e.file));
+    e.tokens = r.unsigned_integer(shards[i], "tokens", w);
+    e.documents = r.unsigned_integer(shards[i], "documents", w);
+    e.checksum = r.hex64(shards[i], "checksum", w);
     // A wrapped sum could match the split's totals while the shards claim more than 2^64 tokens.
     if (__builtin_add_overflow(tokens, e.tokens, &tokens) ||
         __builtin_add_overflow(documents, e.documents, &documents)) {
-      throw r.fail(w + "tokens", "the split's shards hold more than 2^64 tokens or documents");
+      r.fail(w + "tokens", "makes the split's shards hold more than 2^64 tokens or documents");
     }
     s.shards.push_back(std::move(e));
   }
   if (tokens != s.tokens || documents != s.documents) {
-    throw r.fail(where + "tokens", fmt::format("{} tokens, {} documents, but its shards sum to {} and {}", s.tokens,
-                                               s.documents, tokens, documents));
+    r.fail(where + "tokens", fmt::format("= {} and documents = {}, but the shards sum to {} and {}", s.tokens,
+                                         s.documents, tokens, documents));
   }
   return s;
 }
@@ -134,32 +93,33 @@ DatasetManifest read_manifest(const std::string& dir) {
   }
   nlohmann::json j = parse_json(text);
   if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));
-  const Reader r(file);
-  if (r.str(j, "format", "") != kFormat) throw r.fail("format", fmt::format("want \"{}\"", kFormat));
-  if (const int64_t v = r.i64(j, "version", ""); v != kVersion) {
-    throw r.fail("version", fmt::format("{}, this build reads version {}", v, kVersion));
+  const JsonKeys r(file);
+  if (r.string(j, "format", "") != kFormat) r.fail("format", fmt::format("is not \"{}\"", kFormat));
+  if (const int64_t v = r.integer(j, "version", ""); v != kVersion) {
+    r.fail("version", fmt::format("= {}; this build reads version {}", v, kVersion));
   }
   DatasetManifest m;
   const nlohmann::json& tok = r.at(j, "tokenizer", "");
-  m.tokenizer_file = r.str(tok, "file", "tokenizer.");
-  if (!plain_file_name(m.tokenizer_file)) throw r.fail("tokenizer.file", "not a file name in the dataset directory");
-  m.tokenizer_hash = r.hex(tok, "hash", "tokenizer.");
-  m.vocab_size = r.i64(tok, "vocab_size", "tokenizer.");
-  if (m.vocab_size <= 0 || m.vocab_size > (int64_t{1} << 31)) throw r.fail("tokenizer.vocab_size", "out of range");
-  const int64_t eos = r.i64(tok, "eos_id", "tokenizer.");
-  if (eos < 0 || eos >= m.vocab_size) throw r.fail("tokenizer.eos_id", fmt::format("{} outside the vocabulary", eos));
+  m.tokenizer_file = r.string(tok, "file", "tokenizer.");
+  if (!plain_file_name(m.tokenizer_file)) r.fail("tokenizer.file", "is not a file name in the dataset directory");
+  m.tokenizer_hash = r.hex64(tok, "hash", "tokenizer.");
+  m.vocab_size = r.integer(tok, "vocab_size", "tokenizer.");
+  if (m.vocab_size <= 0 || m.vocab_size > (int64_t{1} << 31))
+    r.fail("tokenizer.vocab_size", fmt::format("= {} is outside [1, 2^31]", m.vocab_size));
+  const int64_t eos = r.integer(tok, "eos_id", "tokenizer.");
+  if (eos < 0 || eos >= m.vocab_size) r.fail("tokenizer.eos_id", fmt::format("= {} is outside the vocabulary", eos));
   m.eos_id = static_cast<int32_t>(eos);
   const nlohmann::json& splits = r.at(j, "splits", "");
   m.train = read_split(r, splits, "train");
   m.val = read_split(r, splits, "val");
   const nlohmann::json& inputs = r.at(j, "inputs", "");
-  if (!inputs.is_array()) throw r.fail("inputs", "must be an array");
+  if (!inputs.is_array()) r.fail("inputs", "is not a list");
   for (const auto& i : inputs) {
-    if (!i.is_string()) throw r.fail("inputs", "must hold strings");
+    if (!i.is_string()) r.fail("inputs", "holds a value that is not a string");
     m.inputs.push_back(i.get<std::string>());
   }
   const auto& h = r.at(j, "unigram_entropy_nats", "");
-  if (!h.is_number()) throw r.fail("unigram_entropy_nats", "must be a number");
+  if (!h.is_number()) r.fail("unigram_entropy_nats", "is not a number");
   m.unigram_entropy = h.get<double>();
   return m;
 }

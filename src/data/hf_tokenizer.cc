@@ -15,6 +15,8 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/json_keys.h"
+#include "data/text.h"
 
 namespace tessera::data {
 namespace {
@@ -41,64 +43,56 @@ void append_utf8(std::string& out, uint32_t c) {
   }
 }
 
-// The length of the valid UTF-8 sequence at s[i], or 0 when none starts there; `*take` is set
-// to the bytes an invalid one replaces (its maximal subpart, as Unicode and WHATWG advise).
-size_t utf8_sequence(std::string_view s, size_t i, size_t* take) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  *take = 1;
-  if (c < 0x80) return 1;
-  size_t n;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k < n; ++k) {
-    if (i + k >= s.size() || b(i + k) < (k == 1 ? lo : 0x80) || b(i + k) > (k == 1 ? hi : 0xBF)) {
-      *take = k;
-      return 0;
-    }
-  }
-  return n;
-}
-
-// `s` with each invalid sequence replaced by U+FFFD (Rust's String::from_utf8_lossy).
-std::string lossy_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    size_t take;
-    if (const size_t n = utf8_sequence(s, i, &take); n > 0) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      i += take;
-    }
-  }
-  return out;
-}
-
 // GPT-2's table from bytes to characters: the printable bytes stand for themselves, the others
-// for U+0100 onwards in order, so that every byte is a visible character. UTF-8 of each.
-std::array<std::string, 256> byte_level_chars() {
-  std::array<std::string, 256> chars;
+// for U+0100 onwards in order, so that every byte is a visible character (below U+0144).
+std::array<uint32_t, 256> byte_level_code_points() {
+  std::array<uint32_t, 256> cps{};
   uint32_t next = 256;
   for (uint32_t b = 0; b < 256; ++b) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    append_utf8(chars[b], printable ? b : next++);
+    cps[b] = printable ? b : next++;
   }
+  return cps;
+}
+
+// The table's characters, UTF-8 of each.
+std::array<std::string, 256> byte_level_chars() {
+  std::array<std::string, 256> chars;
+  const std::array<uint32_t, 256> cps = byte_level_code_points();
+  for (size_t b = 0; b < 256; ++b) append_utf8(chars[b], cps[b]);
   return chars;
+}
+
+// The table backwards: the byte each code point below 512 stands for, -1 where none.
+using ByteOfCodePoint = std::array<int16_t, 512>;
+ByteOfCodePoint byte_level_bytes() {
+  ByteOfCodePoint bytes;
+  bytes.fill(-1);
+  const std::array<uint32_t, 256> cps = byte_level_code_points();
+  for (size_t b = 0; b < 256; ++b) bytes[cps[b]] = static_cast<int16_t>(b);
+  return bytes;
+}
+
+// A token's bytes: each character through the byte-level table, or the token's own UTF-8 where
+// a character is not in the table (added tokens such as "<|eot_id|>" read the same either way).
+std::string token_bytes(const std::string& token, const ByteOfCodePoint& byte_of) {
+  std::string bytes;
+  for (size_t i = 0; i < token.size();) {
+    // The token is UTF-8 (JSON strings are); the table's characters are of one or two bytes.
+    const auto lead = static_cast<unsigned char>(token[i]);
+    uint32_t cp = lead;
+    size_t len = 1;
+    if ((lead & 0xE0) == 0xC0 && i + 1 < token.size()) {
+      cp = ((lead & 0x1Fu) << 6) | (static_cast<unsigned char>(token[i + 1]) & 0x3Fu);
+      len = 2;
+    } else if (lead >= 0x80) {
+      return token;
+    }
+    if (cp >= byte_of.size() || byte_of[cp] < 0) return token;
+    bytes += static_cast<char>(byte_of[cp]);
+    i += len;
+  }
+  return bytes;
 }
 
 // ---- pre-tokenizers ----
@@ -135,7 +129,7 @@ class Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
     for (size_t at = 0; at <= s.size();) {
-      // The text is valid UTF-8 (lossy_utf8, and cut only between characters).
+      // The text is valid UTF-8 (replace_invalid_utf8, and cut only between characters).
       const int rc = pcre2_match(code_, subject, s.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
@@ -232,30 +226,7 @@ std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string
 
 // ---- reading the file ----
 
-// The key path of a value, for errors ("pre_tokenizer.pretokenizers[1].type").
-struct Reader {
-  const std::string& path;
-
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw DataError(fmt::format("tokenizer {}: {} {}", path, key, what));
-  }
-  const json& get(const json& j, const std::string& key, const std::string& where) const {
-    if (!j.is_object() || !j.contains(key)) fail(where + key, "is missing");
-    return j.at(key);
-  }
-  std::string string(const json& j, const std::string& key, const std::string& where) const {
-    const json& v = get(j, key, where);
-    if (!v.is_string()) fail(where + key, "is not a string");
-    return v.get<std::string>();
-  }
-  bool flag(const json& j, const std::string& key, const std::string& where, bool fallback) const {
-    if (!j.is_object() || !j.contains(key) || j.at(key).is_null()) return fallback;
-    if (!j.at(key).is_boolean()) fail(where + key, "is not true or false");
-    return j.at(key).get<bool>();
-  }
-};
-
-PreTokenizer read_pre_tokenizer(const Reader& r, const json& j, const std::string& where) {
+PreTokenizer read_pre_tokenizer(const JsonKeys& r, const json& j, const std::string& where) {
   const std::string type = r.string(j, "type", where);
   if (type == "Split") {
     if (r.flag(j, "invert", where, false)) r.fail(where + "invert", "= true is not implemented");
@@ -263,7 +234,7 @@ PreTokenizer read_pre_tokenizer(const Reader& r, const json& j, const std::strin
     if (behavior != "Isolated" && behavior != "Removed") {
       r.fail(where + "behavior", fmt::format("\"{}\" is not implemented (Isolated and Removed are)", behavior));
     }
-    const json& pattern = r.get(j, "pattern", where);
+    const json& pattern = r.at(j, "pattern", where);
     std::string regex;
     if (pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex").is_string()) {
       regex = pattern.at("Regex").get<std::string>();
@@ -272,14 +243,14 @@ PreTokenizer read_pre_tokenizer(const Reader& r, const json& j, const std::strin
     } else {
       r.fail(where + "pattern", "is neither {\"Regex\": ...} nor {\"String\": ...}");
     }
-    return SplitStep{std::make_shared<const Regex>(regex, fmt::format("tokenizer {}: {}pattern", r.path, where)),
+    return SplitStep{std::make_shared<const Regex>(regex, fmt::format("{}: {}pattern", r.origin(), where)),
                      behavior == "Removed"};
   }
   if (type == "Digits") return DigitsStep{r.flag(j, "individual_digits", where, false)};
   if (type == "ByteLevel") {
     ByteLevelStep step{r.flag(j, "add_prefix_space", where, false), nullptr};
     if (r.flag(j, "use_regex", where, true)) {
-      step.regex = std::make_shared<const Regex>(kGpt2Pattern, fmt::format("tokenizer {}: GPT-2's pattern", r.path));
+      step.regex = std::make_shared<const Regex>(kGpt2Pattern, fmt::format("{}: GPT-2's pattern", r.origin()));
     }
     return step;
   }
@@ -297,7 +268,7 @@ struct AddedToken {
 class HfBpe : public TokenizerModel {
  public:
   HfBpe(const std::string& bytes, const std::string& path) : path_(path), byte_chars_(byte_level_chars()) {
-    const Reader r{path};
+    const JsonKeys r("tokenizer " + path);
     json j;
     try {
       j = parse_json_or_throw(bytes);
@@ -312,15 +283,15 @@ class HfBpe : public TokenizerModel {
     id_limit_ = static_cast<int64_t>(2 * entries + 1024);
     read_normalizer(r, j);
     read_pre_tokenizers(r, j);
-    read_model(r, r.get(j, "model", ""));
+    read_model(r, r.at(j, "model", ""));
     read_added_tokens(r, j);
     read_decoder(r, j);
     read_post_processor(r, j);
-    pick_eos_and_bos();
+    pick_special_tokens();
   }
 
   std::vector<int32_t> encode(std::string_view raw) const override {
-    const std::string text = lossy_utf8(raw);
+    const std::string text = replace_invalid_utf8(raw);
     std::vector<int32_t> ids;
     size_t last = 0;
     const auto plain = [&](size_t end) {
@@ -343,12 +314,12 @@ class HfBpe : public TokenizerModel {
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string bytes;
     for (const int32_t id : ids) {
-      if (id < 0 || id >= vocab_size() || id_to_token_[static_cast<size_t>(id)].empty()) {
+      if (id < 0 || id >= vocab_size() || id_to_bytes_[static_cast<size_t>(id)].empty()) {
         throw DataError(fmt::format("tokenizer {}: cannot decode token id {}: not in the vocabulary", path_, id));
       }
-      append_token_bytes(id_to_token_[static_cast<size_t>(id)], bytes);
+      bytes += id_to_bytes_[static_cast<size_t>(id)];
     }
-    return lossy_utf8(bytes);
+    return replace_invalid_utf8(bytes);
   }
 
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
@@ -360,20 +331,20 @@ class HfBpe : public TokenizerModel {
   }
 
  private:
-  void read_normalizer(const Reader& r, const json& j) {
+  void read_normalizer(const JsonKeys& r, const json& j) {
     if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
     const json& n = j.at("normalizer");
-    if (r.string(n, "type", "normalizer.") == "Sequence" && r.get(n, "normalizers", "normalizer.").empty()) return;
+    if (r.string(n, "type", "normalizer.") == "Sequence" && r.at(n, "normalizers", "normalizer.").empty()) return;
     r.fail("normalizer.type", fmt::format("\"{}\" is not implemented (only byte-level BPE without a normalizer is; a "
                                           "SentencePiece model's tokenizer.json has its tokenizer.model beside it)",
                                           n.value("type", "")));
   }
 
-  void read_pre_tokenizers(const Reader& r, const json& j) {
-    const json& p = r.get(j, "pre_tokenizer", "");
+  void read_pre_tokenizers(const JsonKeys& r, const json& j) {
+    const json& p = r.at(j, "pre_tokenizer", "");
     if (p.is_null()) r.fail("pre_tokenizer", "is null: a byte-level tokenizer needs a ByteLevel pre-tokenizer");
     if (r.string(p, "type", "pre_tokenizer.") == "Sequence") {
-      const json& steps = r.get(p, "pretokenizers", "pre_tokenizer.");
+      const json& steps = r.at(p, "pretokenizers", "pre_tokenizer.");
       if (!steps.is_array()) r.fail("pre_tokenizer.pretokenizers", "is not a list");
       for (size_t i = 0; i < steps.size(); ++i) {
         pre_.push_back(read_pre_tokenizer(r, steps[i], fmt::format("pre_tokenizer.pretokenizers[{}].", i)));
@@ -388,7 +359,7 @@ class HfBpe : public TokenizerModel {
     }
   }
 
-  void read_model(const Reader& r, const json& m) {
+  void read_model(const JsonKeys& r, const json& m) {
     if (m.contains("type") && r.string(m, "type", "model.") != "BPE") {
       r.fail("model.type", fmt::format("\"{}\" is not implemented (BPE is)", m.at("type").get<std::string>()));
     }
@@ -401,7 +372,7 @@ class HfBpe : public TokenizerModel {
         r.fail(fmt::format("model.{}", key), "is not implemented");
     }
     ignore_merges_ = r.flag(m, "ignore_merges", "model.", false);
-    const json& vocab = r.get(m, "vocab", "model.");
+    const json& vocab = r.at(m, "vocab", "model.");
     if (!vocab.is_object()) r.fail("model.vocab", "is not an object of token: id");
     for (const auto& [token, id] : vocab.items()) {
       const std::string where = fmt::format("model.vocab[\"{}\"]", token);
@@ -414,10 +385,10 @@ class HfBpe : public TokenizerModel {
       if (it == vocab_.end()) r.fail("model.vocab", fmt::format("has no token for byte 0x{:02x}", b));
       byte_ids_[static_cast<size_t>(b)] = it->second;
     }
-    read_merges(r, r.get(m, "merges", "model."));
+    read_merges(r, r.at(m, "merges", "model."));
   }
 
-  void read_merges(const Reader& r, const json& merges) {
+  void read_merges(const JsonKeys& r, const json& merges) {
     if (!merges.is_array()) r.fail("model.merges", "is not a list");
     merges_.reserve(merges.size());
     for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -446,13 +417,13 @@ class HfBpe : public TokenizerModel {
     }
   }
 
-  void read_added_tokens(const Reader& r, const json& j) {
+  void read_added_tokens(const JsonKeys& r, const json& j) {
     if (!j.contains("added_tokens") || j.at("added_tokens").is_null()) return;
     const json& list = j.at("added_tokens");
     if (!list.is_array()) r.fail("added_tokens", "is not a list");
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string where = fmt::format("added_tokens[{}].", i);
-      const int32_t id = token_id(r, r.get(list[i], "id", where), where + "id");
+      const int32_t id = token_id(r, r.at(list[i], "id", where), where + "id");
       AddedToken t{r.string(list[i], "content", where), id, r.flag(list[i], "special", where, false)};
       if (t.content.empty()) r.fail(where + "content", "is empty");
       for (const char* key : {"lstrip", "rstrip", "single_word"}) {
@@ -467,17 +438,19 @@ class HfBpe : public TokenizerModel {
     for (const AddedToken& t : added_) added_first_bytes_[static_cast<unsigned char>(t.content[0])] = true;
   }
 
-  void read_decoder(const Reader& r, const json& j) {
-    const json& d = r.get(j, "decoder", "");
+  void read_decoder(const JsonKeys& r, const json& j) {
+    const json& d = r.at(j, "decoder", "");
     if (d.is_null() || r.string(d, "type", "decoder.") != "ByteLevel") {
       r.fail("decoder", "is not ByteLevel: only byte-level BPE tokenizers are implemented");
     }
-    for (size_t b = 0; b < 256; ++b) char_to_byte_.emplace(byte_chars_[b], static_cast<char>(b));
+    const ByteOfCodePoint byte_of = byte_level_bytes();
+    id_to_bytes_.reserve(id_to_token_.size());
+    for (const std::string& token : id_to_token_) id_to_bytes_.push_back(token_bytes(token, byte_of));
   }
 
   // The BOS of a TemplateProcessing post-processor (alone or in a Sequence): its single
   // template's first item, when that is a special token.
-  void read_post_processor(const Reader& r, const json& j) {
+  void read_post_processor(const JsonKeys& r, const json& j) {
     if (!j.contains("post_processor") || j.at("post_processor").is_null()) return;
     const json& p = j.at("post_processor");
     if (!p.is_object()) r.fail("post_processor", "is not an object");
@@ -490,12 +463,12 @@ class HfBpe : public TokenizerModel {
     }
     for (const json* q : candidates) {
       if (type_of(*q) != "TemplateProcessing") continue;
-      const json& single = r.get(*q, "single", "post_processor.");
+      const json& single = r.at(*q, "single", "post_processor.");
       if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
       const std::string name = r.string(single[0].at("SpecialToken"), "id", "post_processor.single[0].SpecialToken.");
-      const json& specials = r.get(*q, "special_tokens", "post_processor.");
-      const json& entry = r.get(specials, name, "post_processor.special_tokens.");
-      const json& ids = r.get(entry, "ids", fmt::format("post_processor.special_tokens[\"{}\"].", name));
+      const json& specials = r.at(*q, "special_tokens", "post_processor.");
+      const json& entry = r.at(specials, name, "post_processor.special_tokens.");
+      const json& ids = r.at(entry, "ids", fmt::format("post_processor.special_tokens[\"{}\"].", name));
       if (!ids.is_array() || ids.size() != 1 || !ids[0].is_number_integer() || ids[0].get<int64_t>() < 0 ||
           ids[0].get<int64_t>() >= vocab_size() || id_to_token_[ids[0].get<size_t>()].empty()) {
         r.fail(fmt::format("post_processor.special_tokens[\"{}\"].ids", name), "is not one token id of the vocabulary");
@@ -505,27 +478,29 @@ class HfBpe : public TokenizerModel {
     }
   }
 
-  void pick_eos_and_bos() {
-    const auto find = [&](std::initializer_list<const char*> names) {
-      for (const char* name : names) {
-        for (const AddedToken& t : added_) {
-          if (t.content == name) return t.id;
-        }
+  // The first added token of `names` (in their order); -1 when there is none.
+  int32_t added_id(std::initializer_list<const char*> names) const {
+    for (const char* name : names) {
+      for (const AddedToken& t : added_) {
+        if (t.content == name) return t.id;
       }
-      return -1;
-    };
-    eos_ = find({"<|end_of_text|>", "<|endoftext|>", "</s>"});
-    bos_ = template_bos_ >= 0 ? template_bos_ : find({"<|begin_of_text|>", "<s>", "<|startoftext|>"});
+    }
+    return -1;
   }
 
-  int32_t token_id(const Reader& r, const json& id, const std::string& where) const {
+  void pick_special_tokens() {
+    eos_ = added_id({"<|end_of_text|>", "<|endoftext|>", "</s>"});
+    bos_ = template_bos_ >= 0 ? template_bos_ : added_id({"<|begin_of_text|>", "<s>", "<|startoftext|>"});
+  }
+
+  int32_t token_id(const JsonKeys& r, const json& id, const std::string& where) const {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= id_limit_) {
       r.fail(where, fmt::format("is not a token id in [0, {}) (twice the tokens the file lists, and 1024)", id_limit_));
     }
     return id.get<int32_t>();
   }
 
-  void set_token(int32_t id, const std::string& token, const Reader& r, const char* where) {
+  void set_token(int32_t id, const std::string& token, const JsonKeys& r, const char* where) {
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
     std::string& slot = id_to_token_[static_cast<size_t>(id)];
     if (!slot.empty() && slot != token) {
@@ -615,24 +590,6 @@ class HfBpe : public TokenizerModel {
     return out;
   }
 
-  // A token's bytes: each character through the byte-level table, or the token's own UTF-8 where
-  // a character is not in the table (added tokens such as "<|eot_id|>" pass either way).
-  void append_token_bytes(const std::string& token, std::string& out) const {
-    std::string bytes;
-    for (size_t i = 0; i < token.size();) {
-      size_t take;
-      const size_t len = std::max<size_t>(1, utf8_sequence(token, i, &take));
-      const auto it = char_to_byte_.find(token.substr(i, len));
-      if (it == char_to_byte_.end()) {
-        out += token;
-        return;
-      }
-      bytes += it->second;
-      i += len;
-    }
-    out += bytes;
-  }
-
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
@@ -646,7 +603,6 @@ class HfBpe : public TokenizerModel {
   std::string path_;
   std::array<std::string, 256> byte_chars_;
   std::array<int32_t, 256> byte_ids_{};
-  std::unordered_map<std::string, char> char_to_byte_;
   std::vector<PreTokenizer> pre_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
@@ -654,6 +610,7 @@ class HfBpe : public TokenizerModel {
   std::vector<AddedToken> added_;
   std::array<bool, 256> added_first_bytes_{};
   std::vector<std::string> id_to_token_;  // "" for an id nothing names
+  std::vector<std::string> id_to_bytes_;  // what each id decodes to; "" for an id nothing names
   int32_t template_bos_ = -1, bos_ = -1, eos_ = -1;
   int64_t id_limit_ = 0;
   mutable std::mutex cache_mutex_;

@@ -97,7 +97,7 @@ bool all_digits(std::string_view s) {
 bool is_ours(std::string_view name) {
   if (name.ends_with(".tmp")) {
     name.remove_suffix(4);
-    if (name == "tokenizer.model" || name == "tokenizer.json") return true;
+    if (std::find(kTokenizerFiles.begin(), kTokenizerFiles.end(), name) != kTokenizerFiles.end()) return true;
   }
   if (name == "manifest.json") return true;
   if (name.starts_with(".worker-") && name.ends_with(".json") && name.size() > 13) {

@@ -111,6 +111,52 @@ size_t line_end(std::string_view text, size_t pos) {
   return nl == std::string_view::npos ? text.size() : nl;
 }
 
+// The end of the run of ASCII bytes from text[i], 8 bytes at a time where it can.
+size_t valid_ascii_prefix(std::string_view text, size_t i) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  while (i + 8 <= text.size()) {
+    uint64_t w;
+    std::memcpy(&w, s + i, 8);
+    if ((w & 0x8080808080808080ull) != 0) break;
+    i += 8;
+  }
+  while (i < text.size() && s[i] < 0x80) ++i;
+  return i;
+}
+
+// The length of the valid UTF-8 sequence at text[i], or 0 when none starts there; then `*bad` is
+// the length of its maximal subpart (the bytes one U+FFFD replaces). Overlong forms, surrogates
+// and code points above U+10FFFF are invalid.
+size_t utf8_sequence(std::string_view text, size_t i, size_t* bad) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  *bad = 1;
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k < n; ++k) {
+    const unsigned char b = i + k < text.size() ? byte(i + k) : 0;
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) {
+      *bad = k;
+      return 0;
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 std::string read_text_file(const std::string& path) {
@@ -129,46 +175,34 @@ std::string read_text_file(const std::string& path) {
 }
 
 int64_t find_invalid_utf8(std::string_view text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    // ASCII fast path, 8 bytes at a time.
-    if (i + 8 <= n) {
-      uint64_t w;
-      std::memcpy(&w, s + i, 8);
-      if ((w & 0x8080808080808080ull) == 0) {
-        i += 8;
-        continue;
-      }
-    }
-    const unsigned char c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte (excludes overlongs, surrogates)
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return static_cast<int64_t>(i);
-    }
-    if (i + len > n || s[i + 1] < lo || s[i + 1] > hi) return static_cast<int64_t>(i);
-    for (size_t k = 2; k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-    }
-    i += len;
+  for (size_t i = valid_ascii_prefix(text, 0); i < text.size(); i = valid_ascii_prefix(text, i)) {
+    size_t bad;
+    const size_t n = utf8_sequence(text, i, &bad);
+    if (n == 0) return static_cast<int64_t>(i);
+    i += n;
   }
   return -1;
+}
+
+std::string replace_invalid_utf8(std::string_view text) {
+  const int64_t first = find_invalid_utf8(text);
+  if (first < 0) return std::string(text);
+  std::string out(text.substr(0, static_cast<size_t>(first)));
+  out.reserve(text.size() + 8);
+  for (size_t i = static_cast<size_t>(first); i < text.size();) {
+    const size_t ascii = valid_ascii_prefix(text, i);
+    out.append(text.substr(i, ascii - i));
+    if ((i = ascii) == text.size()) break;
+    size_t bad;
+    if (const size_t n = utf8_sequence(text, i, &bad); n > 0) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += bad;
+    }
+  }
+  return out;
 }
 
 std::vector<std::string_view> split_documents(std::string_view text) {

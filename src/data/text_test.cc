@@ -103,6 +103,33 @@ TEST(Text, Utf8ValidationFindsTheFirstBadByte) {
   }
 }
 
+TEST(Text, InvalidUtf8IsReplacedOncePerMaximalSubpart) {
+  constexpr const char* R = "\xEF\xBF\xBD";  // U+FFFD
+  const std::string valid = "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80 and plain ASCII past the fast path";
+  EXPECT_EQ(replace_invalid_utf8(""), "");
+  EXPECT_EQ(replace_invalid_utf8(valid), valid);
+  // Unicode's table of maximal subparts (and Rust's String::from_utf8_lossy): a truncated but
+  // well-begun sequence is one U+FFFD; a byte that cannot begin or continue one is one each.
+  const std::pair<std::string, std::string> cases[] = {
+      {"\x80", R},
+      {"\xC0\x80", std::string(R) + R},
+      {"\xE0\x80\x80", std::string(R) + R + R},
+      {"\xED\xA0\x80", std::string(R) + R + R},
+      {"\xF0\x80\x80\x80", std::string(R) + R + R + R},
+      {"\xF4\x90\x80\x80", std::string(R) + R + R + R},
+      {"\xFF", R},
+      {"\xC3", R},
+      {"\xE2\x82", R},
+      {"\xF0\x9F\x98", R},
+      {"\xE2\x28\xA1", std::string(R) + "(" + R},
+      {"\xF0\x9F\x98\xE2\x82\xAC", std::string(R) + "\xE2\x82\xAC"},
+  };
+  for (const auto& [bad, want] : cases) {
+    EXPECT_EQ(replace_invalid_utf8(bad), want) << "for " << ::testing::PrintToString(bad);
+    EXPECT_EQ(replace_invalid_utf8(valid + bad + valid), valid + want + valid) << ::testing::PrintToString(bad);
+  }
+}
+
 TEST(Text, DocumentsAreSeparatedByBlankLines) {
   const std::string text =
       "\n  \n"

@@ -121,11 +121,11 @@ std::string read_tokenizer_file(const std::string& path) {
 }
 
 const char* tokenizer_file_name(std::string_view bytes) {
-  return is_hf_tokenizer(bytes) ? "tokenizer.json" : "tokenizer.model";
+  return is_hf_tokenizer(bytes) ? kHfTokenizerFile : kSentencePieceFile;
 }
 
 std::string tokenizer_in(const std::string& dir) {
-  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+  for (const char* name : kTokenizerFiles) {
     const std::filesystem::path p = std::filesystem::path(dir) / name;
     if (std::filesystem::exists(p)) return p.string();
   }

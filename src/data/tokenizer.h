@@ -2,6 +2,7 @@
 // decoding; training a SentencePiece BPE model.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,10 +14,16 @@ namespace tessera::data {
 // The bytes of the tokenizer model file `path`; throws DataError naming it when it cannot be read.
 std::string read_tokenizer_file(const std::string& path);
 
-// The name a copy of a tokenizer takes beside a dataset, run or model, from its bytes:
-// "tokenizer.json" for a Hugging Face tokenizer, else "tokenizer.model" (SentencePiece).
+// The names a tokenizer's file takes beside a dataset, run or model, by format; a directory is
+// searched in kTokenizerFiles' order.
+inline constexpr const char* kSentencePieceFile = "tokenizer.model";
+inline constexpr const char* kHfTokenizerFile = "tokenizer.json";
+inline constexpr std::array<const char*, 2> kTokenizerFiles = {kSentencePieceFile, kHfTokenizerFile};
+
+// The name a copy of a tokenizer takes, from its bytes: kHfTokenizerFile for a Hugging Face
+// tokenizer, else kSentencePieceFile.
 const char* tokenizer_file_name(std::string_view bytes);
-// The tokenizer file in `dir`: tokenizer.model, else tokenizer.json; "" when it has neither.
+// The tokenizer file in `dir`, the first of kTokenizerFiles it holds; "" when it has none.
 std::string tokenizer_in(const std::string& dir);
 
 // One tokenizer format (tokenizer.cc: SentencePiece; hf_tokenizer.cc: tokenizer.json).
@@ -49,7 +56,7 @@ class Tokenizer {
   // What `prepare` writes before each document and `generate` before a prompt: the tokenizer's
   // own convention (Llama 3's <|begin_of_text|>), else nothing.
   std::vector<int32_t> document_start() const { return model_->document_start(); }
-  // "tokenizer.model" or "tokenizer.json", by format.
+  // kSentencePieceFile or kHfTokenizerFile, by format.
   const char* file_name() const { return file_name_; }
   // xxh64 of the model file's bytes: identifies the tokenizer in shards and checkpoints.
   uint64_t hash() const { return hash_; }
