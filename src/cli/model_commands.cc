@@ -33,6 +33,7 @@ constexpr const char* kGenerateUsage =
     "  several prompts run as one batch and print one block each; --prompts-file: one prompt a line.\n"
     "  Sampling (defaults 0.8, 40, 1): at temperature T from the K likeliest tokens (0: all), of them\n"
     "  the fewest holding P of their probability (the nucleus; 1: all of them); T = 0: greedy.\n"
+    "  A continuation ends at the EOS, or at a chat model's end of turn (Llama 3's <|eot_id|>).\n"
     "  Quote a prompt of several words: every word after --prompt is a prompt of its own.\n"
     "  --bf16: weight GEMMs in bf16. --no-kv-cache: a full forward per token (the reference path,\n"
     "  CPU only). --device: as train.device (auto: a GPU where one is usable, with the cache).\n"
@@ -67,7 +68,7 @@ int generate_ids(const model::ModelLayout& layout, model::ParamSource& params, k
   const double t0 = now_seconds();
   std::vector<std::vector<double>> logprobs(prompts.size());
   const auto out = train::generate(
-      layout, params, prompts, -1, options, [&](int64_t b, int32_t, double logprob) { logprobs[b].push_back(logprob); },
+      layout, params, prompts, {}, options, [&](int64_t b, int32_t, double logprob) { logprobs[b].push_back(logprob); },
       backend);
   const double seconds = now_seconds() - t0;
   int64_t new_tokens = 0;
@@ -96,12 +97,16 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
     // A prompt starts as a document of the training data does: after its start (Llama 3's BOS),
     // else after the EOS that ended the document before.
     prompts.push_back(tokenizer.document_start());
-    if (prompts.back().empty()) prompts.back().push_back(tokenizer.eos_id());
+    if (prompts.back().empty() && tokenizer.eos_id() >= 0) prompts.back().push_back(tokenizer.eos_id());
     prompts.back().insert(prompts.back().end(), text_ids.back().begin(), text_ids.back().end());
+    if (prompts.back().empty()) {
+      throw ConfigError(fmt::format("prompt {} is empty, and tokenizer {} has neither a BOS nor an EOS to start it",
+                                    prompts.size(), tokenizer.path()));
+    }
   }
   if (texts.size() > 1) {
     const auto out = train::generate(
-        layout, params, prompts, tokenizer.eos_id(), options, [](int64_t, int32_t, double) {}, backend);
+        layout, params, prompts, tokenizer.stop_tokens(), options, [](int64_t, int32_t, double) {}, backend);
     for (size_t i = 0; i < texts.size(); ++i) {
       text_ids[i].insert(text_ids[i].end(), out[i].begin(), out[i].end());
       fmt::print("=== {}/{} ===\n{}\n", i + 1, texts.size(), tokenizer.decode(text_ids[i]));
@@ -127,7 +132,7 @@ int generate_text(const model::ModelLayout& layout, model::ParamSource& params, 
     text_ids[0].push_back(token);
     print_new(false);
   };
-  train::generate(layout, params, prompts, tokenizer.eos_id(), options, stream, backend);
+  train::generate(layout, params, prompts, tokenizer.stop_tokens(), options, stream, backend);
   print_new(true);
   std::fputs("\n", stdout);
   return kExitOk;

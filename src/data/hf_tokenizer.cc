@@ -325,6 +325,7 @@ class HfBpe : public TokenizerModel {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
+  std::vector<int32_t> stop_tokens() const override { return stop_; }
   std::vector<int32_t> document_start() const override {
     if (template_bos_ < 0) return {};
     return {template_bos_};
@@ -491,6 +492,11 @@ class HfBpe : public TokenizerModel {
   void pick_special_tokens() {
     eos_ = added_id({"<|end_of_text|>", "<|endoftext|>", "</s>"});
     bos_ = template_bos_ >= 0 ? template_bos_ : added_id({"<|begin_of_text|>", "<s>", "<|startoftext|>"});
+    if (eos_ >= 0) stop_.push_back(eos_);
+    // The ends of a chat model's turn: Llama 3's (a message, a tool call), ChatML's (SmolLM, Qwen).
+    for (const char* name : {"<|eot_id|>", "<|eom_id|>", "<|im_end|>"}) {
+      if (const int32_t id = added_id({name}); id >= 0 && id != eos_) stop_.push_back(id);
+    }
   }
 
   int32_t token_id(const JsonKeys& r, const json& id, const std::string& where) const {
@@ -612,6 +618,7 @@ class HfBpe : public TokenizerModel {
   std::vector<std::string> id_to_token_;  // "" for an id nothing names
   std::vector<std::string> id_to_bytes_;  // what each id decodes to; "" for an id nothing names
   int32_t template_bos_ = -1, bos_ = -1, eos_ = -1;
+  std::vector<int32_t> stop_;  // the EOS, then the ends of turn the file has
   int64_t id_limit_ = 0;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

@@ -24,6 +24,8 @@ bool is_hf_tokenizer(std::string_view bytes);
 // TemplateProcessing post-processor puts before each text. The EOS is the first added token of
 // <|end_of_text|>, <|endoftext|>, </s> (the names Llama 3, GPT-2 and SmolLM, and Llama 2 use),
 // the BOS the template's, else the first of <|begin_of_text|>, <s>, <|startoftext|>.
+// Generation stops at the EOS and at the ends of a chat turn the file has: <|eot_id|> and
+// <|eom_id|> (Llama 3), <|im_end|> (ChatML).
 // Text that is not UTF-8 is read with each bad sequence as U+FFFD; decoding does the same to
 // the bytes it produces, as `tokenizers` does.
 std::unique_ptr<TokenizerModel> load_hf_tokenizer(const std::string& bytes, const std::string& path);

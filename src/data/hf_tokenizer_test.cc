@@ -132,7 +132,26 @@ TEST_F(HfTokenizer, AddedTokensMatchFirstLongestFirst) {
   EXPECT_EQ(t.eos_id(), 302);
   EXPECT_EQ(t.bos_id(), -1);
   EXPECT_TRUE(t.document_start().empty());
+  EXPECT_EQ(t.stop_tokens(), (std::vector<int32_t>{302}));
   EXPECT_THROW(t.decode({299}), DataError);  // no token has id 299
+}
+
+// Generation stops at the EOS and at each end of a chat turn the vocabulary has (Llama 3.1
+// Instruct's generation_config.json lists 128001, 128008 and 128009), each once.
+TEST_F(HfTokenizer, GenerationStopsAtTheEosAndTheEndsOfATurn) {
+  json j = tokenizer_json({}, {}, llama3_pre_tokenizer());
+  add_llama3_specials(j, 256);
+  j["added_tokens"].push_back({{"id", 258}, {"content", "<|eom_id|>"}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 259}, {"content", "<|eot_id|>"}, {"special", true}});
+  EXPECT_EQ(load(j).stop_tokens(), (std::vector<int32_t>{257, 259, 258}));
+  j["added_tokens"] = {{{"id", 256}, {"content", "<|im_end|>"}, {"special", true}},
+                       {{"id", 257}, {"content", "<|endoftext|>"}, {"special", true}}};
+  j.erase("post_processor");
+  EXPECT_EQ(load(j).stop_tokens(), (std::vector<int32_t>{257, 256}));  // SmolLM's ChatML
+  j["added_tokens"] = {{{"id", 256}, {"content", "<|im_end|>"}, {"special", true}}};
+  const Tokenizer none = load(j);
+  EXPECT_EQ(none.eos_id(), -1);
+  EXPECT_EQ(none.stop_tokens(), (std::vector<int32_t>{256}));
 }
 
 TEST_F(HfTokenizer, TheTemplatesBosStartsEachDocument) {

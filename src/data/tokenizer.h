@@ -35,6 +35,12 @@ class TokenizerModel {
   virtual int64_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1: none
   virtual int32_t eos_id() const = 0;  // -1: none
+  // What ends a generated continuation: the EOS, and where the vocabulary has them the tokens that
+  // end a chat model's turn (Llama 3's <|eot_id|>).
+  virtual std::vector<int32_t> stop_tokens() const {
+    if (eos_id() < 0) return {};
+    return {eos_id()};
+  }
   // What the format puts before each text: tokenizer.json's BOS where its template adds one.
   virtual std::vector<int32_t> document_start() const { return {}; }
 };
@@ -53,6 +59,7 @@ class Tokenizer {
   int64_t vocab_size() const;
   int32_t bos_id() const;
   int32_t eos_id() const;
+  std::vector<int32_t> stop_tokens() const { return model_->stop_tokens(); }
   // What `prepare` writes before each document and `generate` before a prompt: the tokenizer's
   // own convention (Llama 3's <|begin_of_text|>), else nothing.
   std::vector<int32_t> document_start() const { return model_->document_start(); }

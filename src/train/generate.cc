@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <unordered_set>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -14,6 +15,8 @@
 namespace tessera::train {
 
 namespace {
+
+using StopTokens = std::unordered_set<int32_t>;
 
 // Generation reads the same weights for every token, so each unit is acquired from the source
 // once and held until the call ends: a sharded source would otherwise gather every unit again
@@ -70,8 +73,8 @@ std::span<const int32_t> window(const std::vector<int32_t>& context, int64_t T) 
 
 // Without a cache: a full forward over each prompt's window for every token, one prompt at a time.
 void generate_uncached(const model::ModelLayout& layout, model::ParamSource& params,
-                       std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
-                       const TokenCallback& on_token) {
+                       std::vector<std::vector<int32_t>>& contexts, const StopTokens& stop,
+                       const SamplingOptions& options, const TokenCallback& on_token) {
   const model::ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, V = c.vocab_size;
   model::Llama model(layout, 1, num_threads(), 0, options.bf16);
@@ -86,7 +89,7 @@ void generate_uncached(const model::ModelLayout& layout, model::ParamSource& par
       model.forward_logits(params, padded.data(), logits.data());
       const float* z = logits.data() + (w.size() - 1) * V;
       const int32_t next = sampler.next(z, static_cast<int64_t>(b), i);
-      if (next == eos) break;
+      if (stop.contains(next)) break;
       contexts[b].push_back(next);
       on_token(static_cast<int64_t>(b), next, log_probability(z, V, next));
     }
@@ -94,8 +97,8 @@ void generate_uncached(const model::ModelLayout& layout, model::ParamSource& par
 }
 
 void generate_cached(const model::ModelLayout& layout, model::ParamSource& params,
-                     std::vector<std::vector<int32_t>>& contexts, int32_t eos, const SamplingOptions& options,
-                     const TokenCallback& on_token, kernels::Backend& backend) {
+                     std::vector<std::vector<int32_t>>& contexts, const StopTokens& stop,
+                     const SamplingOptions& options, const TokenCallback& on_token, kernels::Backend& backend) {
   const model::ModelConfig& c = layout.config();
   const int64_t T = c.seq_len, V = c.vocab_size, B = static_cast<int64_t>(contexts.size());
   std::vector<std::span<const int32_t>> feed(B);
@@ -115,7 +118,7 @@ void generate_cached(const model::ModelLayout& layout, model::ParamSource& param
       feed[b] = {};
       if (done[b]) continue;
       const int32_t next = sampler.next(logits + b * V, b, i);
-      if (next == eos) {
+      if (stop.contains(next)) {
         done[b] = true;
         continue;
       }
@@ -166,19 +169,20 @@ int32_t Sampler::next(const float* z, int64_t seq, int64_t i) {
 }
 
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
-                                           const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options, const TokenCallback& on_token,
-                                           kernels::Backend& backend) {
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<int32_t>& stop_tokens, const SamplingOptions& options,
+                                           const TokenCallback& on_token, kernels::Backend& backend) {
   CHECK(!prompts.empty());
   for (const std::vector<int32_t>& p : prompts) CHECK(!p.empty());
   std::vector<std::vector<int32_t>> contexts = prompts;
+  const StopTokens stop(stop_tokens.begin(), stop_tokens.end());
   if (options.max_tokens > 0) {
     HeldParams held(params, layout.num_units());
     if (options.kv_cache) {
-      generate_cached(layout, held, contexts, eos, options, on_token, backend);
+      generate_cached(layout, held, contexts, stop, options, on_token, backend);
     } else {
       CHECK_MSG(backend.device() == kernels::Device::kCpu, "generation without the cache runs on the CPU only");
-      generate_uncached(layout, held, contexts, eos, options, on_token);
+      generate_uncached(layout, held, contexts, stop, options, on_token);
     }
   }
   std::vector<std::vector<int32_t>> out(prompts.size());

@@ -48,7 +48,8 @@ class Sampler {
 using TokenCallback = std::function<void(int64_t prompt, int32_t token, double logprob)>;
 
 // Continues each prompt (token ids, at least one each) one token at a time until max_tokens or
-// `eos`, calling on_token for each new token; returns the new tokens per prompt. The prompts run as one batch. A
+// one of `stop_tokens` (the EOS, and a chat model's end of turn; not kept), calling on_token for
+// each new token; returns the new tokens per prompt. The prompts run as one batch. A
 // context longer than seq_len is cut to its last seq_len tokens, as a model trained at seq_len saw them (RoPE positions
 // are absolute): with the cache, a sequence that reaches seq_len re-runs its last seq_len tokens for every further
 // token, which is what the uncached path does for every token, so both give the same tokens throughout. Sampling draws
@@ -57,8 +58,9 @@ using TokenCallback = std::function<void(int64_t prompt, int32_t token, double l
 // of a boundary). Deterministic for a seed and thread count. backend: where the key/value-cache
 // decoder runs, params in its memory (the uncached reference path runs on the CPU only).
 std::vector<std::vector<int32_t>> generate(const model::ModelLayout& layout, model::ParamSource& params,
-                                           const std::vector<std::vector<int32_t>>& prompts, int32_t eos,
-                                           const SamplingOptions& options, const TokenCallback& on_token,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<int32_t>& stop_tokens, const SamplingOptions& options,
+                                           const TokenCallback& on_token,
                                            kernels::Backend& backend = kernels::cpu_backend());
 
 }  // namespace tessera::train

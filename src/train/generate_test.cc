@@ -87,13 +87,14 @@ class Generate : public ::testing::Test {
   std::vector<std::vector<int32_t>> run(const std::vector<std::vector<int32_t>>& prompts, SamplingOptions o) {
     std::vector<std::vector<int32_t>> seen(prompts.size());
     auto out =
-        generate(*layout_, *params_, prompts, -1, o, [&](int64_t b, int32_t t, double) { seen[b].push_back(t); });
+        generate(*layout_, *params_, prompts, stop_, o, [&](int64_t b, int32_t t, double) { seen[b].push_back(t); });
     EXPECT_EQ(seen, out) << "on_token saw other tokens than returned";
     return out;
   }
 
   std::unique_ptr<model::ModelLayout> layout_;
   std::unique_ptr<fsdp::ShardedParams> params_;
+  std::vector<int32_t> stop_;  // run's stop tokens
 
  private:
   int saved_threads_ = 1;
@@ -136,6 +137,27 @@ TEST_F(Generate, SamplingPerPromptIndependentOfTheBatch) {
   EXPECT_EQ(run({a}, o), one);
 }
 
+// A continuation ends before the first token of the stop set it meets (an EOS and an end of turn),
+// with the cache and without; a prompt that stops leaves the others of its batch running.
+TEST_F(Generate, EndsBeforeAnyOfItsStopTokens) {
+  SamplingOptions o;
+  o.temperature = 0;
+  o.max_tokens = 30;
+  const std::vector<std::vector<int32_t>> prompts = {tokens(7, 8), tokens(12, 9)};
+  const auto free = run(prompts, o);
+  int32_t unseen = 0;  // a token neither continuation holds, first in the set
+  while (std::count(free[0].begin(), free[0].end(), unseen) + std::count(free[1].begin(), free[1].end(), unseen) > 0)
+    ++unseen;
+  stop_ = {unseen, free[0][10]};
+  std::vector<std::vector<int32_t>> want = free;
+  for (auto& w : want) w.erase(std::find_first_of(w.begin(), w.end(), stop_.begin(), stop_.end()), w.end());
+  ASSERT_LE(want[0].size(), 10u);
+  for (const bool cache : {true, false}) {
+    o.kv_cache = cache;
+    EXPECT_EQ(run(prompts, o), want) << (cache ? "with" : "without") << " the cache";
+  }
+}
+
 // The log-probabilities handed out are the model's: the log-softmax of a full forward's logits at
 // the position before each token (the uncached path's own logits: to double rounding), at
 // temperature 1 although sampling ran at 0.8 with top-k; the cached path's within twice the
@@ -149,7 +171,7 @@ TEST_F(Generate, LogProbabilitiesAreTheModelsLogSoftmax) {
   const auto sample = [&](SamplingOptions options) {
     std::vector<int32_t> got;
     std::vector<double> logprobs;
-    generate(*layout_, *params_, {prompt}, -1, options, [&](int64_t, int32_t t, double logprob) {
+    generate(*layout_, *params_, {prompt}, {}, options, [&](int64_t, int32_t t, double logprob) {
       got.push_back(t);
       logprobs.push_back(logprob);
     });
