@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json.h"
+#include "core/json_keys.h"
 #include "storage/s3_client.h"
 
 namespace tessera::checkpoint {
@@ -18,50 +19,9 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxManifestBytes = 256ull << 20;
 
-class Checked {
- public:
-  Checked(const json& j, std::string origin, std::string where) : j_(j), origin_(std::move(origin)), where_(where) {}
-  DataError error(const std::string& key, const std::string& why) const {
-    return DataError(fmt::format("{}: {}{} {}", origin_, where_, key, why));
-  }
-  const json& get(const std::string& key, json::value_t type) const {
-    if (!j_.is_object() || !j_.contains(key)) throw error(key, "is missing");
-    const json& v = j_.at(key);
-    const bool ok = type == json::value_t::number_integer ? v.is_number_integer()
-                    : type == json::value_t::number_float ? v.is_number()
-                                                          : v.type() == type;
-    if (!ok) throw error(key, fmt::format("has type {}", v.type_name()));
-    return v;
-  }
-  int64_t integer(const std::string& key, int64_t min, int64_t max) const {
-    const json& v = get(key, json::value_t::number_integer);
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) throw error(key, "is too large");
-    const int64_t x = v.get<int64_t>();
-    if (x < min || x > max) throw error(key, fmt::format("= {} is outside [{}, {}]", x, min, max));
-    return x;
-  }
-  uint64_t unsigned_integer(const std::string& key) const {
-    const json& v = get(key, json::value_t::number_integer);
-    if (!v.is_number_unsigned()) throw error(key, "is negative");
-    return v.get<uint64_t>();
-  }
-  double number(const std::string& key) const { return get(key, json::value_t::number_float).get<double>(); }
-  std::string string(const std::string& key) const { return get(key, json::value_t::string).get<std::string>(); }
-  const json& array(const std::string& key) const { return get(key, json::value_t::array); }
-  uint64_t hex(const std::string& key) const {
-    uint64_t x = 0;
-    if (!parse_hex64(string(key), &x)) throw error(key, "is not a hex checksum");
-    return x;
-  }
-
- private:
-  const json& j_;
-  std::string origin_, where_;
-};
-
 // A tensor's split among the tensor-parallel ranks: its whole shape is its block's with the split
 // dimension T times as long (version 1: replicated, the block is the whole).
-void parse_split(const Checked& c, bool v1, int T, ManifestTensor* t) {
+void parse_split(const JsonKeys& c, bool v1, int T, ManifestTensor* t) {
   t->full_shape = t->shape;
   if (v1) return;
   t->split_dim = static_cast<int>(c.integer("split_dim", -1, static_cast<int64_t>(t->shape.size()) - 1));
@@ -160,11 +120,11 @@ std::string to_json(const Manifest& m) {
 namespace {
 
 // The shard files: one for each (stage, tp rank, shard rank) of the layout already read into m.
-void parse_files(const Checked& top, const json& files, const std::string& origin, bool v1, Manifest* m) {
+void parse_files(const JsonKeys& top, bool v1, Manifest* m) {
   const int T = m->tensor_parallel, P = m->pipeline_parallel;
   std::vector<bool> seen(static_cast<size_t>(P * T * m->shard_size), false);
-  for (size_t i = 0; i < files.size(); ++i) {
-    const Checked f(files[i], origin, fmt::format("files[{}].", i));
+  for (size_t i = 0; i < top.array("files").size(); ++i) {
+    const JsonKeys f = top.element("files", i);
     ManifestFile file;
     file.name = f.string("name");
     if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
@@ -181,8 +141,8 @@ void parse_files(const Checked& top, const json& files, const std::string& origi
     }
     seen[index] = true;
     file.bytes = f.unsigned_integer("bytes");
-    file.xxh64 = f.hex("xxh64");
-    if (files[i].contains("object")) {
+    file.xxh64 = f.hex64("xxh64");
+    if (f.contains("object")) {
       file.object = f.string("object");
       file.object_offset = f.unsigned_integer("object_offset");
     }
@@ -199,7 +159,7 @@ void parse_files(const Checked& top, const json& files, const std::string& origi
 }
 
 // A tensor of a unit of unit_numel elements: its shape and offset inside the unit, its tp split.
-ManifestTensor parse_tensor(const Checked& c, int64_t unit_numel, bool v1, int T) {
+ManifestTensor parse_tensor(const JsonKeys& c, int64_t unit_numel, bool v1, int T) {
   ManifestTensor tensor;
   tensor.name = c.string("name");
   int64_t n = 1;
@@ -218,9 +178,9 @@ ManifestTensor parse_tensor(const Checked& c, int64_t unit_numel, bool v1, int T
 }
 
 // The units, each padded to a multiple of the shard size, their names unique.
-void parse_units(const json& units, const std::string& origin, bool v1, Manifest* m) {
-  for (size_t i = 0; i < units.size(); ++i) {
-    const Checked u(units[i], origin, fmt::format("units[{}].", i));
+void parse_units(const JsonKeys& top, bool v1, Manifest* m) {
+  for (size_t i = 0; i < top.array("units").size(); ++i) {
+    const JsonKeys u = top.element("units", i);
     ManifestUnit unit;
     unit.name = u.string("name");
     unit.pp_rank = v1 ? 0 : static_cast<int>(u.integer("pp_rank", 0, m->pipeline_parallel - 1));
@@ -230,10 +190,8 @@ void parse_units(const json& units, const std::string& origin, bool v1, Manifest
     if (unit.padded % m->shard_size != 0) {
       throw u.error("padded", fmt::format("is not a multiple of {}", m->shard_size));
     }
-    const json& tensors = u.array("tensors");
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const Checked c(tensors[t], origin, fmt::format("units[{}].tensors[{}].", i, t));
-      unit.tensors.push_back(parse_tensor(c, unit.numel, v1, m->tensor_parallel));
+    for (size_t t = 0; t < u.array("tensors").size(); ++t) {
+      unit.tensors.push_back(parse_tensor(u.element("tensors", t), unit.numel, v1, m->tensor_parallel));
     }
     m->units.push_back(std::move(unit));
   }
@@ -244,7 +202,7 @@ void parse_units(const json& units, const std::string& origin, bool v1, Manifest
 Manifest parse_manifest(const std::string& text, const std::string& origin) {
   const json j = parse_json(text);
   if (j.is_discarded() || !j.is_object()) throw DataError(fmt::format("{}: not a JSON object", origin));
-  const Checked top(j, origin, "");
+  const JsonKeys top(j, origin);
   if (top.string("format") != "tessera-checkpoint") throw top.error("format", "is not tessera-checkpoint");
   const int64_t version = top.integer("version", 1, 1 << 20);
   if (version > Manifest::kVersion) {
@@ -255,19 +213,18 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   m.step = top.integer("step", 0, INT64_MAX);
   // Absent from manifests written before skipped steps stopped counting (their updates used
   // `step`, so resuming with it continues them as they were).
-  m.optimizer_steps = j.contains("optimizer_steps") ? top.integer("optimizer_steps", 0, m.step) : m.step;
+  m.optimizer_steps = top.contains("optimizer_steps") ? top.integer("optimizer_steps", 0, m.step) : m.step;
   m.tokens = top.integer("tokens", 0, INT64_MAX);
   m.sampler_position = top.unsigned_integer("sampler_position");
   m.seed = top.unsigned_integer("seed");
-  const Checked schedule(top.get("schedule", json::value_t::object), origin, "schedule.");
+  const JsonKeys schedule = top.object("schedule");
   m.lr = schedule.number("lr");
   m.min_lr = schedule.number("min_lr");
   m.warmup_steps = schedule.integer("warmup_steps", 0, INT64_MAX);
   m.total_steps = schedule.integer("total_steps", 0, INT64_MAX);
   // Absent before train.lr_decay: warmup then cosine over every later step.
-  const json& schedule_json = top.get("schedule", json::value_t::object);
-  if (schedule_json.contains("decay")) m.decay = schedule.string("decay");
-  if (schedule_json.contains("decay_steps")) m.decay_steps = schedule.integer("decay_steps", 0, INT64_MAX);
+  if (schedule.contains("decay")) m.decay = schedule.string("decay");
+  if (schedule.contains("decay_steps")) m.decay_steps = schedule.integer("decay_steps", 0, INT64_MAX);
   m.world = static_cast<int>(top.integer("world", 1, 1 << 20));
   m.shard_size = static_cast<int>(top.integer("shard_size", 1, m.world));
   if (m.world % m.shard_size != 0) throw top.error("shard_size", fmt::format("does not divide world {}", m.world));
@@ -284,8 +241,8 @@ Manifest parse_manifest(const std::string& text, const std::string& origin) {
   m.strategy = top.string("strategy");
   m.created = top.string("created");
   m.config_toml = top.string("config");
-  parse_files(top, top.array("files"), origin, v1, &m);
-  parse_units(top.array("units"), origin, v1, &m);
+  parse_files(top, v1, &m);
+  parse_units(top, v1, &m);
   return m;
 }
 

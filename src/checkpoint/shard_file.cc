@@ -77,20 +77,6 @@ class LocalFile : public storage::ReadableFile {
 
 }  // namespace
 
-std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
-
-bool parse_hex64(const std::string& text, uint64_t* out) {
-  if (text.empty() || text.size() > 16) return false;
-  uint64_t v = 0;
-  for (const char c : text) {
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (d < 0) return false;
-    v = v << 4 | static_cast<uint64_t>(d);
-  }
-  *out = v;
-  return true;
-}
-
 FileDigest write_shard_file(const std::string& path, const std::vector<TensorView>& tensors,
                             const std::function<void(size_t)>& before_tensor) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/text.h"  // hex64, parse_hex64
 #include "storage/readable_file.h"
 
 namespace tessera::checkpoint {
@@ -81,9 +82,5 @@ class ShardFile {
 FileDigest digest_file(const std::string& path);
 // The same for a file read at offsets (an object-store copy), `name` in messages.
 FileDigest digest_file(const storage::ReadableFile& file, const std::string& name);
-
-// "%016x" and back; parse_hex64 returns false on anything but 1 to 16 hex digits.
-std::string hex64(uint64_t value);
-bool parse_hex64(const std::string& text, uint64_t* out);
 
 }  // namespace tessera::checkpoint

@@ -1,37 +1,51 @@
-// Typed reads of a JSON file's keys (a dataset's manifest.json, a Hugging Face tokenizer.json),
-// with errors that name the file and the key's path.
+// Typed reads of a JSON file's keys (a checkpoint's or dataset's manifest.json, a Hugging Face
+// tokenizer.json), with errors that name the file and the key's path.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
 #include "core/json.h"
 
 namespace tessera {
 
-// Each read takes the object, the key, and `where`, the object's own path ("splits.train.",
-// "" at the top). Each failure throws DataError "ORIGIN: PATH WHAT", as in
-// "data/manifest.json: splits.train.tokens is not a non-negative integer".
+// The keys of one JSON object. Each failure is a DataError "ORIGIN: PATH WHAT", PATH the key's
+// path from the top of the file, as in
+//   "run/step_00000012/manifest.json: units[3].tensors[0].offset = -1 is outside [0, 4096]".
+// A value that is not an object has no keys: every read of it fails as missing.
 class JsonKeys {
  public:
-  // `origin` begins every message: the file's path, with what it is where that helps.
-  explicit JsonKeys(std::string origin) : origin_(std::move(origin)) {}
+  // `origin` begins every message: the file's path, with what it is where that helps
+  // ("tokenizer PATH"); `where` is the object's own path ("splits.train.", "" at the top).
+  JsonKeys(const nlohmann::json& j, std::string origin, std::string where = "");
 
-  const nlohmann::json& at(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
-  std::string string(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
-  int64_t integer(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
-  uint64_t unsigned_integer(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
-  // A string of exactly 16 hex digits (a checksum or hash).
-  uint64_t hex64(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
-  // `fallback` where the key is missing or null.
-  bool flag(const nlohmann::json& obj, const std::string& key, const std::string& where, bool fallback) const;
+  bool contains(const std::string& key) const;             // present, even if null
+  bool has(const std::string& key) const;                  // present and not null
+  const nlohmann::json& at(const std::string& key) const;  // present, of any type
+  // The object at `key`, and the object at `key`[i] of a list, their keys named from theirs.
+  JsonKeys object(const std::string& key) const;
+  JsonKeys element(const std::string& key, size_t i) const;
 
-  // Throws "ORIGIN: PATH WHAT"; `path` is the key's full path.
-  [[noreturn]] void fail(const std::string& path, const std::string& what) const;
+  std::string string(const std::string& key) const;
+  bool flag(const std::string& key, bool fallback) const;  // fallback where missing or null
+  int64_t integer(const std::string& key, int64_t min = INT64_MIN, int64_t max = INT64_MAX) const;
+  uint64_t unsigned_integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  const nlohmann::json& array(const std::string& key) const;
+  uint64_t hex64(const std::string& key) const;  // 1 to 16 lowercase hex digits, as hex64() writes
+
+  // "ORIGIN: PATH WHAT", PATH this object's path and `key` (which may name a path below it).
+  DataError error(const std::string& key, const std::string& what) const;
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const { throw error(key, what); }
+
+  const nlohmann::json& value() const { return j_; }  // the object itself
   const std::string& origin() const { return origin_; }
+  const std::string& where() const { return where_; }
 
  private:
-  std::string origin_;
+  const nlohmann::json& j_;
+  std::string origin_, where_;
 };
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 #include "core/json.h"
 #include "core/json_keys.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "data/object_cache.h"
 #include "storage/s3_client.h"
 
@@ -23,8 +24,6 @@ namespace {
 constexpr const char* kFormat = "tessera-dataset";
 constexpr int kVersion = 1;
 
-std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
-
 std::string manifest_path(const std::string& dir) { return dir + "/manifest.json"; }
 
 // Shard files live in the dataset directory itself; a manifest cannot point elsewhere.
@@ -32,34 +31,31 @@ bool plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
 
-SplitManifest read_split(const JsonKeys& r, const nlohmann::json& splits, const std::string& name) {
-  const std::string where = "splits." + name + ".";
-  const nlohmann::json& j = r.at(splits, name, "splits.");
+SplitManifest read_split(const JsonKeys& splits, const std::string& name) {
+  const JsonKeys split = splits.object(name);
   SplitManifest s;
-  s.tokens = r.unsigned_integer(j, "tokens", where);
-  s.documents = r.unsigned_integer(j, "documents", where);
-  const nlohmann::json& shards = r.at(j, "shards", where);
-  if (!shards.is_array()) r.fail(where + "shards", "is not a list");
+  s.tokens = split.unsigned_integer("tokens");
+  s.documents = split.unsigned_integer("documents");
   uint64_t tokens = 0, documents = 0;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string w = fmt::format("{}shards[{}].", where, i);
+  for (size_t i = 0; i < split.array("shards").size(); ++i) {
+    const JsonKeys shard = split.element("shards", i);
     ShardEntry e;
-    e.file = r.string(shards[i], "file", w);
+    e.file = shard.string("file");
     if (!plain_file_name(e.file))
-      r.fail(w + "file", fmt::format("= \"{}\" is not a file name in the dataset directory", e.file));
-    e.tokens = r.unsigned_integer(shards[i], "tokens", w);
-    e.documents = r.unsigned_integer(shards[i], "documents", w);
-    e.checksum = r.hex64(shards[i], "checksum", w);
+      shard.fail("file", fmt::format("= \"{}\" is not a file name in the dataset directory", e.file));
+    e.tokens = shard.unsigned_integer("tokens");
+    e.documents = shard.unsigned_integer("documents");
+    e.checksum = shard.hex64("checksum");
     // A wrapped sum could match the split's totals while the shards claim more than 2^64 tokens.
     if (__builtin_add_overflow(tokens, e.tokens, &tokens) ||
         __builtin_add_overflow(documents, e.documents, &documents)) {
-      r.fail(w + "tokens", "makes the split's shards hold more than 2^64 tokens or documents");
+      shard.fail("tokens", "makes the split's shards hold more than 2^64 tokens or documents");
     }
     s.shards.push_back(std::move(e));
   }
   if (tokens != s.tokens || documents != s.documents) {
-    r.fail(where + "tokens", fmt::format("= {} and documents = {}, but the shards sum to {} and {}", s.tokens,
-                                         s.documents, tokens, documents));
+    split.fail("tokens", fmt::format("= {} and documents = {}, but the shards sum to {} and {}", s.tokens, s.documents,
+                                     tokens, documents));
   }
   return s;
 }
@@ -68,7 +64,7 @@ nlohmann::ordered_json split_json(const SplitManifest& s) {
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   for (const ShardEntry& e : s.shards) {
     shards.push_back(
-        {{"file", e.file}, {"tokens", e.tokens}, {"documents", e.documents}, {"checksum", hex16(e.checksum)}});
+        {{"file", e.file}, {"tokens", e.tokens}, {"documents", e.documents}, {"checksum", hex64(e.checksum)}});
   }
   return {{"tokens", s.tokens}, {"documents", s.documents}, {"shards", shards}};
 }
@@ -93,34 +89,26 @@ DatasetManifest read_manifest(const std::string& dir) {
   }
   nlohmann::json j = parse_json(text);
   if (j.is_discarded()) throw DataError(fmt::format("{}: not valid JSON", file));
-  const JsonKeys r(file);
-  if (r.string(j, "format", "") != kFormat) r.fail("format", fmt::format("is not \"{}\"", kFormat));
-  if (const int64_t v = r.integer(j, "version", ""); v != kVersion) {
-    r.fail("version", fmt::format("= {}; this build reads version {}", v, kVersion));
+  const JsonKeys top(j, file);
+  if (top.string("format") != kFormat) top.fail("format", fmt::format("is not \"{}\"", kFormat));
+  if (const int64_t v = top.integer("version"); v != kVersion) {
+    top.fail("version", fmt::format("= {}; this build reads version {}", v, kVersion));
   }
   DatasetManifest m;
-  const nlohmann::json& tok = r.at(j, "tokenizer", "");
-  m.tokenizer_file = r.string(tok, "file", "tokenizer.");
-  if (!plain_file_name(m.tokenizer_file)) r.fail("tokenizer.file", "is not a file name in the dataset directory");
-  m.tokenizer_hash = r.hex64(tok, "hash", "tokenizer.");
-  m.vocab_size = r.integer(tok, "vocab_size", "tokenizer.");
-  if (m.vocab_size <= 0 || m.vocab_size > (int64_t{1} << 31))
-    r.fail("tokenizer.vocab_size", fmt::format("= {} is outside [1, 2^31]", m.vocab_size));
-  const int64_t eos = r.integer(tok, "eos_id", "tokenizer.");
-  if (eos < 0 || eos >= m.vocab_size) r.fail("tokenizer.eos_id", fmt::format("= {} is outside the vocabulary", eos));
-  m.eos_id = static_cast<int32_t>(eos);
-  const nlohmann::json& splits = r.at(j, "splits", "");
-  m.train = read_split(r, splits, "train");
-  m.val = read_split(r, splits, "val");
-  const nlohmann::json& inputs = r.at(j, "inputs", "");
-  if (!inputs.is_array()) r.fail("inputs", "is not a list");
-  for (const auto& i : inputs) {
-    if (!i.is_string()) r.fail("inputs", "holds a value that is not a string");
+  const JsonKeys tok = top.object("tokenizer");
+  m.tokenizer_file = tok.string("file");
+  if (!plain_file_name(m.tokenizer_file)) tok.fail("file", "is not a file name in the dataset directory");
+  m.tokenizer_hash = tok.hex64("hash");
+  m.vocab_size = tok.integer("vocab_size", 1, int64_t{1} << 31);
+  m.eos_id = static_cast<int32_t>(tok.integer("eos_id", 0, m.vocab_size - 1));
+  const JsonKeys splits = top.object("splits");
+  m.train = read_split(splits, "train");
+  m.val = read_split(splits, "val");
+  for (const auto& i : top.array("inputs")) {
+    if (!i.is_string()) top.fail("inputs", "holds a value that is not a string");
     m.inputs.push_back(i.get<std::string>());
   }
-  const auto& h = r.at(j, "unigram_entropy_nats", "");
-  if (!h.is_number()) r.fail("unigram_entropy_nats", "is not a number");
-  m.unigram_entropy = h.get<double>();
+  m.unigram_entropy = top.number("unigram_entropy_nats");
   return m;
 }
 
@@ -130,7 +118,7 @@ void write_manifest(const std::string& dir, const DatasetManifest& m) {
       {"version", kVersion},
       {"tokenizer",
        {{"file", m.tokenizer_file},
-        {"hash", hex16(m.tokenizer_hash)},
+        {"hash", hex64(m.tokenizer_hash)},
         {"vocab_size", m.vocab_size},
         {"eos_id", m.eos_id}}},
       {"splits", {{"train", split_json(m.train)}, {"val", split_json(m.val)}}},
@@ -164,13 +152,13 @@ void TokenStream::check_against_manifest(const Shard& shard, const ShardEntry& e
     return DataError(
         fmt::format("shard {}: {} {} disagrees with {} ({})", shard.path(), what, got, manifest_path(dir_), want));
   };
-  if (info.payload_checksum != e.checksum) throw disagree("checksum", hex16(info.payload_checksum), hex16(e.checksum));
+  if (info.payload_checksum != e.checksum) throw disagree("checksum", hex64(info.payload_checksum), hex64(e.checksum));
   if (info.tokens != e.tokens) throw disagree("token count", std::to_string(info.tokens), std::to_string(e.tokens));
   if (info.documents != e.documents) {
     throw disagree("document count", std::to_string(info.documents), std::to_string(e.documents));
   }
   if (info.tokenizer_hash != manifest_.tokenizer_hash) {
-    throw disagree("tokenizer hash", hex16(info.tokenizer_hash), hex16(manifest_.tokenizer_hash));
+    throw disagree("tokenizer hash", hex64(info.tokenizer_hash), hex64(manifest_.tokenizer_hash));
   }
   if (static_cast<int64_t>(info.vocab_size) != manifest_.vocab_size) {
     throw disagree("vocab size", std::to_string(info.vocab_size), std::to_string(manifest_.vocab_size));

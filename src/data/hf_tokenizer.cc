@@ -226,35 +226,35 @@ std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string
 
 // ---- reading the file ----
 
-PreTokenizer read_pre_tokenizer(const JsonKeys& r, const json& j, const std::string& where) {
-  const std::string type = r.string(j, "type", where);
+PreTokenizer read_pre_tokenizer(const JsonKeys& step) {
+  const std::string type = step.string("type");
   if (type == "Split") {
-    if (r.flag(j, "invert", where, false)) r.fail(where + "invert", "= true is not implemented");
-    const std::string behavior = r.string(j, "behavior", where);
+    if (step.flag("invert", false)) step.fail("invert", "= true is not implemented");
+    const std::string behavior = step.string("behavior");
     if (behavior != "Isolated" && behavior != "Removed") {
-      r.fail(where + "behavior", fmt::format("\"{}\" is not implemented (Isolated and Removed are)", behavior));
+      step.fail("behavior", fmt::format("\"{}\" is not implemented (Isolated and Removed are)", behavior));
     }
-    const json& pattern = r.at(j, "pattern", where);
+    const json& pattern = step.at("pattern");
     std::string regex;
     if (pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex").is_string()) {
       regex = pattern.at("Regex").get<std::string>();
     } else if (pattern.is_object() && pattern.contains("String") && pattern.at("String").is_string()) {
       regex = literal_pattern(pattern.at("String").get<std::string>());
     } else {
-      r.fail(where + "pattern", "is neither {\"Regex\": ...} nor {\"String\": ...}");
+      step.fail("pattern", "is neither {\"Regex\": ...} nor {\"String\": ...}");
     }
-    return SplitStep{std::make_shared<const Regex>(regex, fmt::format("{}: {}pattern", r.origin(), where)),
+    return SplitStep{std::make_shared<const Regex>(regex, fmt::format("{}: {}pattern", step.origin(), step.where())),
                      behavior == "Removed"};
   }
-  if (type == "Digits") return DigitsStep{r.flag(j, "individual_digits", where, false)};
+  if (type == "Digits") return DigitsStep{step.flag("individual_digits", false)};
   if (type == "ByteLevel") {
-    ByteLevelStep step{r.flag(j, "add_prefix_space", where, false), nullptr};
-    if (r.flag(j, "use_regex", where, true)) {
-      step.regex = std::make_shared<const Regex>(kGpt2Pattern, fmt::format("{}: GPT-2's pattern", r.origin()));
+    ByteLevelStep out{step.flag("add_prefix_space", false), nullptr};
+    if (step.flag("use_regex", true)) {
+      out.regex = std::make_shared<const Regex>(kGpt2Pattern, fmt::format("{}: GPT-2's pattern", step.origin()));
     }
-    return step;
+    return out;
   }
-  r.fail(where + "type", fmt::format("\"{}\" is not implemented (Sequence, Split, Digits and ByteLevel are)", type));
+  step.fail("type", fmt::format("\"{}\" is not implemented (Sequence, Split, Digits and ByteLevel are)", type));
 }
 
 struct AddedToken {
@@ -268,7 +268,6 @@ struct AddedToken {
 class HfBpe : public TokenizerModel {
  public:
   HfBpe(const std::string& bytes, const std::string& path) : path_(path), byte_chars_(byte_level_chars()) {
-    const JsonKeys r("tokenizer " + path);
     json j;
     try {
       j = parse_json_or_throw(bytes);
@@ -281,12 +280,13 @@ class HfBpe : public TokenizerModel {
     const size_t entries = (model && model->is_object() && model->contains("vocab") ? model->at("vocab").size() : 0) +
                            (j.contains("added_tokens") ? j.at("added_tokens").size() : 0);
     id_limit_ = static_cast<int64_t>(2 * entries + 1024);
-    read_normalizer(r, j);
-    read_pre_tokenizers(r, j);
-    read_model(r, r.at(j, "model", ""));
-    read_added_tokens(r, j);
-    read_decoder(r, j);
-    read_post_processor(r, j);
+    const JsonKeys top(j, "tokenizer " + path);
+    read_normalizer(top);
+    read_pre_tokenizers(top);
+    read_model(top.object("model"));
+    read_added_tokens(top);
+    read_decoder(top);
+    read_post_processor(top);
     pick_special_tokens();
   }
 
@@ -332,74 +332,72 @@ class HfBpe : public TokenizerModel {
   }
 
  private:
-  void read_normalizer(const JsonKeys& r, const json& j) {
-    if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
-    const json& n = j.at("normalizer");
-    if (r.string(n, "type", "normalizer.") == "Sequence" && r.at(n, "normalizers", "normalizer.").empty()) return;
-    r.fail("normalizer.type", fmt::format("\"{}\" is not implemented (only byte-level BPE without a normalizer is; a "
-                                          "SentencePiece model's tokenizer.json has its tokenizer.model beside it)",
-                                          n.value("type", "")));
+  void read_normalizer(const JsonKeys& top) {
+    if (!top.has("normalizer")) return;
+    const JsonKeys n = top.object("normalizer");
+    const std::string type = n.string("type");
+    if (type == "Sequence" && n.array("normalizers").empty()) return;
+    n.fail("type", fmt::format("\"{}\" is not implemented (only byte-level BPE without a normalizer is; a "
+                               "SentencePiece model's tokenizer.json has its tokenizer.model beside it)",
+                               type));
   }
 
-  void read_pre_tokenizers(const JsonKeys& r, const json& j) {
-    const json& p = r.at(j, "pre_tokenizer", "");
-    if (p.is_null()) r.fail("pre_tokenizer", "is null: a byte-level tokenizer needs a ByteLevel pre-tokenizer");
-    if (r.string(p, "type", "pre_tokenizer.") == "Sequence") {
-      const json& steps = r.at(p, "pretokenizers", "pre_tokenizer.");
-      if (!steps.is_array()) r.fail("pre_tokenizer.pretokenizers", "is not a list");
-      for (size_t i = 0; i < steps.size(); ++i) {
-        pre_.push_back(read_pre_tokenizer(r, steps[i], fmt::format("pre_tokenizer.pretokenizers[{}].", i)));
+  void read_pre_tokenizers(const JsonKeys& top) {
+    if (!top.has("pre_tokenizer"))
+      top.fail("pre_tokenizer", "is missing: a byte-level tokenizer needs a ByteLevel one");
+    const JsonKeys p = top.object("pre_tokenizer");
+    if (p.string("type") == "Sequence") {
+      for (size_t i = 0; i < p.array("pretokenizers").size(); ++i) {
+        pre_.push_back(read_pre_tokenizer(p.element("pretokenizers", i)));
       }
     } else {
-      pre_.push_back(read_pre_tokenizer(r, p, "pre_tokenizer."));
+      pre_.push_back(read_pre_tokenizer(p));
     }
     if (std::none_of(pre_.begin(), pre_.end(), [](const PreTokenizer& s) { return s.index() == 2; })) {
-      r.fail("pre_tokenizer",
-             "has no ByteLevel step: only byte-level BPE tokenizers are implemented (a "
-             "SentencePiece-style tokenizer.json has a tokenizer.model to use instead)");
+      top.fail("pre_tokenizer",
+               "has no ByteLevel step: only byte-level BPE tokenizers are implemented (a "
+               "SentencePiece-style tokenizer.json has a tokenizer.model to use instead)");
     }
   }
 
-  void read_model(const JsonKeys& r, const json& m) {
-    if (m.contains("type") && r.string(m, "type", "model.") != "BPE") {
-      r.fail("model.type", fmt::format("\"{}\" is not implemented (BPE is)", m.at("type").get<std::string>()));
+  void read_model(const JsonKeys& m) {
+    if (m.contains("type") && m.string("type") != "BPE") {
+      m.fail("type", fmt::format("\"{}\" is not implemented (BPE is)", m.string("type")));
     }
-    if (r.flag(m, "byte_fallback", "model.", false)) r.fail("model.byte_fallback", "= true is not implemented");
-    if (m.contains("dropout") && !m.at("dropout").is_null() && m.at("dropout") != 0) {
-      r.fail("model.dropout", "is set: BPE dropout is for training a tokenizer, not for encoding with one");
+    if (m.flag("byte_fallback", false)) m.fail("byte_fallback", "= true is not implemented");
+    if (m.has("dropout") && m.at("dropout") != 0) {
+      m.fail("dropout", "is set: BPE dropout is for training a tokenizer, not for encoding with one");
     }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      if (m.contains(key) && !m.at(key).is_null() && m.at(key) != "")
-        r.fail(fmt::format("model.{}", key), "is not implemented");
+      if (m.has(key) && m.at(key) != "") m.fail(key, "is not implemented");
     }
-    ignore_merges_ = r.flag(m, "ignore_merges", "model.", false);
-    const json& vocab = r.at(m, "vocab", "model.");
-    if (!vocab.is_object()) r.fail("model.vocab", "is not an object of token: id");
-    for (const auto& [token, id] : vocab.items()) {
-      const std::string where = fmt::format("model.vocab[\"{}\"]", token);
-      if (token.empty()) r.fail("model.vocab", "has an empty token");
-      set_token(token_id(r, id, where), token, r, "model.vocab");
+    ignore_merges_ = m.flag("ignore_merges", false);
+    const JsonKeys vocab = m.object("vocab");
+    for (const auto& [token, id] : vocab.value().items()) {
+      if (token.empty()) m.fail("vocab", "has an empty token");
+      set_token(token_id(m, fmt::format("vocab[\"{}\"]", token), id), token, m, "vocab");
       vocab_[token] = id.get<int32_t>();
     }
     for (int b = 0; b < 256; ++b) {
       const auto it = vocab_.find(byte_chars_[static_cast<size_t>(b)]);
-      if (it == vocab_.end()) r.fail("model.vocab", fmt::format("has no token for byte 0x{:02x}", b));
+      if (it == vocab_.end()) m.fail("vocab", fmt::format("has no token for byte 0x{:02x}", b));
       byte_ids_[static_cast<size_t>(b)] = it->second;
     }
-    read_merges(r, r.at(m, "merges", "model."));
+    read_merges(m);
   }
 
-  void read_merges(const JsonKeys& r, const json& merges) {
-    if (!merges.is_array()) r.fail("model.merges", "is not a list");
+  void read_merges(const JsonKeys& m) {
+    const json& merges = m.array("merges");
     merges_.reserve(merges.size());
     for (size_t rank = 0; rank < merges.size(); ++rank) {
       const json& e = merges[rank];
+      const std::string key = fmt::format("merges[{}]", rank);
       std::string a, b;
       if (e.is_string()) {  // "a b"
         const std::string s = e.get<std::string>();
         const size_t space = s.find(' ');
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-          r.fail(fmt::format("model.merges[{}]", rank), fmt::format("\"{}\" is not two tokens", s));
+          m.fail(key, fmt::format("\"{}\" is not two tokens", s));
         }
         a = s.substr(0, space);
         b = s.substr(space + 1);
@@ -407,30 +405,26 @@ class HfBpe : public TokenizerModel {
         a = e[0].get<std::string>();
         b = e[1].get<std::string>();
       } else {
-        r.fail(fmt::format("model.merges[{}]", rank), "is neither \"a b\" nor [\"a\", \"b\"]");
+        m.fail(key, "is neither \"a b\" nor [\"a\", \"b\"]");
       }
       const auto ia = vocab_.find(a), ib = vocab_.find(b), ab = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || ab == vocab_.end()) {
-        const std::string what = "not both in the vocabulary with their merge";
-        r.fail(fmt::format("model.merges[{}]", rank), fmt::format("merges \"{}\" and \"{}\", {}", a, b, what));
+        m.fail(key, fmt::format("merges \"{}\" and \"{}\", not both in the vocabulary with their merge", a, b));
       }
       merges_.emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(rank), ab->second});
     }
   }
 
-  void read_added_tokens(const JsonKeys& r, const json& j) {
-    if (!j.contains("added_tokens") || j.at("added_tokens").is_null()) return;
-    const json& list = j.at("added_tokens");
-    if (!list.is_array()) r.fail("added_tokens", "is not a list");
-    for (size_t i = 0; i < list.size(); ++i) {
-      const std::string where = fmt::format("added_tokens[{}].", i);
-      const int32_t id = token_id(r, r.at(list[i], "id", where), where + "id");
-      AddedToken t{r.string(list[i], "content", where), id, r.flag(list[i], "special", where, false)};
-      if (t.content.empty()) r.fail(where + "content", "is empty");
+  void read_added_tokens(const JsonKeys& top) {
+    if (!top.has("added_tokens")) return;
+    for (size_t i = 0; i < top.array("added_tokens").size(); ++i) {
+      const JsonKeys entry = top.element("added_tokens", i);
+      AddedToken t{entry.string("content"), token_id(entry, "id", entry.at("id")), entry.flag("special", false)};
+      if (t.content.empty()) entry.fail("content", "is empty");
       for (const char* key : {"lstrip", "rstrip", "single_word"}) {
-        if (r.flag(list[i], key, where, false)) r.fail(where + key, "= true is not implemented");
+        if (entry.flag(key, false)) entry.fail(key, "= true is not implemented");
       }
-      set_token(t.id, t.content, r, "added_tokens");
+      set_token(t.id, t.content, top, "added_tokens");
       added_.push_back(std::move(t));
     }
     // Longest first, so the leftmost match is also the longest, as `tokenizers` matches them.
@@ -439,10 +433,9 @@ class HfBpe : public TokenizerModel {
     for (const AddedToken& t : added_) added_first_bytes_[static_cast<unsigned char>(t.content[0])] = true;
   }
 
-  void read_decoder(const JsonKeys& r, const json& j) {
-    const json& d = r.at(j, "decoder", "");
-    if (d.is_null() || r.string(d, "type", "decoder.") != "ByteLevel") {
-      r.fail("decoder", "is not ByteLevel: only byte-level BPE tokenizers are implemented");
+  void read_decoder(const JsonKeys& top) {
+    if (!top.has("decoder") || top.object("decoder").string("type") != "ByteLevel") {
+      top.fail("decoder", "is not ByteLevel: only byte-level BPE tokenizers are implemented");
     }
     const ByteOfCodePoint byte_of = byte_level_bytes();
     id_to_bytes_.reserve(id_to_token_.size());
@@ -451,28 +444,28 @@ class HfBpe : public TokenizerModel {
 
   // The BOS of a TemplateProcessing post-processor (alone or in a Sequence): its single
   // template's first item, when that is a special token.
-  void read_post_processor(const JsonKeys& r, const json& j) {
-    if (!j.contains("post_processor") || j.at("post_processor").is_null()) return;
-    const json& p = j.at("post_processor");
-    if (!p.is_object()) r.fail("post_processor", "is not an object");
+  void read_post_processor(const JsonKeys& top) {
+    if (!top.has("post_processor")) return;
+    const JsonKeys p = top.object("post_processor");
     const auto type_of = [](const json& q) {  // "" unless an object with a string type
       return q.is_object() && q.contains("type") && q.at("type").is_string() ? q.at("type").get<std::string>() : "";
     };
-    std::vector<const json*> candidates{&p};
-    if (type_of(p) == "Sequence" && p.contains("processors") && p.at("processors").is_array()) {
-      for (const json& q : p.at("processors")) candidates.push_back(&q);
+    std::vector<JsonKeys> candidates{p};
+    if (type_of(p.value()) == "Sequence" && p.contains("processors") && p.at("processors").is_array()) {
+      for (size_t i = 0; i < p.at("processors").size(); ++i) {
+        if (p.at("processors")[i].is_object()) candidates.push_back(p.element("processors", i));
+      }
     }
-    for (const json* q : candidates) {
-      if (type_of(*q) != "TemplateProcessing") continue;
-      const json& single = r.at(*q, "single", "post_processor.");
+    for (const JsonKeys& q : candidates) {
+      if (type_of(q.value()) != "TemplateProcessing") continue;
+      const json& single = q.at("single");
       if (!single.is_array() || single.empty() || !single[0].contains("SpecialToken")) return;
-      const std::string name = r.string(single[0].at("SpecialToken"), "id", "post_processor.single[0].SpecialToken.");
-      const json& specials = r.at(*q, "special_tokens", "post_processor.");
-      const json& entry = r.at(specials, name, "post_processor.special_tokens.");
-      const json& ids = r.at(entry, "ids", fmt::format("post_processor.special_tokens[\"{}\"].", name));
+      const std::string name = q.element("single", 0).object("SpecialToken").string("id");
+      const JsonKeys entry = q.object("special_tokens").object(name);
+      const json& ids = entry.at("ids");
       if (!ids.is_array() || ids.size() != 1 || !ids[0].is_number_integer() || ids[0].get<int64_t>() < 0 ||
           ids[0].get<int64_t>() >= vocab_size() || id_to_token_[ids[0].get<size_t>()].empty()) {
-        r.fail(fmt::format("post_processor.special_tokens[\"{}\"].ids", name), "is not one token id of the vocabulary");
+        entry.fail("ids", "is not one token id of the vocabulary");
       }
       template_bos_ = ids[0].get<int32_t>();
       return;
@@ -499,18 +492,20 @@ class HfBpe : public TokenizerModel {
     }
   }
 
-  int32_t token_id(const JsonKeys& r, const json& id, const std::string& where) const {
+  // `id`, the value at `key` of `keys`, checked to be a token id.
+  int32_t token_id(const JsonKeys& keys, const std::string& key, const json& id) const {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= id_limit_) {
-      r.fail(where, fmt::format("is not a token id in [0, {}) (twice the tokens the file lists, and 1024)", id_limit_));
+      keys.fail(key,
+                fmt::format("is not a token id in [0, {}) (twice the tokens the file lists, and 1024)", id_limit_));
     }
     return id.get<int32_t>();
   }
 
-  void set_token(int32_t id, const std::string& token, const JsonKeys& r, const char* where) {
+  void set_token(int32_t id, const std::string& token, const JsonKeys& keys, const char* key) {
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
     std::string& slot = id_to_token_[static_cast<size_t>(id)];
     if (!slot.empty() && slot != token) {
-      r.fail(where, fmt::format("gives id {} to both \"{}\" and \"{}\"", id, slot, token));
+      keys.fail(key, fmt::format("gives id {} to both \"{}\" and \"{}\"", id, slot, token));
     }
     slot = token;
   }
