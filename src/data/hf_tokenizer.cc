@@ -224,6 +224,136 @@ std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string
   return out;
 }
 
+// ---- normalizers (SentencePiece-style tokenizers: Llama 2's, Mistral's) ----
+
+// Prepend `to` to a non-empty text, or replace every `from` with `to`.
+struct NormalizerStep {
+  bool prepend = false;
+  std::string from, to;
+};
+
+std::string normalize(const std::vector<NormalizerStep>& steps, std::string text) {
+  for (const NormalizerStep& step : steps) {
+    if (step.prepend) {
+      if (!text.empty()) text.insert(0, step.to);
+      continue;
+    }
+    std::string out;
+    for (size_t at = 0;;) {
+      const size_t hit = text.find(step.from, at);
+      out.append(text, at, hit == std::string::npos ? std::string::npos : hit - at);
+      if (hit == std::string::npos) break;
+      out += step.to;
+      at = hit + step.from.size();
+    }
+    text = std::move(out);
+  }
+  return text;
+}
+
+// ---- decoders of SentencePiece-style tokenizers, each on the list of token strings ----
+
+struct ReplaceDecoder {
+  std::string from, to;
+};
+struct ByteFallbackDecoder {};  // runs of "<0xXX>" tokens to their bytes' text
+struct FuseDecoder {};          // every token into one
+struct StripDecoder {
+  std::string content;  // one character
+  size_t start = 0, stop = 0;
+};
+using DecoderStep = std::variant<ReplaceDecoder, ByteFallbackDecoder, FuseDecoder, StripDecoder>;
+
+// The byte a "<0xXX>" token stands for, -1 for any other token.
+int fallback_byte(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
+  int b = 0;
+  for (size_t i = 3; i < 5; ++i) {
+    const char c = token[i];
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                         : -1;
+    if (d < 0) return -1;
+    b = b * 16 + d;
+  }
+  return b;
+}
+
+// The length of the UTF-8 character that starts with `lead` (the text is UTF-8).
+size_t char_length(char lead) {
+  const auto c = static_cast<unsigned char>(lead);
+  return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+std::vector<std::string> apply(const DecoderStep& step, std::vector<std::string> tokens) {
+  if (const auto* r = std::get_if<ReplaceDecoder>(&step)) {
+    for (std::string& t : tokens) t = normalize({{false, r->from, r->to}}, std::move(t));
+    return tokens;
+  }
+  if (std::holds_alternative<FuseDecoder>(step)) {
+    std::string all;
+    for (const std::string& t : tokens) all += t;
+    return {all};
+  }
+  if (const auto* st = std::get_if<StripDecoder>(&step)) {
+    for (std::string& t : tokens) {
+      for (size_t k = 0; k < st->start && t.starts_with(st->content); ++k) t.erase(0, st->content.size());
+      for (size_t k = 0; k < st->stop && t.ends_with(st->content); ++k) t.resize(t.size() - st->content.size());
+    }
+    return tokens;
+  }
+  // ByteFallback: a run of byte tokens becomes its text where that is UTF-8, else one U+FFFD a byte.
+  std::vector<std::string> out;
+  std::string run;
+  size_t run_tokens = 0;
+  const auto flush = [&] {
+    if (run_tokens == 0) return;
+    if (find_invalid_utf8(run) < 0) {
+      out.push_back(run);
+    } else {
+      for (size_t k = 0; k < run_tokens; ++k) out.emplace_back("\xEF\xBF\xBD");
+    }
+    run.clear();
+    run_tokens = 0;
+  };
+  for (std::string& t : tokens) {
+    if (const int b = fallback_byte(t); b >= 0) {
+      run += static_cast<char>(b);
+      ++run_tokens;
+    } else {
+      flush();
+      out.push_back(std::move(t));
+    }
+  }
+  flush();
+  return out;
+}
+
+// A {"String": s} pattern's s (a regex pattern is not implemented here).
+std::string string_pattern(const JsonKeys& step) {
+  const json& pattern = step.at("pattern");
+  if (!pattern.is_object() || !pattern.contains("String") || !pattern.at("String").is_string() ||
+      pattern.at("String").get<std::string>().empty()) {
+    step.fail("pattern", "is not {\"String\": \"...\"} (a Replace by regex is not implemented)");
+  }
+  return pattern.at("String").get<std::string>();
+}
+
+DecoderStep read_decoder_step(const JsonKeys& step) {
+  const std::string type = step.string("type");
+  if (type == "Replace") return ReplaceDecoder{string_pattern(step), step.string("content")};
+  if (type == "ByteFallback") return ByteFallbackDecoder{};
+  if (type == "Fuse") return FuseDecoder{};
+  if (type == "Strip") {
+    const std::string content = step.string("content");
+    if (content.empty() || char_length(content[0]) != content.size()) step.fail("content", "is not one character");
+    return StripDecoder{content, static_cast<size_t>(step.integer("start", 0, 1 << 20)),
+                        static_cast<size_t>(step.integer("stop", 0, 1 << 20))};
+  }
+  step.fail("type", fmt::format("\"{}\" is not implemented (Replace, ByteFallback, Fuse and Strip are)", type));
+}
+
 // ---- reading the file ----
 
 PreTokenizer read_pre_tokenizer(const JsonKeys& step) {
@@ -314,10 +444,16 @@ class HfBpe : public TokenizerModel {
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string bytes;
     for (const int32_t id : ids) {
-      if (id < 0 || id >= vocab_size() || id_to_bytes_[static_cast<size_t>(id)].empty()) {
+      if (id < 0 || id >= vocab_size() || id_to_token_[static_cast<size_t>(id)].empty()) {
         throw DataError(fmt::format("tokenizer {}: cannot decode token id {}: not in the vocabulary", path_, id));
       }
-      bytes += id_to_bytes_[static_cast<size_t>(id)];
+      if (byte_level_) bytes += id_to_bytes_[static_cast<size_t>(id)];
+    }
+    if (!byte_level_) {
+      std::vector<std::string> tokens;
+      for (const int32_t id : ids) tokens.push_back(id_to_token_[static_cast<size_t>(id)]);
+      for (const DecoderStep& step : decoders_) tokens = apply(step, std::move(tokens));
+      for (const std::string& t : tokens) bytes += t;
     }
     return replace_invalid_utf8(bytes);
   }
@@ -332,19 +468,27 @@ class HfBpe : public TokenizerModel {
   }
 
  private:
+  // None, or Prepend and Replace steps (a SentencePiece-style tokenizer's, as Llama 2's).
   void read_normalizer(const JsonKeys& top) {
     if (!top.has("normalizer")) return;
     const JsonKeys n = top.object("normalizer");
-    const std::string type = n.string("type");
-    if (type == "Sequence" && n.array("normalizers").empty()) return;
-    n.fail("type", fmt::format("\"{}\" is not implemented (only byte-level BPE without a normalizer is; a "
-                               "SentencePiece model's tokenizer.json has its tokenizer.model beside it)",
-                               type));
+    if (n.string("type") != "Sequence") return read_normalizer_step(n);
+    for (size_t i = 0; i < n.array("normalizers").size(); ++i) read_normalizer_step(n.element("normalizers", i));
+  }
+
+  void read_normalizer_step(const JsonKeys& step) {
+    const std::string type = step.string("type");
+    if (type == "Prepend") {
+      normalizers_.push_back({true, "", step.string("prepend")});
+    } else if (type == "Replace") {
+      normalizers_.push_back({false, string_pattern(step), step.string("content")});
+    } else {
+      step.fail("type", fmt::format("\"{}\" is not implemented (Prepend and Replace of a string are)", type));
+    }
   }
 
   void read_pre_tokenizers(const JsonKeys& top) {
-    if (!top.has("pre_tokenizer"))
-      top.fail("pre_tokenizer", "is missing: a byte-level tokenizer needs a ByteLevel one");
+    if (!top.has("pre_tokenizer")) return;  // the text is one word (SentencePiece-style)
     const JsonKeys p = top.object("pre_tokenizer");
     if (p.string("type") == "Sequence") {
       for (size_t i = 0; i < p.array("pretokenizers").size(); ++i) {
@@ -353,18 +497,19 @@ class HfBpe : public TokenizerModel {
     } else {
       pre_.push_back(read_pre_tokenizer(p));
     }
-    if (std::none_of(pre_.begin(), pre_.end(), [](const PreTokenizer& s) { return s.index() == 2; })) {
-      top.fail("pre_tokenizer",
-               "has no ByteLevel step: only byte-level BPE tokenizers are implemented (a "
-               "SentencePiece-style tokenizer.json has a tokenizer.model to use instead)");
-    }
+    byte_level_ = std::any_of(pre_.begin(), pre_.end(), [](const PreTokenizer& s) { return s.index() == 2; });
   }
 
   void read_model(const JsonKeys& m) {
     if (m.contains("type") && m.string("type") != "BPE") {
       m.fail("type", fmt::format("\"{}\" is not implemented (BPE is)", m.string("type")));
     }
-    if (m.flag("byte_fallback", false)) m.fail("byte_fallback", "= true is not implemented");
+    if (const bool byte_fallback = m.flag("byte_fallback", false); byte_level_ == byte_fallback) {
+      m.fail("byte_fallback", byte_level_ ? "= true beside a ByteLevel pre-tokenizer is not implemented"
+                                          : "is not true, and the pre_tokenizer has no ByteLevel step: the tokenizer "
+                                            "is neither byte-level BPE (GPT-2's, Llama 3's) nor SentencePiece-style "
+                                            "BPE with byte fallback (Llama 2's), the two implemented");
+    }
     if (m.has("dropout") && m.at("dropout") != 0) {
       m.fail("dropout", "is set: BPE dropout is for training a tokenizer, not for encoding with one");
     }
@@ -379,10 +524,19 @@ class HfBpe : public TokenizerModel {
       vocab_[token] = id.get<int32_t>();
     }
     for (int b = 0; b < 256; ++b) {
-      const auto it = vocab_.find(byte_chars_[static_cast<size_t>(b)]);
-      if (it == vocab_.end()) m.fail("vocab", fmt::format("has no token for byte 0x{:02x}", b));
-      byte_ids_[static_cast<size_t>(b)] = it->second;
+      // Byte-level: the byte's character, which every byte needs. Byte fallback: "<0xXX>", which
+      // a character outside the vocabulary needs for each of its bytes, else it is the unk token.
+      const auto it = vocab_.find(byte_level_ ? byte_chars_[static_cast<size_t>(b)] : fmt::format("<0x{:02X}>", b));
+      if (byte_level_ && it == vocab_.end()) m.fail("vocab", fmt::format("has no token for byte 0x{:02x}", b));
+      byte_ids_[static_cast<size_t>(b)] = it == vocab_.end() ? -1 : it->second;
     }
+    if (m.has("unk_token")) {
+      const auto it = vocab_.find(m.string("unk_token"));
+      if (it == vocab_.end())
+        m.fail("unk_token", fmt::format("\"{}\" is not in the vocabulary", m.string("unk_token")));
+      unk_ = it->second;
+    }
+    fuse_unk_ = m.flag("fuse_unk", false);
     read_merges(m);
   }
 
@@ -434,8 +588,18 @@ class HfBpe : public TokenizerModel {
   }
 
   void read_decoder(const JsonKeys& top) {
+    if (!byte_level_) {  // SentencePiece-style: a chain over the token strings
+      const JsonKeys d = top.object("decoder");
+      if (d.string("type") != "Sequence") {
+        decoders_.push_back(read_decoder_step(d));
+      } else {
+        for (size_t i = 0; i < d.array("decoders").size(); ++i)
+          decoders_.push_back(read_decoder_step(d.element("decoders", i)));
+      }
+      return;
+    }
     if (!top.has("decoder") || top.object("decoder").string("type") != "ByteLevel") {
-      top.fail("decoder", "is not ByteLevel: only byte-level BPE tokenizers are implemented");
+      top.fail("decoder", "is not ByteLevel, as a byte-level BPE tokenizer's must be");
     }
     const ByteOfCodePoint byte_of = byte_level_bytes();
     id_to_bytes_.reserve(id_to_token_.size());
@@ -520,7 +684,7 @@ class HfBpe : public TokenizerModel {
   }
 
   void encode_plain(const std::string& text, std::vector<int32_t>& ids) const {
-    std::vector<std::string> pieces{text};
+    std::vector<std::string> pieces{normalize(normalizers_, text)};
     for (const PreTokenizer& step : pre_) pieces = apply(step, std::move(pieces));
     for (const std::string& piece : pieces) encode_word(piece, ids);
   }
@@ -538,27 +702,64 @@ class HfBpe : public TokenizerModel {
     }
     std::vector<int32_t> out = merge_word(word);
     ids.insert(ids.end(), out.begin(), out.end());
+    if (word.size() > kCacheWordBytes) return;  // a SentencePiece-style text is one word: rarely again
     std::lock_guard lock(cache_mutex_);
     if (cache_.size() >= kCacheWords) cache_.clear();
     cache_.emplace(word, std::move(out));
   }
 
+  // The tokens a word starts from: byte-level, one per byte; SentencePiece-style, one per
+  // character, or its bytes' "<0xXX>" where the vocabulary lacks it, else the unk token (one for a
+  // run of them with fuse_unk).
+  std::vector<int32_t> initial_tokens(const std::string& word) const {
+    std::vector<int32_t> ids;
+    if (byte_level_) {
+      for (const char c : word) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+      return ids;
+    }
+    bool after_unk = false;
+    for (size_t i = 0; i < word.size();) {
+      const size_t len = std::min(char_length(word[i]), word.size() - i);
+      const auto it = vocab_.find(word.substr(i, len));
+      const bool bytes = it == vocab_.end() && std::all_of(word.begin() + static_cast<ptrdiff_t>(i),
+                                                           word.begin() + static_cast<ptrdiff_t>(i + len), [&](char c) {
+                                                             return byte_ids_[static_cast<unsigned char>(c)] >= 0;
+                                                           });
+      if (it != vocab_.end()) {
+        ids.push_back(it->second);
+      } else if (bytes) {
+        for (size_t k = i; k < i + len; ++k) ids.push_back(byte_ids_[static_cast<unsigned char>(word[k])]);
+      } else if (unk_ < 0) {
+        throw DataError(fmt::format("tokenizer {}: cannot encode \"{}\": not in the vocabulary, and no unk_token",
+                                    path_, word.substr(i, len)));
+      } else if (!(fuse_unk_ && after_unk)) {
+        ids.push_back(unk_);
+      }
+      after_unk = it == vocab_.end() && !bytes;
+      i += len;
+    }
+    return ids;
+  }
+
   std::vector<int32_t> merge_word(const std::string& word) const {
     if (ignore_merges_) {
       std::string mapped;
-      for (const char c : word) mapped += byte_chars_[static_cast<unsigned char>(c)];
-      if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {it->second};
+      if (byte_level_) {
+        for (const char c : word) mapped += byte_chars_[static_cast<unsigned char>(c)];
+      }
+      if (const auto it = vocab_.find(byte_level_ ? mapped : word); it != vocab_.end()) return {it->second};
     }
     struct Symbol {
       int32_t id;
       int prev, next;
       bool alive;
     };
-    const int n = static_cast<int>(word.size());
+    const std::vector<int32_t> start = initial_tokens(word);
+    const int n = static_cast<int>(start.size());
+    if (n == 0) return {};
     std::vector<Symbol> sym(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i)
-      sym[static_cast<size_t>(i)] = {byte_ids_[static_cast<unsigned char>(word[static_cast<size_t>(i)])], i - 1,
-                                     i + 1 < n ? i + 1 : -1, true};
+      sym[static_cast<size_t>(i)] = {start[static_cast<size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1, true};
     struct Candidate {
       int32_t rank;
       int left, right;
@@ -599,12 +800,17 @@ class HfBpe : public TokenizerModel {
     int32_t rank;
     int32_t id;  // of the merged token
   };
-  static constexpr size_t kCacheWords = 1 << 16;
+  static constexpr size_t kCacheWords = 1 << 16, kCacheWordBytes = 256;
 
   std::string path_;
   std::array<std::string, 256> byte_chars_;
-  std::array<int32_t, 256> byte_ids_{};
+  std::array<int32_t, 256> byte_ids_{};  // each byte's token; -1 where a fallback one is missing
+  std::vector<NormalizerStep> normalizers_;
   std::vector<PreTokenizer> pre_;
+  bool byte_level_ = false;  // a ByteLevel pre-tokenizer: GPT-2's scheme; else SentencePiece-style
+  int32_t unk_ = -1;
+  bool fuse_unk_ = false;
+  std::vector<DecoderStep> decoders_;  // SentencePiece-style
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
   bool ignore_merges_ = false;

@@ -1,5 +1,6 @@
-// Hugging Face `tokenizer.json` files of byte-level BPE (GPT-2's scheme, used by Llama 3 and
-// SmolLM): encoded and decoded as the `tokenizers` library does.
+// Hugging Face `tokenizer.json` files of BPE, encoded and decoded as the `tokenizers` library
+// does: byte-level (GPT-2's scheme, used by Llama 3 and SmolLM), and SentencePiece-style with
+// byte fallback (Llama 2's, Mistral's).
 #pragma once
 
 #include <memory>
@@ -14,11 +15,15 @@ namespace tessera::data {
 // protocol buffer, whose first byte is a field tag, never '{').
 bool is_hf_tokenizer(std::string_view bytes);
 
-// The tokenizer `bytes` describe (the contents of `path`, named in errors). Implemented: no
-// normalizer; the pre-tokenizers Split (a regex or string, Isolated or Removed), Digits and
-// ByteLevel, alone or in a Sequence; the BPE model with its merges (either spelling) and
-// `ignore_merges`; added tokens, matched in the text before anything else as `tokenizers` does;
-// the ByteLevel decoder. Anything else throws DataError naming the key, as does a malformed file.
+// The tokenizer `bytes` describe (the contents of `path`, named in errors). Implemented:
+// - byte-level: the pre-tokenizers Split (a regex or string, Isolated or Removed), Digits and
+//   ByteLevel, alone or in a Sequence; the ByteLevel decoder;
+// - SentencePiece-style: the normalizers Prepend and Replace (of a string); no pre-tokenizer, or
+//   the above but ByteLevel; BPE over characters with byte_fallback ("<0xXX>" tokens), unk_token
+//   and fuse_unk; the decoders Replace, ByteFallback, Fuse and Strip;
+// - both: the BPE merges (either spelling) and `ignore_merges`; added tokens, matched in the text
+//   before anything else as `tokenizers` does.
+// Anything else throws DataError naming the key, as does a malformed file.
 //
 // Encoding adds no special tokens; `document_start()` gives the BOS that the file's
 // TemplateProcessing post-processor puts before each text. The EOS is the first added token of

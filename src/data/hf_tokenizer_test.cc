@@ -4,6 +4,7 @@
 // implementation: tests/hf_tokenizer_check.mjs.
 #include "data/hf_tokenizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -217,6 +218,91 @@ TEST_F(HfTokenizer, ErrorsNameTheKey) {
   j = json::array();  // "[]" is not told apart as JSON: only an object is a tokenizer.json
   EXPECT_NE(message_of(j).find("neither a SentencePiece model nor a tokenizer.json"), std::string::npos);
   EXPECT_EQ(message_of(good), "(loaded)");
+}
+
+// A SentencePiece-style tokenizer.json, as Llama 2's: ids 0-2 <unk>, <s>, </s>; 3-258 the
+// byte-fallback tokens <0x00>..<0xFF> (one dropped with drop_byte >= 0); then "▁", "a", "b",
+// "é", "▁a", "ab"; merges "▁ a" before "a b". The normalizer prepends "▁" and spells spaces "▁";
+// the decoder undoes that and strips the text's leading space.
+json sentencepiece_style(bool fuse_unk, int drop_byte = -1) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    if (b != drop_byte) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
+  }
+  int next = 259;
+  for (const char* w : {"\u2581", "a", "b", "\u00e9", "\u2581a", "ab"}) vocab[w] = next++;
+  const json replace_space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  return {{"added_tokens",
+           {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+            {{"id", 1}, {"content", "<s>"}, {"special", true}},
+            {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
+          {"normalizer",
+           {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}}, replace_space}}}},
+          {"pre_tokenizer", nullptr},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders",
+             {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+          {"model",
+           {{"type", "BPE"},
+            {"unk_token", "<unk>"},
+            {"fuse_unk", fuse_unk},
+            {"byte_fallback", true},
+            {"vocab", vocab},
+            {"merges", {"\u2581 a", "a b"}}}}};
+}
+
+// Characters, not bytes, start the merges; a character outside the vocabulary falls back to its
+// bytes' tokens, or to the unk token where one of them is missing (one for a run with fuse_unk).
+// Each stretch between added tokens is normalized on its own, so each gets its "▁".
+TEST_F(HfTokenizer, SentencePieceStyleWithByteFallback) {
+  const int32_t space_a = 263, b = 261, e_acute = 262, ab = 264;
+  const Tokenizer t = load(sentencepiece_style(false));
+  EXPECT_EQ(t.encode("ab a"), (std::vector<int32_t>{space_a, b, space_a}));  // "▁ a" ranks before "a b"
+  EXPECT_EQ(t.encode("a\u00e9b"), (std::vector<int32_t>{space_a, e_acute, b}));
+  EXPECT_EQ(t.encode("<s>ab</s>ab"), (std::vector<int32_t>{1, space_a, b, 2, space_a, b}));
+  EXPECT_EQ(t.encode("z\u00e8"), (std::vector<int32_t>{259, 3 + 'z', 3 + 0xC3, 3 + 0xA8}));
+  EXPECT_EQ(t.encode(""), std::vector<int32_t>{});
+  EXPECT_EQ(t.decode({space_a, b, space_a}), "ab a");  // the leading space stripped
+  EXPECT_EQ(t.decode({1, space_a}), "<s> a");          // ... only where the text starts with it
+  EXPECT_EQ(t.decode({259, 3 + 'z', 3 + 0xC3, 3 + 0xA8, ab}), "z\u00e8ab");
+  EXPECT_EQ(t.decode({3 + 0xC3, b}),
+            "\xEF\xBF\xBD"
+            "b");  // a byte run that is not UTF-8: U+FFFD a byte
+  EXPECT_EQ(t.decode({3 + 0xF0, 3 + 0x9F}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(t.document_start(), std::vector<int32_t>{});  // no template here
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_EQ(t.bos_id(), 1);
+
+  EXPECT_EQ(load(sentencepiece_style(false, 'z')).encode("zz a"), (std::vector<int32_t>{259, 0, 0, space_a}));
+  EXPECT_EQ(load(sentencepiece_style(true, 'z')).encode("zz a"), (std::vector<int32_t>{259, 0, space_a}));
+}
+
+TEST_F(HfTokenizer, SentencePieceStyleRefusalsNameTheKey) {
+  json j = sentencepiece_style(false);
+  j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
+  EXPECT_NE(message_of(j).find("normalizer.normalizers[1].pattern is not {\"String\""), std::string::npos)
+      << message_of(j);
+  j = sentencepiece_style(false);
+  j["decoder"]["decoders"][0] = {{"type", "Metaspace"}};
+  EXPECT_NE(message_of(j).find("decoder.decoders[0].type \"Metaspace\" is not implemented"), std::string::npos)
+      << message_of(j);
+  j = sentencepiece_style(false);
+  j["model"]["byte_fallback"] = false;
+  EXPECT_NE(message_of(j).find("model.byte_fallback is not true, and the pre_tokenizer has no ByteLevel step"),
+            std::string::npos)
+      << message_of(j);
+  j = sentencepiece_style(false);
+  j["model"]["unk_token"] = "<nope>";
+  EXPECT_NE(message_of(j).find("model.unk_token \"<nope>\" is not in the vocabulary"), std::string::npos)
+      << message_of(j);
+  j = sentencepiece_style(false, 'z');
+  j["model"].erase("unk_token");
+  const Tokenizer no_unk = load(j);
+  EXPECT_THROW(no_unk.encode("z"), DataError);
 }
 
 TEST(HfTokenizerFormat, ToldApartFromSentencePieceByContent) {
