@@ -68,11 +68,11 @@ text=$("$tessera" tokenizer decode --tokenizer "$l2" --ids "$ids")
 sys.exit((t["file"], t["vocab_size"], t["eos_id"]) != ("tokenizer.json", 32000, 2))' "$dir/ds_l2/manifest.json" ||
   fail "the SentencePiece-style dataset's manifest does not name its tokenizer, vocabulary and EOS"
 
-# Refusals: a Metaspace pre-tokenizer, and a merge of unknown tokens.
+# Refusals: a Metaspace pre-tokenizer that splits, and a merge of unknown tokens.
 /usr/bin/python3 - "$tok" "$dir" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
-t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}
 json.dump(t, open(f"{sys.argv[2]}/metaspace.json", "w"))
 t = json.load(open(sys.argv[1]))
 t["model"]["merges"][7] = "zzzq qqqz"
@@ -81,7 +81,7 @@ PY
 set +e
 msg=$("$tessera" prepare --input "$dir/kjv.txt" --tokenizer "$dir/metaspace.json" --out "$dir/ds2" 2>&1); rc=$?
 set -e
-[[ $rc -eq 3 && $msg == *"metaspace.json: pre_tokenizer.type \"Metaspace\" is not implemented"* ]] ||
+[[ $rc -eq 3 && $msg == *"metaspace.json: pre_tokenizer.split is true"* ]] ||
   fail "a Metaspace tokenizer.json: exit $rc, '$msg'"
 set +e
 msg=$("$tessera" tokenizer encode --tokenizer "$dir/bad_merge.json" --text hi 2>&1); rc=$?

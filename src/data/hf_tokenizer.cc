@@ -95,6 +95,33 @@ std::string token_bytes(const std::string& token, const ByteOfCodePoint& byte_of
   return bytes;
 }
 
+// ---- normalizers (SentencePiece-style tokenizers: Llama 2's, Mistral's) ----
+
+// Prepend `to` to a non-empty text, or replace every `from` with `to`.
+struct NormalizerStep {
+  bool prepend = false;
+  std::string from, to;
+};
+
+std::string normalize(const std::vector<NormalizerStep>& steps, std::string text) {
+  for (const NormalizerStep& step : steps) {
+    if (step.prepend) {
+      if (!text.empty()) text.insert(0, step.to);
+      continue;
+    }
+    std::string out;
+    for (size_t at = 0;;) {
+      const size_t hit = text.find(step.from, at);
+      out.append(text, at, hit == std::string::npos ? std::string::npos : hit - at);
+      if (hit == std::string::npos) break;
+      out += step.to;
+      at = hit + step.from.size();
+    }
+    text = std::move(out);
+  }
+  return text;
+}
+
 // ---- pre-tokenizers ----
 
 // GPT-2's pattern, which ByteLevel with use_regex splits on.
@@ -175,7 +202,13 @@ struct ByteLevelStep {
   bool add_prefix_space = false;
   std::shared_ptr<const Regex> regex;  // use_regex: GPT-2's split; else null
 };
-using PreTokenizer = std::variant<SplitStep, DigitsStep, ByteLevelStep>;
+// Where a Metaspace step puts its replacement before a piece (that does not start with it).
+enum class Prepend { kAlways, kFirst, kNever };  // kFirst: only before the text's first piece
+struct MetaspaceStep {
+  std::string replacement;  // spaces become it ("▁")
+  Prepend prepend = Prepend::kAlways;
+};
+using PreTokenizer = std::variant<SplitStep, DigitsStep, ByteLevelStep, MetaspaceStep>;
 
 // `piece` cut at the matches: each match a piece, and each stretch between them (Isolated), or
 // only the stretches (Removed).
@@ -203,11 +236,21 @@ void split_digits(bool individual, const std::string& piece, std::vector<std::st
   }
 }
 
-std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string> pieces) {
+// The pieces after `step`; `at_text_start`: the first piece starts the text (not after an added
+// token).
+std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string> pieces, bool at_text_start) {
   std::vector<std::string> out;
   out.reserve(pieces.size());
   for (std::string& piece : pieces) {
-    if (const auto* s = std::get_if<SplitStep>(&step)) {
+    const bool first = at_text_start && out.empty();
+    if (const auto* m = std::get_if<MetaspaceStep>(&step)) {  // split = false: one piece still
+      piece = normalize({{false, " ", m->replacement}}, std::move(piece));
+      if (!piece.starts_with(m->replacement) &&
+          (m->prepend == Prepend::kAlways || (m->prepend == Prepend::kFirst && first))) {
+        piece.insert(0, m->replacement);
+      }
+      out.push_back(std::move(piece));
+    } else if (const auto* s = std::get_if<SplitStep>(&step)) {
       split_isolated(*s->regex, s->remove, piece, out);
     } else if (const auto* d = std::get_if<DigitsStep>(&step)) {
       split_digits(d->individual, piece, out);
@@ -224,33 +267,6 @@ std::vector<std::string> apply(const PreTokenizer& step, std::vector<std::string
   return out;
 }
 
-// ---- normalizers (SentencePiece-style tokenizers: Llama 2's, Mistral's) ----
-
-// Prepend `to` to a non-empty text, or replace every `from` with `to`.
-struct NormalizerStep {
-  bool prepend = false;
-  std::string from, to;
-};
-
-std::string normalize(const std::vector<NormalizerStep>& steps, std::string text) {
-  for (const NormalizerStep& step : steps) {
-    if (step.prepend) {
-      if (!text.empty()) text.insert(0, step.to);
-      continue;
-    }
-    std::string out;
-    for (size_t at = 0;;) {
-      const size_t hit = text.find(step.from, at);
-      out.append(text, at, hit == std::string::npos ? std::string::npos : hit - at);
-      if (hit == std::string::npos) break;
-      out += step.to;
-      at = hit + step.from.size();
-    }
-    text = std::move(out);
-  }
-  return text;
-}
-
 // ---- decoders of SentencePiece-style tokenizers, each on the list of token strings ----
 
 struct ReplaceDecoder {
@@ -262,7 +278,11 @@ struct StripDecoder {
   std::string content;  // one character
   size_t start = 0, stop = 0;
 };
-using DecoderStep = std::variant<ReplaceDecoder, ByteFallbackDecoder, FuseDecoder, StripDecoder>;
+struct MetaspaceDecoder {
+  std::string replacement;
+  bool strip_first = true;  // the first token's leading space, unless prepend_scheme is never
+};
+using DecoderStep = std::variant<ReplaceDecoder, ByteFallbackDecoder, FuseDecoder, StripDecoder, MetaspaceDecoder>;
 
 // The byte a "<0xXX>" token stands for, -1 for any other token.
 int fallback_byte(const std::string& token) {
@@ -289,6 +309,13 @@ size_t char_length(char lead) {
 std::vector<std::string> apply(const DecoderStep& step, std::vector<std::string> tokens) {
   if (const auto* r = std::get_if<ReplaceDecoder>(&step)) {
     for (std::string& t : tokens) t = normalize({{false, r->from, r->to}}, std::move(t));
+    return tokens;
+  }
+  if (const auto* m = std::get_if<MetaspaceDecoder>(&step)) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = normalize({{false, m->replacement, " "}}, std::move(tokens[i]));
+      if (i == 0 && m->strip_first && tokens[i].starts_with(' ')) tokens[i].erase(0, 1);
+    }
     return tokens;
   }
   if (std::holds_alternative<FuseDecoder>(step)) {
@@ -340,10 +367,30 @@ std::string string_pattern(const JsonKeys& step) {
   return pattern.at("String").get<std::string>();
 }
 
+// A Metaspace step's replacement and where it goes: prepend_scheme, or the older add_prefix_space.
+MetaspaceStep read_metaspace(const JsonKeys& step) {
+  MetaspaceStep m{step.has("replacement") ? step.string("replacement") : "\u2581", Prepend::kAlways};
+  if (m.replacement.empty()) step.fail("replacement", "is empty");
+  if (step.has("prepend_scheme")) {
+    const std::string scheme = step.string("prepend_scheme");
+    if (scheme != "always" && scheme != "first" && scheme != "never") {
+      step.fail("prepend_scheme", fmt::format("= \"{}\" is not always, first or never", scheme));
+    }
+    m.prepend = scheme == "always" ? Prepend::kAlways : scheme == "first" ? Prepend::kFirst : Prepend::kNever;
+  } else if (!step.flag("add_prefix_space", true)) {
+    m.prepend = Prepend::kNever;
+  }
+  return m;
+}
+
 DecoderStep read_decoder_step(const JsonKeys& step) {
   const std::string type = step.string("type");
   if (type == "Replace") return ReplaceDecoder{string_pattern(step), step.string("content")};
   if (type == "ByteFallback") return ByteFallbackDecoder{};
+  if (type == "Metaspace") {
+    const MetaspaceStep m = read_metaspace(step);
+    return MetaspaceDecoder{m.replacement, m.prepend != Prepend::kNever};
+  }
   if (type == "Fuse") return FuseDecoder{};
   if (type == "Strip") {
     const std::string content = step.string("content");
@@ -351,7 +398,8 @@ DecoderStep read_decoder_step(const JsonKeys& step) {
     return StripDecoder{content, static_cast<size_t>(step.integer("start", 0, 1 << 20)),
                         static_cast<size_t>(step.integer("stop", 0, 1 << 20))};
   }
-  step.fail("type", fmt::format("\"{}\" is not implemented (Replace, ByteFallback, Fuse and Strip are)", type));
+  step.fail("type",
+            fmt::format("\"{}\" is not implemented (Replace, ByteFallback, Fuse, Strip and Metaspace are)", type));
 }
 
 // ---- reading the file ----
@@ -377,6 +425,11 @@ PreTokenizer read_pre_tokenizer(const JsonKeys& step) {
                      behavior == "Removed"};
   }
   if (type == "Digits") return DigitsStep{step.flag("individual_digits", false)};
+  if (type == "Metaspace") {
+    // `tokenizers` splits at each replacement unless split is false (as Llama's converter writes).
+    if (step.flag("split", true)) step.fail("split", "is true (the default): Metaspace's split is not implemented");
+    return read_metaspace(step);
+  }
   if (type == "ByteLevel") {
     ByteLevelStep out{step.flag("add_prefix_space", false), nullptr};
     if (step.flag("use_regex", true)) {
@@ -384,7 +437,8 @@ PreTokenizer read_pre_tokenizer(const JsonKeys& step) {
     }
     return out;
   }
-  step.fail("type", fmt::format("\"{}\" is not implemented (Sequence, Split, Digits and ByteLevel are)", type));
+  step.fail("type",
+            fmt::format("\"{}\" is not implemented (Sequence, Split, Digits, ByteLevel and Metaspace are)", type));
 }
 
 struct AddedToken {
@@ -425,7 +479,7 @@ class HfBpe : public TokenizerModel {
     std::vector<int32_t> ids;
     size_t last = 0;
     const auto plain = [&](size_t end) {
-      if (end > last) encode_plain(text.substr(last, end - last), ids);
+      if (end > last) encode_plain(text.substr(last, end - last), last == 0, ids);
     };
     for (size_t i = 0; i < text.size();) {
       if (const AddedToken* t = added_at(text, i)) {
@@ -497,7 +551,8 @@ class HfBpe : public TokenizerModel {
     } else {
       pre_.push_back(read_pre_tokenizer(p));
     }
-    byte_level_ = std::any_of(pre_.begin(), pre_.end(), [](const PreTokenizer& s) { return s.index() == 2; });
+    byte_level_ = std::any_of(pre_.begin(), pre_.end(),
+                              [](const PreTokenizer& s) { return std::holds_alternative<ByteLevelStep>(s); });
   }
 
   void read_model(const JsonKeys& m) {
@@ -683,9 +738,9 @@ class HfBpe : public TokenizerModel {
     return nullptr;
   }
 
-  void encode_plain(const std::string& text, std::vector<int32_t>& ids) const {
+  void encode_plain(const std::string& text, bool at_text_start, std::vector<int32_t>& ids) const {
     std::vector<std::string> pieces{normalize(normalizers_, text)};
-    for (const PreTokenizer& step : pre_) pieces = apply(step, std::move(pieces));
+    for (const PreTokenizer& step : pre_) pieces = apply(step, std::move(pieces), at_text_start);
     for (const std::string& piece : pieces) encode_word(piece, ids);
   }
 

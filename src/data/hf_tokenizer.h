@@ -19,8 +19,9 @@ bool is_hf_tokenizer(std::string_view bytes);
 // - byte-level: the pre-tokenizers Split (a regex or string, Isolated or Removed), Digits and
 //   ByteLevel, alone or in a Sequence; the ByteLevel decoder;
 // - SentencePiece-style: the normalizers Prepend and Replace (of a string); no pre-tokenizer, or
-//   the above but ByteLevel; BPE over characters with byte_fallback ("<0xXX>" tokens), unk_token
-//   and fuse_unk; the decoders Replace, ByteFallback, Fuse and Strip;
+//   Metaspace (split false), or the above but ByteLevel; BPE over characters with byte_fallback
+//   ("<0xXX>" tokens), unk_token and fuse_unk; the decoders Replace, ByteFallback, Fuse, Strip
+//   and Metaspace;
 // - both: the BPE merges (either spelling) and `ignore_merges`; added tokens, matched in the text
 //   before anything else as `tokenizers` does.
 // Anything else throws DataError naming the key, as does a malformed file.

@@ -187,7 +187,9 @@ TEST_F(HfTokenizer, ErrorsNameTheKey) {
   EXPECT_NE(message_of(j).find("normalizer.type \"NFC\" is not implemented"), std::string::npos) << message_of(j);
   j = good;
   j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
-  EXPECT_NE(message_of(j).find("pre_tokenizer.type \"Metaspace\""), std::string::npos) << message_of(j);
+  EXPECT_NE(message_of(j).find("pre_tokenizer.split is true (the default): Metaspace's split is not implemented"),
+            std::string::npos)
+      << message_of(j);
   j = good;
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   EXPECT_NE(message_of(j).find("pre_tokenizer.pretokenizers[0].pattern: the regex cannot be compiled"),
@@ -281,14 +283,40 @@ TEST_F(HfTokenizer, SentencePieceStyleWithByteFallback) {
   EXPECT_EQ(load(sentencepiece_style(true, 'z')).encode("zz a"), (std::vector<int32_t>{259, 0, space_a}));
 }
 
+// The newer spelling of the same tokenizer (transformers' converter with legacy = false): no
+// normalizer; a Metaspace pre-tokenizer puts "▁" for spaces and, with prepend_scheme "first",
+// before the text's first piece only, not after an added token; the Metaspace decoder.
+TEST_F(HfTokenizer, SentencePieceStyleWithMetaspace) {
+  const int32_t space_a = 263, b = 261, ab = 264;
+  json j = sentencepiece_style(false);
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+  const Tokenizer first = load(j);
+  EXPECT_EQ(first.encode("ab a"), (std::vector<int32_t>{space_a, b, space_a}));
+  EXPECT_EQ(first.encode("<s>ab a"), (std::vector<int32_t>{1, ab, space_a}));  // no "▁" after <s>
+  EXPECT_EQ(first.encode(" a"), (std::vector<int32_t>{space_a}));              // already starts with one
+  EXPECT_EQ(first.decode({space_a, b, space_a}), "ab a");
+  EXPECT_EQ(first.decode({1, space_a}), "<s> a");  // only the first token's leading space goes
+  j["pre_tokenizer"]["prepend_scheme"] = "always";
+  EXPECT_EQ(load(j).encode("<s>ab a"), (std::vector<int32_t>{1, space_a, b, space_a}));
+  j["pre_tokenizer"]["prepend_scheme"] = "never";
+  EXPECT_EQ(load(j).encode("ab a"), (std::vector<int32_t>{ab, space_a}));
+  j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+  EXPECT_NE(message_of(j).find("pre_tokenizer.prepend_scheme = \"sometimes\" is not always, first or never"),
+            std::string::npos)
+      << message_of(j);
+}
+
 TEST_F(HfTokenizer, SentencePieceStyleRefusalsNameTheKey) {
   json j = sentencepiece_style(false);
   j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
   EXPECT_NE(message_of(j).find("normalizer.normalizers[1].pattern is not {\"String\""), std::string::npos)
       << message_of(j);
   j = sentencepiece_style(false);
-  j["decoder"]["decoders"][0] = {{"type", "Metaspace"}};
-  EXPECT_NE(message_of(j).find("decoder.decoders[0].type \"Metaspace\" is not implemented"), std::string::npos)
+  j["decoder"]["decoders"][0] = {{"type", "CTC"}};
+  EXPECT_NE(message_of(j).find("decoder.decoders[0].type \"CTC\" is not implemented"), std::string::npos)
       << message_of(j);
   j = sentencepiece_style(false);
   j["model"]["byte_fallback"] = false;
