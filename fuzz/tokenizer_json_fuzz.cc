@@ -1,5 +1,5 @@
-// Fuzzes the tokenizer.json reader and the byte-level BPE it builds (data::Tokenizer over
-// hf_tokenizer.cc). Each input is tried as the file, then as a recipe: a small valid tokenizer
+// Fuzzes the tokenizer.json reader and the BPE it builds, byte-level or SentencePiece-style
+// (data::Tokenizer over hf_tokenizer.cc). Each input is tried as the file, then as a recipe: a small valid tokenizer
 // whose Split pattern, merges, added tokens and flags come from the input, and text from the
 // input encoded with it. An accepted tokenizer gives ids inside its vocabulary for any text (text
 // that is not UTF-8 included) and decodes them; a recipe's tokenizer (Isolated splits, no prefix
@@ -99,6 +99,12 @@ void write_seeds(const std::string& dir) {
   write_file_atomic(dir + "/llama3-like.json", dump_json(j));
   j = data::test::tokenizer_json({"ab"}, {{"a", "b"}}, data::test::byte_level(true));
   write_file_atomic(dir + "/gpt2-like.json", dump_json(j));
+  write_file_atomic(dir + "/llama2-like.json", dump_json(data::test::sentencepiece_style(true, 'z')));
+  j = data::test::sentencepiece_style(false);
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "first"}, {"split", false}};
+  j["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", "first"}};
+  write_file_atomic(dir + "/metaspace-like.json", dump_json(j));
 }
 
 }  // namespace tessera::fuzz

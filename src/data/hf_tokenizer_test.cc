@@ -222,41 +222,6 @@ TEST_F(HfTokenizer, ErrorsNameTheKey) {
   EXPECT_EQ(message_of(good), "(loaded)");
 }
 
-// A SentencePiece-style tokenizer.json, as Llama 2's: ids 0-2 <unk>, <s>, </s>; 3-258 the
-// byte-fallback tokens <0x00>..<0xFF> (one dropped with drop_byte >= 0); then "▁", "a", "b",
-// "é", "▁a", "ab"; merges "▁ a" before "a b". The normalizer prepends "▁" and spells spaces "▁";
-// the decoder undoes that and strips the text's leading space.
-json sentencepiece_style(bool fuse_unk, int drop_byte = -1) {
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
-  for (int b = 0; b < 256; ++b) {
-    if (b != drop_byte) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
-  }
-  int next = 259;
-  for (const char* w : {"\u2581", "a", "b", "\u00e9", "\u2581a", "ab"}) vocab[w] = next++;
-  const json replace_space = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
-  return {{"added_tokens",
-           {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
-            {{"id", 1}, {"content", "<s>"}, {"special", true}},
-            {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
-          {"normalizer",
-           {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}}, replace_space}}}},
-          {"pre_tokenizer", nullptr},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}},
-              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model",
-           {{"type", "BPE"},
-            {"unk_token", "<unk>"},
-            {"fuse_unk", fuse_unk},
-            {"byte_fallback", true},
-            {"vocab", vocab},
-            {"merges", {"\u2581 a", "a b"}}}}};
-}
-
 // Characters, not bytes, start the merges; a character outside the vocabulary falls back to its
 // bytes' tokens, or to the unk token where one of them is missing (one for a run with fuse_unk).
 // Each stretch between added tokens is normalized on its own, so each gets its "▁".
